@@ -1,0 +1,1 @@
+"""Checkpointing: full training state, DCP save/load, commit protocol, retention."""

@@ -1,0 +1,1 @@
+"""Hydra configs (YAML groups) and their schema (schema.py)."""

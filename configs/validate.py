@@ -1,0 +1,55 @@
+"""Checks that need more than types: run before anything is allocated, errors name values."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from data.tokenizer import check_tokenizer_name
+from model.config import ModelConfig
+from training.step import PRECISIONS
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message names the values and the fix."""
+
+
+def model_config(cfg: DictConfig) -> ModelConfig:
+    return ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))
+
+
+def validate_config(cfg: DictConfig) -> None:
+    problems = []
+
+    def check(fn):
+        try:
+            fn()
+        except ValueError as exc:
+            problems.append(str(exc))
+
+    check(lambda: model_config(cfg).validate())
+    check(lambda: check_tokenizer_name(cfg.data.tokenizer))
+    t, o = cfg.training, cfg.optim
+    if t.steps < 1:
+        problems.append(f"training.steps={t.steps} must be >= 1")
+    if o.warmup_steps < 0 or o.warmup_steps > t.steps:
+        problems.append(
+            f"optim.warmup_steps={o.warmup_steps} is longer than the run (training.steps={t.steps}); "
+            f"use at most {t.steps} (typically 1-5% of the steps)"
+        )
+    if t.seq_len < 1 or t.seq_len > cfg.model.max_seq_len:
+        problems.append(
+            f"training.seq_len={t.seq_len} is above the model's maximum model.max_seq_len="
+            f"{cfg.model.max_seq_len}; lower training.seq_len or raise model.max_seq_len"
+        )
+    if t.mixed_precision not in PRECISIONS:
+        problems.append(f"training.mixed_precision={t.mixed_precision!r}: choose one of {list(PRECISIONS)}")
+    if t.grad_clip < 0:
+        problems.append(f"training.grad_clip={t.grad_clip} must be >= 0 (0 disables clipping)")
+    if o.schedule not in ("cosine", "constant"):
+        problems.append(f"optim.schedule={o.schedule!r}: choose cosine or constant")
+    if not 0 <= o.lr_min <= o.lr:
+        problems.append(f"optim.lr_min={o.lr_min} must be between 0 and optim.lr={o.lr}")
+    if cfg.logging.wandb.mode not in ("disabled", "offline", "online"):
+        problems.append(f"logging.wandb.mode={cfg.logging.wandb.mode!r}: choose disabled, offline or online")
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))

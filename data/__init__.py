@@ -1,0 +1,1 @@
+"""Token data on disk, the global sample order and per-rank batches."""

@@ -1,0 +1,130 @@
+"""The prepared dataset on disk: ``tokens.bin`` (flat uint16/uint32 ids) and ``meta.json``.
+
+Documents are concatenated, each followed by the tokenizer's EOS id. ``meta.json`` holds
+the tokenizer, vocab size, EOS id, dtype, token and document counts, the sources, and the
+sha256 of ``tokens.bin`` (the dataset fingerprint that checkpoints record).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import List
+
+import numpy as np
+
+from data.sources import iter_documents
+from data.tokenizer import BPETokenizer, ByteTokenizer, check_tokenizer_name
+
+FORMAT_VERSION = 1
+TOKENS_FILE = "tokens.bin"
+META_FILE = "meta.json"
+
+
+@dataclass
+class TokenFileMeta:
+    format_version: int
+    tokenizer: str
+    vocab_size: int
+    eos_id: int
+    dtype: str
+    num_tokens: int
+    num_documents: int
+    sha256: str
+    sources: List[str]
+
+
+def prepare_command(path: str | Path) -> str:
+    return f"python scripts/prepare_data.py --out {path} --sources pydoc --tokenizer byte"
+
+
+def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def prepare_token_file(out_dir: str | Path, sources: List[str], tokenizer: str = "byte",
+                       bpe_vocab_size: int = 4096) -> TokenFileMeta:
+    """Tokenize ``sources`` into ``out_dir``; written to a temporary folder, then renamed.
+
+    The rename makes concurrent preparation by several ranks harmless: the output is a
+    pure function of the inputs and the first finished copy wins.
+    """
+    check_tokenizer_name(tokenizer)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        if tokenizer == "byte":
+            tok = ByteTokenizer()
+        else:
+            tok = BPETokenizer.train(iter_documents(sources), vocab_size=bpe_vocab_size)
+        dtype = np.uint16 if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
+        num_tokens = num_docs = 0
+        with (tmp / TOKENS_FILE).open("wb") as f:
+            for text in iter_documents(sources):
+                ids = tok.encode(text)
+                ids.append(tok.eos_id)
+                f.write(np.asarray(ids, dtype=dtype).tobytes())
+                num_tokens += len(ids)
+                num_docs += 1
+            f.flush()
+            os.fsync(f.fileno())
+        if num_docs == 0:
+            raise ValueError(f"data sources {sources} yielded no documents")
+        tok.save(tmp)
+        meta = TokenFileMeta(
+            format_version=FORMAT_VERSION, tokenizer=tok.name, vocab_size=tok.vocab_size,
+            eos_id=tok.eos_id, dtype=np.dtype(dtype).name, num_tokens=num_tokens,
+            num_documents=num_docs, sha256=sha256_file(tmp / TOKENS_FILE), sources=list(sources),
+        )
+        (tmp / META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n")
+        try:
+            os.rename(tmp, out_dir)
+        except OSError:
+            if not (out_dir / META_FILE).exists():
+                raise  # not a lost race: something else is in the way
+        return read_meta(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_meta(path: str | Path) -> TokenFileMeta:
+    path = Path(path)
+    meta_path, tokens_path = path / META_FILE, path / TOKENS_FILE
+    if not meta_path.is_file() or not tokens_path.is_file():
+        raise FileNotFoundError(
+            f"no prepared dataset at {path} (expected {TOKENS_FILE} and {META_FILE}); "
+            f"prepare it with: {prepare_command(path)}  (or set data.prepare_if_missing=true)"
+        )
+    meta = TokenFileMeta(**json.loads(meta_path.read_text()))
+    if meta.format_version != FORMAT_VERSION:
+        raise ValueError(f"{meta_path}: format_version {meta.format_version}, expected {FORMAT_VERSION}")
+    expected = meta.num_tokens * np.dtype(meta.dtype).itemsize
+    actual = tokens_path.stat().st_size
+    if actual != expected:
+        raise ValueError(
+            f"{tokens_path} is {actual} bytes but meta.json says {meta.num_tokens} tokens of "
+            f"{meta.dtype} ({expected} bytes): the file is truncated or stale; prepare it again"
+        )
+    return meta
+
+
+class TokenFile:
+    """Read-only memory map of a prepared dataset; cheap to open in every worker."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.meta = read_meta(self.path)
+        self.tokens = np.memmap(self.path / TOKENS_FILE, dtype=self.meta.dtype, mode="r")
+
+    def __len__(self) -> int:
+        return self.meta.num_tokens

@@ -1,0 +1,1 @@
+"""What a run reports: start-up banner, per-step lines, metrics.jsonl, wandb, TensorBoard."""

@@ -1,0 +1,109 @@
+"""Per-step metrics: a log line every log_interval steps, metrics.jsonl every step (rank 0),
+and optional wandb (never crashes a run; resumes its own run id) and TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+
+log = logging.getLogger("trainer")
+
+
+def setup_logging(level: str, rank: int) -> None:
+    """Rank 0 logs at ``level``; other ranks only warnings and errors, tagged with the rank."""
+    fmt = f"%(asctime)s [rank{rank}] %(levelname)s %(message)s"
+    logging.basicConfig(level=level if rank == 0 else "WARNING", format=fmt, datefmt="%H:%M:%S", force=True)
+
+
+def memory_gib(device: torch.device) -> float:
+    """Peak accelerator memory, or the process's peak resident set size on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def _format_eta(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, cfg, is_main: bool, total_steps: int):
+        self.is_main = is_main
+        self.total_steps = total_steps
+        self.log_interval = max(1, cfg.logging.log_interval)
+        self._jsonl = None
+        self._wandb = None
+        self._tb = None
+        if not is_main:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = (run_dir / "metrics.jsonl").open("a", buffering=1)
+        if cfg.logging.wandb.mode != "disabled":
+            self._wandb = _start_wandb(run_dir, cfg)
+        if cfg.logging.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def log_step(self, step: int, metrics: Dict[str, Any], step_seconds_avg: float) -> None:
+        """``step`` is the 1-based number of optimizer steps done."""
+        if not self.is_main:
+            return
+        record = {"step": step, **metrics}
+        self._jsonl.write(json.dumps(record) + "\n")
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)):
+                    self._tb.add_scalar(k, v, step)
+        if step % self.log_interval == 0 or step == self.total_steps:
+            eta = _format_eta((self.total_steps - step) * step_seconds_avg)
+            log.info(
+                "step %d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | %.0f ms | mem %.2f GiB | eta %s",
+                step, self.total_steps, metrics["loss"], metrics["lr"], metrics["grad_norm"],
+                metrics["tokens_per_s"], 1000 * metrics["step_s"], metrics["memory_gib"], eta,
+            )
+
+    def log_event(self, step: int, **fields) -> None:
+        """Non-step records (checkpoint timings, alarms) go to metrics.jsonl with a kind."""
+        if self.is_main:
+            self._jsonl.write(json.dumps({"step": step, **fields}) + "\n")
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _start_wandb(run_dir: Path, cfg) -> Optional[Any]:
+    """Start or resume this run's wandb run; on any failure log why and go on without it."""
+    try:
+        import wandb
+        from omegaconf import OmegaConf
+
+        id_file = run_dir / "wandb_run_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        id_file.write_text(run_id)
+        if cfg.logging.wandb.mode == "online" and not os.environ.get("WANDB_API_KEY"):
+            log.warning("logging.wandb.mode=online but WANDB_API_KEY is unset: wandb may fail to log in")
+        return wandb.init(
+            project=cfg.logging.wandb.project, entity=cfg.logging.wandb.entity, name=cfg.run_name,
+            id=run_id, resume="allow", dir=str(run_dir), mode=cfg.logging.wandb.mode,
+            config=OmegaConf.to_container(cfg, resolve=True),
+        )
+    except Exception as exc:  # a metrics backend must never stop training
+        log.warning("wandb disabled for this run: %s: %s", type(exc).__name__, exc)
+        return None

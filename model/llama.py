@@ -1,0 +1,193 @@
+"""Llama-style decoder: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU.
+
+Module names follow Meta's reference code (tok_embeddings, layers.N.attention.wq, ...,
+feed_forward.w1/w2/w3, norm, output) so that the tensor-parallel plan and exported
+checkpoints use the names people already know.
+
+Init scheme (``Transformer.init_weights``): every linear and the embedding draw from
+N(0, init_std); the two projections that write into the residual stream (attention.wo
+and feed_forward.w2) use init_std / sqrt(2 * n_layers) so the residual variance does not
+grow with depth (GPT-2); norms start at 1. The output layer is tied to the embedding when
+``tie_embeddings`` is set.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None):
+    """cos and sin tables of shape (max_seq_len, head_dim // 2), in fp32."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, device=device).float(), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate consecutive pairs of x (batch, seq, heads, head_dim) by position."""
+    x_pairs = x.float().unflatten(-1, (-1, 2))
+    x_even, x_odd = x_pairs[..., 0], x_pairs[..., 1]
+    cos = cos[None, :, None, :]
+    sin = sin[None, :, None, :]
+    rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.dropout = cfg.dropout
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds only its share of the heads.
+        q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
+        k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
+        v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(
+            q, k, v,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=True,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+        out = out.transpose(1, 2).reshape(bsz, seqlen, -1)
+        return self.resid_dropout(self.wo(out))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = cfg.ffn_hidden_dim
+        self.w1 = nn.Linear(cfg.dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, cfg.dim, bias=False)
+        self.w3 = nn.Linear(cfg.dim, hidden, bias=False)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.resid_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.embed_dropout = nn.Dropout(cfg.dropout)
+        # A ModuleDict keyed by layer index keeps FQNs stable if layers are ever pruned
+        # or split across pipeline stages.
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        # Derived from the config, so not part of the checkpoint.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """Fill parameters and buffers; called after ``to_empty`` on a meta-built model."""
+        cfg = self.cfg
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=buffer_device)
+        self.rope_cos = cos
+        self.rope_sin = sin
+        residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=cfg.init_std)
+        for block in self.layers.values():
+            for linear in (block.attention.wq, block.attention.wk, block.attention.wv,
+                           block.feed_forward.w1, block.feed_forward.w3):
+                nn.init.normal_(linear.weight, mean=0.0, std=cfg.init_std)
+            for linear in (block.attention.wo, block.feed_forward.w2):
+                nn.init.normal_(linear.weight, mean=0.0, std=residual_std)
+            block.attention_norm.reset_parameters()
+            block.ffn_norm.reset_parameters()
+        self.norm.reset_parameters()
+        if not cfg.tie_embeddings:
+            nn.init.normal_(self.output.weight, mean=0.0, std=cfg.init_std)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (batch, seq) int64 -> logits (batch, seq, vocab)."""
+        seqlen = tokens.shape[1]
+        if seqlen > self.cfg.max_seq_len:
+            raise ValueError(
+                f"sequence length {seqlen} exceeds model.max_seq_len={self.cfg.max_seq_len}"
+            )
+        h = self.embed_dropout(self.tok_embeddings(tokens))
+        cos, sin = self.rope_cos[:seqlen], self.rope_sin[:seqlen]
+        for block in self.layers.values():
+            h = block(h, cos, sin)
+        return self.output(self.norm(h))
+
+
+def build_model(cfg: ModelConfig, device: torch.device | str = "cpu", seed: int | None = None,
+                materialize: bool = True) -> Transformer:
+    """Build on the meta device (no memory), then materialise on ``device`` and init.
+
+    Parallel wrappers (FSDP2, TP) are applied between building and materialising; call
+    with materialize=False for that and finish with ``materialize_model``.
+    """
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    if materialize:
+        materialize_model(model, device, seed)
+    return model
+
+
+def materialize_model(model: Transformer, device: torch.device | str, seed: int | None = None) -> None:
+    """Allocate real storage for a meta-built (possibly sharded) model and initialise it."""
+    device = torch.device(device)
+    model.to_empty(device=device)
+    if model.cfg.tie_embeddings:  # to_empty makes a new tensor per module: tie again
+        model.output.weight = model.tok_embeddings.weight
+    if seed is not None:
+        # Same seed on every rank: sharded inits then equal the single-process init.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            model.init_weights(buffer_device=device)
+    else:
+        model.init_weights(buffer_device=device)

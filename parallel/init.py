@@ -1,0 +1,55 @@
+"""Process-group start-up: backend by device (nccl on CUDA, gloo on CPU), explicit timeouts."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class WorldInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("parallel.device=cuda but CUDA is not available; use parallel.device=cpu or auto")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    if choice == "cpu":
+        return torch.device("cpu")
+    raise ValueError(f"parallel.device={choice!r}: choose auto, cpu or cuda")
+
+
+def init_distributed(device_choice: str, timeout_s: float) -> WorldInfo:
+    """Join the process group torchrun set up (or run alone when launched by plain python)."""
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    device = pick_device(device_choice, local_rank)
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend=backend, timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    return WorldInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,1 @@
+"""Recovery: watchdog, fault injection, verified resume, elastic restarts."""

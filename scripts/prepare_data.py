@@ -1,0 +1,47 @@
+"""Turn text into a memory-mapped token file that train.py reads.
+
+  python scripts/prepare_data.py                                   # pydoc topics, bytes
+  python scripts/prepare_data.py --sources pydoc stdlib --tokenizer bpe --bpe-vocab-size 8192 \
+      --out outputs/data/stdlib-bpe8k
+  python scripts/prepare_data.py --sources my_corpus/ more.jsonl --out /data/mine
+
+Sources: "pydoc" and "stdlib" are built in (offline); anything else is a .txt file (one
+document), a .jsonl file (one {"text": ...} document per line) or a folder of them.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from data.token_file import prepare_token_file  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="outputs/data/pydoc-byte", help="output folder")
+    parser.add_argument("--sources", nargs="+", default=["pydoc"])
+    parser.add_argument("--tokenizer", default="byte", help="byte | bpe")
+    parser.add_argument("--bpe-vocab-size", type=int, default=4096)
+    parser.add_argument("--force", action="store_true", help="replace an existing dataset")
+    args = parser.parse_args(argv)
+
+    out = Path(args.out)
+    if out.exists():
+        if not args.force:
+            print(f"{out} exists; pass --force to rebuild it", file=sys.stderr)
+            return 1
+        import shutil
+        shutil.rmtree(out)
+    start = time.perf_counter()
+    meta = prepare_token_file(out, args.sources, args.tokenizer, args.bpe_vocab_size)
+    print(f"wrote {out}: {meta.num_tokens:,} tokens from {meta.num_documents:,} documents, "
+          f"tokenizer {meta.tokenizer} (vocab {meta.vocab_size}), {meta.dtype}, "
+          f"sha256 {meta.sha256[:16]}..., {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Train a Llama-style model. Reads top to bottom like a recipe.
+
+  python train.py +experiment=debug                       # CPU, a few minutes
+  torchrun --nproc-per-node 8 train.py +experiment=70b    # see README for multi-node
+  python train.py +experiment=70b dry_run=true            # compose and plan, no allocation
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from configs.schema import register
+from configs.validate import model_config, validate_config
+
+register()
+log = logging.getLogger("trainer")
+
+
+def dry_run(cfg: DictConfig) -> None:
+    """Print the composed config and the model's size; nothing is allocated."""
+    from model.counting import count_params, flops_per_token
+
+    mcfg = model_config(cfg)
+    params = count_params(mcfg)
+    print(OmegaConf.to_yaml(cfg, resolve=True))
+    tokens_per_step = cfg.training.global_batch_size * cfg.training.seq_len
+    print(f"model {mcfg.name}: {params.total:,} parameters ({params.total / 1e9:.2f} B), "
+          f"{params.non_embedding:,} without embeddings")
+    print(f"tokens per step: {tokens_per_step:,}; training FLOPs per token: "
+          f"{flops_per_token(mcfg, cfg.training.seq_len):.3e}")
+
+
+def train(cfg: DictConfig, overrides: list[str]) -> None:
+    import torch
+
+    from data.batching import make_batch_plan
+    from data.loader import StepBatches
+    from data.setup import open_dataset
+    from metrics.logger import MetricsLogger, memory_gib, setup_logging
+    from metrics.run_dir import write_run_config
+    from model.counting import count_params
+    from model.llama import build_model, materialize_model
+    from parallel.dims import resolve_parallel_dims
+    from parallel.init import init_distributed, shutdown_distributed
+    from parallel.parallelize import parallelize_model
+    from training.optimizer import build_optimizer
+    from training.schedule import build_scheduler
+    from training.step import Precision, train_step
+
+    world = init_distributed(cfg.parallel.device, cfg.parallel.collective_timeout_s)
+    setup_logging(cfg.logging.level, world.rank)
+    run_dir = Path(cfg.run_dir)
+    if world.is_main:
+        write_run_config(run_dir, cfg, overrides)
+
+    dims = resolve_parallel_dims(cfg.parallel.dp_replicate, cfg.parallel.dp_shard, cfg.parallel.tp, world.world_size)
+    plan = make_batch_plan(cfg.training.global_batch_size, cfg.training.micro_batch_size, dims.dp)
+    mcfg = model_config(cfg)
+    token_file = open_dataset(cfg.data, world, model_vocab_size=mcfg.vocab_size)
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(mcfg, materialize=False)
+    parallel = parallelize_model(model, dims, cfg.parallel, world.device)
+    materialize_model(model, world.device, seed=cfg.seed)
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, cfg.training.steps)
+    precision = Precision(cfg.training.mixed_precision, world.device)
+    batches = StepBatches(token_file, cfg.training.seq_len, cfg.seed, plan, parallel.dp_rank)
+
+    start_step = 0
+    tokens_per_step = plan.global_batch_size * cfg.training.seq_len
+    log.info(
+        "run %s | world %d = dp_replicate %d x dp_shard %d x tp %d | device %s | %s parameters | "
+        "global batch %d seq = %d x micro %d x accum %d | %d tokens/step | seq_len %d | seed %d | "
+        "data %s (%d tokens) | run dir %s | resume: fresh start",
+        cfg.run_name, world.world_size, dims.dp_replicate, dims.dp_shard, dims.tp, world.device,
+        f"{count_params(mcfg).total:,}", plan.global_batch_size, dims.dp, plan.micro_batch_size,
+        plan.grad_accum_steps, tokens_per_step, cfg.training.seq_len, cfg.seed, token_file.path,
+        len(token_file), run_dir,
+    )
+
+    metrics = MetricsLogger(run_dir, cfg, world.is_main, cfg.training.steps)
+    model.train()
+    recent: list[float] = []
+    for step in range(start_step, cfg.training.steps):
+        t0 = time.perf_counter()
+        micro_batches = batches.micro_batches(step)
+        result = train_step(model, optimizer, scheduler, precision, micro_batches, cfg.training.grad_clip,
+                            world.device, parallel.dp_group, data_seconds=time.perf_counter() - t0)
+        step_s = time.perf_counter() - t0
+        if cfg.recovery.halt_on_nonfinite_loss and not math.isfinite(result.loss):
+            raise FloatingPointError(
+                f"loss is {result.loss} at step {step + 1} (grad norm {result.grad_norm}); stopping. "
+                "Lower optim.lr, enable grad clipping, or resume from an earlier checkpoint."
+            )
+        recent = (recent + [step_s])[-20:]
+        metrics.log_step(step + 1, {
+            "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
+            "tokens_per_s": tokens_per_step / step_s, "step_s": step_s, "data_s": result.data_seconds,
+            "memory_gib": memory_gib(world.device), "tokens": (step + 1) * tokens_per_step,
+        }, step_seconds_avg=sum(recent) / len(recent))
+
+    metrics.close()
+    log.info("done: %d steps, run dir %s", cfg.training.steps, run_dir)
+    shutdown_distributed()
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+def main(cfg: DictConfig) -> None:
+    validate_config(cfg)
+    if cfg.dry_run:
+        dry_run(cfg)
+        return
+    train(cfg, list(HydraConfig.get().overrides.task))
+
+
+if __name__ == "__main__":
+    main()

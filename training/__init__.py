@@ -1,0 +1,1 @@
+"""Optimizer, learning-rate schedule and the optimizer step with gradient accumulation."""
