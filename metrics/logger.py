@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import resource
+import uuid
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -95,7 +96,7 @@ def _start_wandb(run_dir: Path, cfg) -> Optional[Any]:
         from omegaconf import OmegaConf
 
         id_file = run_dir / "wandb_run_id"
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id)
         if cfg.logging.wandb.mode == "online" and not os.environ.get("WANDB_API_KEY"):
             log.warning("logging.wandb.mode=online but WANDB_API_KEY is unset: wandb may fail to log in")
