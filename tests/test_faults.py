@@ -1,0 +1,141 @@
+"""Fault injection fires exactly where and once as configured; corruption kinds damage
+real files; preemption signals are agreed on."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import ROOT, _env
+from recovery import faults
+from recovery.corrupt import corrupt_checkpoint
+from recovery.faults import Fault, FaultInjector, InjectedFault
+from recovery.preemption import Preemption
+
+
+def test_exception_fires_once_at_its_step_and_phase(tmp_path):
+    inj = FaultInjector([Fault("exception", "step", step=3)], tmp_path, rank=0)
+    inj.maybe_inject("step", 2)
+    inj.maybe_inject("data_wait", 3)
+    with pytest.raises(InjectedFault, match="step 3"):
+        inj.maybe_inject("step", 3)
+    inj.maybe_inject("step", 3)  # already fired in this run directory: the restarted job passes
+    again = FaultInjector([Fault("exception", "step", step=3)], tmp_path, rank=0)
+    again.maybe_inject("step", 3)  # a new process on the same run dir: still fired
+
+
+def test_other_rank_and_defaults_do_nothing(tmp_path):
+    FaultInjector([Fault("exception", "step", step=1, rank=1)], tmp_path, rank=0).maybe_inject("step", 1)
+    faults.configure([], tmp_path, 0)
+    faults.maybe_inject("step", 1)
+    assert not (tmp_path / "faults").exists()
+
+
+def test_invalid_fault_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="kind='explode'"):
+        FaultInjector([Fault("explode", "step")], tmp_path, 0)
+    with pytest.raises(ValueError, match="phase='lunch'"):
+        FaultInjector([Fault("sigkill", "lunch")], tmp_path, 0)
+    with pytest.raises(ValueError, match="checkpoint_committed"):
+        FaultInjector([Fault("corrupt", "step")], tmp_path, 0)
+
+
+def test_nan_loss_poisons_the_forward(tmp_path):
+    model = torch.nn.Linear(4, 2)
+    faults.configure([{"kind": "nan_loss", "phase": "step", "step": 2}], tmp_path, 0)
+    try:
+        faults.maybe_inject("step", 2, model=model)
+    finally:
+        faults.configure([], tmp_path, 0)
+    assert math.isnan(model(torch.ones(1, 4)).sum().item())
+
+
+def test_sigkill_kills_the_real_process_and_stays_fired(tmp_path):
+    code = textwrap.dedent(f"""
+        from recovery import faults
+        faults.configure([{{"kind": "sigkill", "phase": "checkpoint_write", "step": 4}}], {str(tmp_path)!r}, 0)
+        for step in range(1, 7):
+            faults.maybe_inject("checkpoint_write", step)
+            print("survived", step, flush=True)
+    """)
+    first = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                           timeout=60)
+    assert first.returncode == -signal.SIGKILL
+    assert first.stdout.split() == ["survived", "1", "survived", "2", "survived", "3"]
+    second = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                            timeout=60)
+    assert second.returncode == 0 and second.stdout.count("survived") == 6
+
+
+def _fake_checkpoint(path):
+    path.mkdir()
+    (path / "manifest.json").write_text('{"step": 1}')
+    (path / "__0_0.distcp").write_bytes(bytes(range(256)) * 8)
+    (path / ".metadata").write_bytes(b"m" * 100)
+    return path
+
+
+@pytest.mark.parametrize("how", ["truncate", "flip_byte", "delete_file", "delete_manifest"])
+def test_corruptions_damage_the_checkpoint(tmp_path, how):
+    ckpt = _fake_checkpoint(tmp_path / "step-1")
+    before = (ckpt / "__0_0.distcp").read_bytes()
+    what = corrupt_checkpoint(ckpt, how)
+    data = ckpt / "__0_0.distcp"
+    if how == "truncate":
+        assert data.stat().st_size == len(before) // 2
+    elif how == "flip_byte":
+        after = data.read_bytes()
+        assert len(after) == len(before) and sum(a != b for a, b in zip(after, before)) == 1
+    elif how == "delete_file":
+        assert not data.exists() and (ckpt / "manifest.json").exists()
+    else:
+        assert not (ckpt / "manifest.json").exists() and data.exists()
+    assert what
+
+
+def test_preemption_flag_set_by_signal_only():
+    pre = Preemption(["SIGUSR1"], grace_s=5.0).install()
+    try:
+        assert not pre.should_stop()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert pre.should_stop() and pre.signal_name == "SIGUSR1"
+        assert 0 < pre.seconds_left() <= 5.0
+    finally:
+        pre.uninstall()
+
+
+def test_preemption_is_agreed_by_all_ranks():
+    """Only rank 1 is signalled; both ranks stop at the same step boundary."""
+    script = textwrap.dedent("""
+        import os, signal
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        from recovery.preemption import Preemption
+        pre = Preemption(["SIGUSR1"]).install()
+        rank = dist.get_rank()
+        for step in range(1, 10):
+            if rank == 1 and step == 4:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            if pre.should_stop():
+                print("STOP", rank, step, pre.signal_name, flush=True)
+                break
+        dist.destroy_process_group()
+    """)
+    path = ROOT / "outputs" / "_preempt_test.py"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(script)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                               str(path)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    finally:
+        path.unlink()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stops = sorted(line for line in proc.stdout.splitlines() if line.startswith("STOP"))
+    assert stops == ["STOP 0 4 peer", "STOP 1 4 SIGUSR1"]
