@@ -41,8 +41,7 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
     import torch
 
     from data.batching import make_batch_plan
-    from data.loader import StepBatches
-    from data.setup import open_dataset
+    from data.setup import build_data_pipeline
     from metrics.logger import MetricsLogger, memory_gib, setup_logging
     from metrics.run_dir import write_run_config
     from model.counting import count_params
@@ -63,7 +62,6 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
     dims = resolve_parallel_dims(cfg.parallel.dp_replicate, cfg.parallel.dp_shard, cfg.parallel.tp, world.world_size)
     plan = make_batch_plan(cfg.training.global_batch_size, cfg.training.micro_batch_size, dims.dp)
     mcfg = model_config(cfg)
-    token_file = open_dataset(cfg.data, world, model_vocab_size=mcfg.vocab_size)
 
     torch.manual_seed(cfg.seed)
     model = build_model(mcfg, materialize=False)
@@ -72,18 +70,19 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.training.steps)
     precision = Precision(cfg.training.mixed_precision, world.device)
-    batches = StepBatches(token_file, cfg.training.seq_len, cfg.seed, plan, parallel.dp_rank)
+    data = build_data_pipeline(cfg.data, cfg.training.seq_len, cfg.seed, plan, parallel.dp_rank, world,
+                               model_vocab_size=mcfg.vocab_size)
 
     start_step = 0
     tokens_per_step = plan.global_batch_size * cfg.training.seq_len
     log.info(
         "run %s | world %d = dp_replicate %d x dp_shard %d x tp %d | device %s | %s parameters | "
         "global batch %d seq = %d x micro %d x accum %d | %d tokens/step | seq_len %d | seed %d | "
-        "data %s (%d tokens) | run dir %s | resume: fresh start",
+        "data %s | run dir %s | resume: fresh start",
         cfg.run_name, world.world_size, dims.dp_replicate, dims.dp_shard, dims.tp, world.device,
         f"{count_params(mcfg).total:,}", plan.global_batch_size, dims.dp, plan.micro_batch_size,
-        plan.grad_accum_steps, tokens_per_step, cfg.training.seq_len, cfg.seed, token_file.path,
-        len(token_file), run_dir,
+        plan.grad_accum_steps, tokens_per_step, cfg.training.seq_len, cfg.seed,
+        data.order.fingerprint[:12], run_dir,
     )
 
     metrics = MetricsLogger(run_dir, cfg, world.is_main, cfg.training.steps)
@@ -91,7 +90,7 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
     recent: list[float] = []
     for step in range(start_step, cfg.training.steps):
         t0 = time.perf_counter()
-        micro_batches = batches.micro_batches(step)
+        micro_batches = data.next_micro_batches(step)
         result = train_step(model, optimizer, scheduler, precision, micro_batches, cfg.training.grad_clip,
                             world.device, parallel.dp_group, data_seconds=time.perf_counter() - t0)
         step_s = time.perf_counter() - t0
@@ -107,6 +106,7 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
             "memory_gib": memory_gib(world.device), "tokens": (step + 1) * tokens_per_step,
         }, step_seconds_avg=sum(recent) / len(recent))
 
+    data.close()
     metrics.close()
     log.info("done: %d steps, run dir %s", cfg.training.steps, run_dir)
     shutdown_distributed()

@@ -1,4 +1,11 @@
-"""Global batch arithmetic (contract 5): global = dp * micro * grad_accum, or a clear error."""
+"""Global batch arithmetic (contract 5): global = dp * micro * grad_accum, or a clear error.
+
+Which samples a rank reads: the global batch that starts at global sample ``start`` is
+``[start, start + G)``. Data-parallel rank ``r`` takes the contiguous slice
+``[start + r * G/dp, start + (r+1) * G/dp)`` and cuts it, in order, into
+``grad_accum_steps`` micro-batches of ``micro_batch_size``. Over all ranks and micro-steps
+that is exactly the global batch, for every dp that divides G.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +26,23 @@ class BatchPlan:
     @property
     def per_rank_batch_size(self) -> int:
         return self.global_batch_size // self.dp_size
+
+
+@dataclass(frozen=True)
+class SampleRange:
+    """Global samples ``[start, start + count)``: one micro-batch of one rank."""
+
+    start: int
+    count: int
+
+
+def rank_micro_batches(plan: BatchPlan, batch_start: int, dp_rank: int) -> List[SampleRange]:
+    """The micro-batches rank ``dp_rank`` reads from the global batch starting at ``batch_start``."""
+    if not 0 <= dp_rank < plan.dp_size:
+        raise ValueError(f"dp_rank {dp_rank} is outside [0, {plan.dp_size})")
+    first = batch_start + dp_rank * plan.per_rank_batch_size
+    m = plan.micro_batch_size
+    return [SampleRange(first + j * m, m) for j in range(plan.grad_accum_steps)]
 
 
 def _valid_micro_batches(global_batch_size: int, dp_size: int) -> List[int]:
@@ -47,7 +71,9 @@ def make_batch_plan(global_batch_size: int, micro_batch_size: int, dp_size: int)
         near = sorted({below[-1] if below else micros[0], min(micros, key=lambda m: abs(m - micro_batch_size))})
         lines.append(f"Valid micro_batch_size at dp={dp_size}: {near} (all: {micros}).")
     else:
-        lines.append(f"No micro_batch_size works: dp size {dp_size} does not divide the global batch.")
+        dps = [d for d in range(1, global_batch_size + 1) if global_batch_size % d == 0]
+        lines.append(f"No micro_batch_size works: dp size {dp_size} does not divide the global batch; "
+                     f"dp sizes that do: {dps}.")
     step = dp_size * micro_batch_size
     lower = (global_batch_size // step) * step
     options = sorted({g for g in (lower, lower + step) if g > 0})

@@ -1,45 +1,88 @@
-"""The global sample order (contract 1): which sequence is global sample g.
+"""The global sample order (contract 1): which window is global sample g.
 
-The token stream is cut into ``num_sequences = (num_tokens - 1) // seq_len`` windows of
-``seq_len + 1`` tokens (inputs plus the shifted targets; neighbours share one token).
-Epoch e visits every window once, in the order of a permutation drawn from
-(seed, e). Global sample g lives in epoch g // num_sequences. The order is independent of
-the number of ranks; a rank only picks its slice of each global batch.
+Global sample ``g`` is a pure function of (seed, g) and the data: the mixture schedule
+names its source and its index ``k`` in that source's stream; the source's epoch is
+``k // num_sequences`` and its window is a seeded permutation of the source's windows,
+drawn again for every (seed, source, epoch). Each lookup is O(1) (data/permutation.py),
+so no index is built or cached and resuming at sample 10^12 costs what sample 10 does.
+The order never depends on the number of ranks: a rank only picks its slice of each
+global batch (data/batching.py).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+from typing import List, Sequence, Tuple
+
 import numpy as np
 
+from data.mixture import MixtureSchedule
+from data.permutation import Permutation
+from data.token_source import TokenSource
 
-class GlobalOrder:
-    def __init__(self, num_tokens: int, seq_len: int, seed: int):
-        self.seq_len = seq_len
+ORDER_VERSION = 1  # bump when the order a (seed, data) gives changes
+
+
+def dataset_fingerprint(sources: Sequence[TokenSource], quotas: Sequence[int]) -> str:
+    """sha256 over every shard's content hash and the mixture quotas (not paths: data may move)."""
+    desc = {"order_version": ORDER_VERSION,
+            "sources": [{"shards": s.shard_hashes, "quota": q} for s, q in zip(sources, quotas)]}
+    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()
+
+
+class SampleOrder:
+    def __init__(self, sources: Sequence[TokenSource], weights: Sequence[float], seed: int):
+        if len(sources) != len(weights):
+            raise ValueError(f"{len(sources)} data sources but {len(weights)} weights")
+        self.sources = list(sources)
         self.seed = seed
-        self.num_sequences = (num_tokens - 1) // seq_len
-        if self.num_sequences < 1:
-            raise ValueError(
-                f"the dataset has {num_tokens} tokens, fewer than one sequence of "
-                f"seq_len + 1 = {seq_len + 1}; use more data or a shorter training.seq_len"
-            )
-        self._epoch = -1
-        self._perm: np.ndarray | None = None
+        self.schedule = MixtureSchedule(weights)
+        self.fingerprint = dataset_fingerprint(self.sources, self.schedule.quotas)
+        self.sequence_offsets = np.cumsum([0] + [s.num_sequences for s in self.sources])
+        self._permutations: dict = {}
 
-    def permutation(self, epoch: int) -> np.ndarray:
-        if epoch != self._epoch:
-            rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
-            self._perm = rng.permutation(self.num_sequences)
-            self._epoch = epoch
-        return self._perm
+    def permutation(self, source: int, epoch: int) -> Permutation:
+        key = (source, epoch)
+        if key not in self._permutations:
+            if len(self._permutations) > 64:
+                self._permutations.clear()
+            n = self.sources[source].num_sequences
+            self._permutations[key] = Permutation(n, (self.seed, source, epoch))
+        return self._permutations[key]
 
-    def sequence_ids(self, start: int, count: int) -> np.ndarray:
-        """Window ids of global samples [start, start + count), across epoch boundaries."""
-        out = np.empty(count, dtype=np.int64)
-        filled = 0
-        while filled < count:
-            g = start + filled
-            epoch, pos = divmod(g, self.num_sequences)
-            take = min(count - filled, self.num_sequences - pos)
-            out[filled:filled + take] = self.permutation(epoch)[pos:pos + take]
-            filled += take
-        return out
+    def windows(self, g: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """(source id, window id within the source) of global samples ``g``."""
+        g = np.asarray(g, dtype=np.int64)
+        if g.size and g.min() < 0:
+            raise IndexError(f"global sample index must be >= 0, got {g.min()}")
+        source, k = self.schedule.locate(g)
+        window = np.empty_like(k)
+        for s in np.unique(source):
+            mine = source == s
+            epoch, pos = np.divmod(k[mine], self.sources[s].num_sequences)
+            out = np.empty_like(pos)
+            for e in np.unique(epoch):
+                at = epoch == e
+                out[at] = self.permutation(int(s), int(e))(pos[at])
+            window[mine] = out
+        return source, window
+
+    def sequence_ids(self, g: np.ndarray) -> np.ndarray:
+        """One id per global sample over all sources' windows: what a test compares."""
+        source, window = self.windows(g)
+        return self.sequence_offsets[source] + window
+
+    def read(self, g: np.ndarray) -> np.ndarray:
+        """Token rows (int64, seq_len + 1 each) of global samples ``g``."""
+        source, window = self.windows(g)
+        rows = np.empty((len(window), self.sources[0].seq_len + 1), dtype=np.int64)
+        for s in np.unique(source):
+            mine = source == s
+            rows[mine] = self.sources[s].read(window[mine])
+        return rows
+
+    def epochs(self, samples_consumed: int) -> List[int]:
+        """The epoch each source's next sample comes from, after ``samples_consumed``."""
+        drawn = self.schedule.drawn(samples_consumed)
+        return [d // s.num_sequences for d, s in zip(drawn, self.sources)]

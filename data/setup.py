@@ -1,20 +1,26 @@
-"""Open the prepared dataset for training, building the built-in corpus on first use."""
+"""Build the data pipeline train.py uses from the ``data`` and ``training`` config."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import List, Tuple
 
 import torch.distributed as dist
 
-from data.token_file import META_FILE, TokenFile, prepare_token_file
+from data.batching import BatchPlan
+from data.order import SampleOrder
+from data.pipeline import DataPipeline
+from data.token_file import META_FILE, prepare_token_file
+from data.token_source import TokenSource
 
 log = logging.getLogger("trainer")
 
 
-def open_dataset(data_cfg, world, model_vocab_size: int) -> TokenFile:
+def prepare_if_missing(data_cfg, world) -> None:
+    """Build ``data.path`` from ``data.sources`` on first use, when asked to."""
     path = Path(data_cfg.path)
-    if data_cfg.prepare_if_missing and not (path / META_FILE).exists():
+    if data_cfg.prepare_if_missing and not data_cfg.mixture and not (path / META_FILE).exists():
         # One process per node builds it (the output is deterministic and renamed into
         # place atomically, so nodes sharing a file system may race harmlessly).
         if world.local_rank == 0:
@@ -22,11 +28,39 @@ def open_dataset(data_cfg, world, model_vocab_size: int) -> TokenFile:
             prepare_token_file(path, list(data_cfg.sources), data_cfg.tokenizer, data_cfg.bpe_vocab_size)
         if dist.is_initialized():
             dist.barrier()
-    token_file = TokenFile(path)
-    meta = token_file.meta
-    if meta.vocab_size > model_vocab_size:
+
+
+def open_sources(data_cfg, seq_len: int) -> Tuple[List[TokenSource], List[float]]:
+    """``data.mixture`` entries (path, weight), or ``data.path`` alone with weight 1."""
+    entries = [(m.path, float(m.weight)) for m in data_cfg.mixture] or [(data_cfg.path, 1.0)]
+    sources = [TokenSource(path, seq_len) for path, _ in entries]
+    first = sources[0]
+    for source in sources[1:]:
+        if source.tokenizer != first.tokenizer:
+            raise ValueError(
+                f"data.mixture sources use different tokenizers: {first.path} has (name, vocab, eos) "
+                f"{first.tokenizer}, {source.path} has {source.tokenizer}; prepare them with the same tokenizer"
+            )
+    return sources, [w for _, w in entries]
+
+
+def build_data_pipeline(data_cfg, seq_len: int, seed: int, plan: BatchPlan, dp_rank: int, world,
+                        model_vocab_size: int) -> DataPipeline:
+    prepare_if_missing(data_cfg, world)
+    sources, weights = open_sources(data_cfg, seq_len)
+    tokenizer, vocab_size, eos_id = sources[0].tokenizer
+    if vocab_size > model_vocab_size:
         raise ValueError(
-            f"dataset {path} uses tokenizer {meta.tokenizer} with vocab size {meta.vocab_size}, larger than "
-            f"model.vocab_size={model_vocab_size}; raise model.vocab_size to at least {meta.vocab_size}"
+            f"dataset {sources[0].path} uses tokenizer {tokenizer} with vocab size {vocab_size}, larger than "
+            f"model.vocab_size={model_vocab_size}; raise model.vocab_size to at least {vocab_size}"
         )
-    return token_file
+    order = SampleOrder(sources, weights, seed)
+    for source, quota in zip(sources, order.schedule.quotas):
+        log.info("data source %s: %d shard(s), %d tokens, %d sequences of %d (+1), %d of every %d samples",
+                 source.path, len(source.shards), source.num_tokens, source.num_sequences, seq_len, quota,
+                 order.schedule.block_size)
+    return DataPipeline(
+        order, plan, dp_rank, seq_len=seq_len, eos_id=eos_id, cross_document_loss=data_cfg.cross_document_loss,
+        num_workers=data_cfg.num_workers, prefetch_factor=data_cfg.prefetch_factor,
+        pin_memory=world.device.type == "cuda", allow_resume_changes=data_cfg.allow_resume_changes,
+    )

@@ -119,7 +119,11 @@ def read_meta(path: str | Path) -> TokenFileMeta:
 
 
 class TokenFile:
-    """Read-only memory map of a prepared dataset; cheap to open in every worker."""
+    """Read-only memory map of a prepared dataset; cheap to open in every worker.
+
+    Pickling (a dataloader worker started with spawn/forkserver) sends the path, never the
+    mapped tokens: the worker maps the file again.
+    """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -128,3 +132,21 @@ class TokenFile:
 
     def __len__(self) -> int:
         return self.meta.num_tokens
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "meta": self.meta}
+
+    def __setstate__(self, state: dict) -> None:
+        self.path, self.meta = state["path"], state["meta"]
+        self.tokens = np.memmap(self.path / TOKENS_FILE, dtype=self.meta.dtype, mode="r")
+
+
+def find_token_files(path: str | Path) -> List[Path]:
+    """A prepared dataset folder, or a folder whose sub-folders are prepared shards (sorted)."""
+    path = Path(path)
+    if (path / META_FILE).is_file():
+        return [path]
+    shards = sorted(p.parent for p in path.glob(f"*/{META_FILE}")) if path.is_dir() else []
+    if not shards:
+        read_meta(path)  # raises the "no prepared dataset ... prepare it with" error
+    return shards
