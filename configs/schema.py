@@ -8,7 +8,7 @@ dataclasses: a misspelled key or a wrong type fails at compose time, before any 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -26,6 +26,15 @@ class ParallelConfig:
     device: str = "auto"  # auto | cpu | cuda
     collective_timeout_s: float = 600.0  # first step (compile, warm-up) may be slow
     collective_timeout_after_first_step_s: float = 120.0
+    # FSDP2 (docs/parallelism.md): dtype of the gathered parameters / of the gradient reduction.
+    param_dtype: str = "fp32"  # fp32 | bf16 (bf16 on GPU; master weights and optimizer stay fp32)
+    reduce_dtype: str = "fp32"  # fp32 | bf16
+    reshard_after_forward: bool = True  # false: keep gathered params until backward (more memory)
+    cpu_offload: bool = False  # sharded params, grads and optimizer state live in host memory
+    grad_sync_every_micro_batch: bool = True  # false: reduce-scatter once per step (holds full grads)
+    activation_checkpoint: str = "none"  # none | full | selective (per block)
+    compile: bool = False  # torch.compile each block
+    loss_parallel: bool = False  # tp>1: cross entropy on vocabulary-sharded logits
 
 
 @dataclass
@@ -67,6 +76,7 @@ class TrainingConfig:
     seq_len: int = 128
     mixed_precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler)
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    ema_decay: float = 0.0  # EMA of the weights (training/ema.py), checkpointed; 0 disables
 
 
 @dataclass
@@ -87,15 +97,54 @@ class OptimConfig:
 class CheckpointConfig:
     dir: str = "${run_dir}/checkpoints"
     interval: int = 0  # steps between saves; 0 disables periodic saves
-    async_mode: str = "sync"  # sync | async
-    keep_last: int = 2
-    keep_every: int = 0  # 0: no permanent tier
+    async_mode: str = "sync"  # sync | async (training waits only for the host snapshot)
+    save_final: bool = True  # also save after the last step (when interval > 0)
+    keep_last: int = 2  # rolling tier: newest committed checkpoints kept (>= 1)
+    keep_every: int = 0  # permanent tier: steps divisible by this are never deleted; 0: off
+    keep_best: int = 0  # milestone tier: the N best by best_metric are kept; 0: off
+    best_metric: str = "loss"  # loss | probe_loss (lower is better)
     resume: str = "auto"  # auto | never | must | <path or step>
+    allow_config_change: bool = False  # resume although the config hash differs (logged)
+    checksum: bool = True  # checksum every file at save (xxh3-64, or crc32 without xxhash)
+    verify_on_load: bool = True  # check sizes and checksums before loading
+    commit_timeout_s: float = 600.0  # a rank that has not acknowledged by then: not committed
+
+
+@dataclass
+class FaultConfig:
+    """One injected fault (recovery/faults.py): fires once per run directory."""
+
+    kind: str = "sigkill"  # sigkill | hang | exception | nan_loss | corrupt
+    phase: str = "step"  # step | data_wait | checkpoint_snapshot | checkpoint_write | checkpoint_commit | ...
+    step: int = -1  # 1-based step (for checkpoint phases: the checkpoint's step); -1: any
+    rank: int = 0  # -1: every rank
+    corruption: str = "flip_byte"  # truncate | flip_byte | delete_file | delete_manifest
+    hang_s: float = 3600.0
 
 
 @dataclass
 class RecoveryConfig:
     halt_on_nonfinite_loss: bool = True
+    # Watchdog (recovery/watchdog.py): seconds without a heartbeat, per phase, before the
+    # rank dumps its stacks and aborts so the launcher restarts the group.
+    watchdog: bool = True
+    timeouts: Dict[str, float] = field(default_factory=lambda: {
+        "first_step": 600.0, "step": 120.0, "data_wait": 120.0, "checkpoint_snapshot": 300.0,
+        "checkpoint_load": 600.0, "eval": 600.0, "shutdown": 300.0})
+    checkpoint_write_timeout_s: float = 900.0  # a background write stuck longer aborts the rank
+    straggler_interval: int = 50  # steps between straggler reports; 0 disables
+    straggler_factor: float = 1.5  # a rank slower than factor x the median is named
+    # Preemption (recovery/preemption.py): these signals save at the next step boundary and exit.
+    preemption_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    preemption_grace_s: float = 120.0
+    # Verified resume (recovery/verify.py): probe loss, LR and step checks, fallback.
+    verify: bool = True
+    probe_rtol_reshard: float = 1e-4  # probe loss tolerance after a change of layout (same layout: bitwise)
+    max_fallbacks: int = 3  # older checkpoints tried after a failed verification, then stop
+    allow_global_batch_change: bool = False  # resume with a global batch other than the checkpoint's
+    device_mtbf_hours: float = 50000.0  # for checkpoint.interval=auto (recovery/interval.py)
+    devices: int = 0  # devices in the job for the MTBF; 0: the world size
+    faults: List[FaultConfig] = field(default_factory=list)  # fault injection; empty = off
 
 
 @dataclass
