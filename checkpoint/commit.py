@@ -1,0 +1,102 @@
+"""The commit protocol (contract 3), as separate phases so faults can be injected between them.
+
+1. every rank writes its files into ``step_N.uncommitted/`` (DCP, fsync per file);
+2. every rank checksums its own files and writes an acknowledgement ``acks/rank_R.json``;
+3. the coordinator waits for all acknowledgements (with a timeout: a failed or late rank
+   leaves the checkpoint uncommitted and the previous one current), writes the manifest
+   and fsyncs files and directory;
+4. ``commit_checkpoint``: atomic rename to ``step_N/`` plus fsync of the parent;
+5. ``update_latest``: the ``latest`` pointer is replaced atomically.
+
+A crash before 4 leaves only an ``.uncommitted`` directory, which discovery ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from checkpoint.integrity import atomic_write_text, checksum_files, fsync_dir, fsync_file
+from checkpoint.layout import ACKS, LATEST, MANIFEST
+from checkpoint.manifest import CheckpointError, FileEntry, Manifest, write_manifest
+
+
+class CommitTimeout(CheckpointError):
+    """Not every rank acknowledged its files in time: the checkpoint stays uncommitted."""
+
+
+def rank_files(directory: Path, rank: int) -> List[Path]:
+    """The data files rank ``rank`` wrote: DCP's FileSystemWriter names them ``__<rank>_<n>.distcp``."""
+    return sorted(Path(directory).glob(f"__{rank}_*.distcp"))
+
+
+def acknowledge(directory: Path, rank: int, algorithm: str | None) -> Dict[str, FileEntry]:
+    """Phase 2: checksum this rank's files and record them durably in ``acks/rank_R.json``."""
+    files = rank_files(directory, rank)
+    sums = checksum_files(files, algorithm) if algorithm else {}
+    entries = {p.name: FileEntry(size=p.stat().st_size, checksum=sums.get(p.name)) for p in files}
+    ack_dir = Path(directory) / ACKS
+    ack_dir.mkdir(exist_ok=True)
+    payload = {"rank": rank, "files": {k: vars(v) for k, v in entries.items()}}
+    atomic_write_text(ack_dir / f"rank_{rank:05d}.json", json.dumps(payload))
+    return entries
+
+
+def collect_acknowledgements(directory: Path, world_size: int, timeout_s: float,
+                             poll_s: float = 0.05) -> Dict[str, FileEntry]:
+    """Phase 3a (coordinator): wait for every rank's acknowledgement; their files, merged."""
+    ack_dir = Path(directory) / ACKS
+    deadline = time.monotonic() + timeout_s
+    while True:
+        present = {p.name for p in ack_dir.glob("rank_*.json")} if ack_dir.is_dir() else set()
+        missing = [r for r in range(world_size) if f"rank_{r:05d}.json" not in present]
+        if not missing:
+            break
+        if time.monotonic() > deadline:
+            raise CommitTimeout(f"{directory}: ranks {missing[:16]} did not acknowledge their files within "
+                                f"{timeout_s:.0f} s (checkpoint.commit_timeout_s); left uncommitted")
+        time.sleep(poll_s)
+    files: Dict[str, FileEntry] = {}
+    for r in range(world_size):
+        payload = json.loads((ack_dir / f"rank_{r:05d}.json").read_text())
+        files.update({k: FileEntry(**v) for k, v in payload["files"].items()})
+    return files
+
+
+def seal(directory: Path, manifest: Manifest) -> None:
+    """Phase 3b (coordinator): check every DCP file is acknowledged, write the manifest, fsync."""
+    directory = Path(directory)
+    on_disk = {p.name for p in directory.glob("*.distcp")}
+    unacked = sorted(on_disk - set(manifest.files))
+    if unacked:
+        raise CheckpointError(f"{directory}: files without an acknowledgement: {unacked[:8]}")
+    for name in manifest.files:
+        if name.endswith(".distcp"):
+            continue
+        fsync_file(directory / name)  # .metadata; data files were fsynced by their writers
+    write_manifest(directory, manifest)
+    fsync_dir(directory)
+
+
+def commit_checkpoint(uncommitted: Path, final: Path) -> Path:
+    """Phase 4: the atomic rename that makes the checkpoint visible, then fsync of the parent.
+
+    An older checkpoint of the same step (a re-save after resuming from an earlier one) is
+    moved aside first, never deleted here.
+    """
+    uncommitted, final = Path(uncommitted), Path(final)
+    if not (uncommitted / MANIFEST).is_file():
+        raise CheckpointError(f"{uncommitted}: refusing to commit without a manifest")
+    if final.exists():
+        os.rename(final, final.with_name(f"{final.name}.replaced-{int(time.time())}"))
+    os.rename(uncommitted, final)
+    fsync_dir(final.parent)
+    return final
+
+
+def update_latest(root: Path, checkpoint_id: str) -> None:
+    """Phase 5: move the ``latest`` pointer (atomic replace + fsync)."""
+    atomic_write_text(Path(root) / LATEST, checkpoint_id + "\n")

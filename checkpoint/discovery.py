@@ -1,0 +1,122 @@
+"""Finding checkpoints: committed ones newest first, the resume choice, bad marks, leftovers.
+
+Only a directory named ``step_N`` with a manifest counts as committed. The ``latest``
+pointer is informational: the scan is the source of truth, so a crash between the commit
+rename and the pointer update loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+from checkpoint.integrity import atomic_write_text, fsync_dir
+from checkpoint.layout import BAD_MARKER, DELETING, LATEST, MANIFEST, UNCOMMITTED, committed_dir, parse
+from checkpoint.manifest import CheckpointError, Manifest, read_manifest
+
+log = logging.getLogger("trainer")
+
+
+@dataclass
+class CheckpointInfo:
+    checkpoint_id: str  # directory name
+    path: Path
+    step: int
+    committed: bool
+    bad: Optional[str]  # why recovery marked it unusable, or None
+    manifest: Optional[Manifest]
+
+
+def list_checkpoints(root: Path) -> List[CheckpointInfo]:
+    """Every checkpoint-like directory (committed or not), newest step first."""
+    root = Path(root)
+    out = []
+    if not root.is_dir():
+        return out
+    for d in root.iterdir():
+        parsed = parse(d.name)
+        if parsed is None or not d.is_dir():
+            continue
+        step, suffix = parsed
+        committed = suffix == "" and (d / MANIFEST).is_file()
+        manifest = None
+        if committed:
+            try:
+                manifest = read_manifest(d)
+            except CheckpointError as exc:
+                log.warning("%s", exc)
+                committed = False
+        bad = (d / BAD_MARKER).read_text().strip() or "marked bad" if (d / BAD_MARKER).exists() else None
+        out.append(CheckpointInfo(d.name, d, step, committed, bad, manifest))
+    return sorted(out, key=lambda c: (c.step, c.committed), reverse=True)
+
+
+def list_committed(root: Path, include_bad: bool = False) -> List[CheckpointInfo]:
+    """Committed checkpoints newest first (what resume and recovery choose from)."""
+    return [c for c in list_checkpoints(root) if c.committed and (include_bad or c.bad is None)]
+
+
+def latest_committed(root: Path) -> Optional[CheckpointInfo]:
+    found = list_committed(root)
+    return found[0] if found else None
+
+
+def read_latest_pointer(root: Path) -> Optional[str]:
+    p = Path(root) / LATEST
+    return p.read_text().strip() if p.is_file() else None
+
+
+def mark_bad(path: Path, reason: str) -> None:
+    """Recovery's verdict: this checkpoint must not be resumed from (it stays on disk for people)."""
+    atomic_write_text(Path(path) / BAD_MARKER, reason.strip() + "\n")
+    log.warning("checkpoint %s marked bad: %s", path, reason)
+
+
+def clean_uncommitted(root: Path) -> List[str]:
+    """Remove leftovers of interrupted saves and deletions. Call only when no save is in flight."""
+    removed = []
+    root = Path(root)
+    if not root.is_dir():
+        return removed
+    for d in root.iterdir():
+        parsed = parse(d.name)
+        if parsed and parsed[1] in (UNCOMMITTED, DELETING) and d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d.name)
+    if removed:
+        fsync_dir(root)
+        log.info("removed uncommitted checkpoint leftovers: %s", ", ".join(sorted(removed)))
+    return removed
+
+
+def resolve_resume(root: Path, spec: str) -> Optional[Path]:
+    """The checkpoint to resume from for ``checkpoint.resume=spec``, or None for a fresh start.
+
+    auto: newest committed (None when there is none); never: None; must: newest committed or
+    an error; an integer: that step under ``root``; anything else: a checkpoint directory path.
+    """
+    spec = str(spec).strip()
+    if spec == "never":
+        return None
+    if spec in ("auto", "must"):
+        newest = latest_committed(root)
+        if newest is None and spec == "must":
+            others = [c.checkpoint_id + (f" (bad: {c.bad})" if c.bad else "") for c in list_checkpoints(root)]
+            raise CheckpointError(f"checkpoint.resume=must but {root} holds no usable committed checkpoint"
+                                  + (f"; found: {', '.join(others)}" if others else ""))
+        return newest.path if newest else None
+    if spec.isdigit():
+        path = committed_dir(root, int(spec))
+        if not (path / MANIFEST).is_file():
+            steps = [c.step for c in list_committed(root)]
+            raise CheckpointError(f"checkpoint.resume={spec}: no committed checkpoint for step {spec} in {root}; "
+                                  f"committed steps: {steps or 'none'}")
+        return path
+    path = Path(spec)
+    if not (path / MANIFEST).is_file():
+        raise CheckpointError(f"checkpoint.resume={spec}: not a committed checkpoint directory (no {MANIFEST}); "
+                              "use auto, never, must, a step number or a step_N directory")
+    return path

@@ -1,0 +1,96 @@
+"""Run train.py with test-only interventions (never part of the trainer itself).
+
+  python tests/ckpt_runner.py [--drop COMPONENT] [--kill-after-save STEP] [--kill-before-commit STEP]
+                              [--scaler-growth-interval N] -- <hydra overrides>
+
+--drop leaves one component out of the checkpoint, at save and at load (to show it is needed);
+--kill-after-save SIGKILLs the process right after the save of STEP returned to the loop
+(sync: committed; async: snapshot taken, write in flight); --kill-before-commit SIGKILLs it
+after every rank's files are written and acknowledged but before the commit rename.
+Works under torchrun too (the same interventions on every rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import signal
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _die() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser()
+    p.add_argument("--drop", default=None)
+    p.add_argument("--kill-after-save", type=int, default=None)
+    p.add_argument("--kill-before-commit", type=int, default=None)
+    p.add_argument("--scaler-growth-interval", type=int, default=None)
+    a = p.parse_args(argv[:split])
+    overrides = argv[split + 1:]
+
+    import checkpoint.manager as manager
+    import checkpoint.saver as saver
+    import checkpoint.state as state
+
+    if a.drop:
+        original_sd = state.TrainingState.state_dict
+
+        def state_dict_without(self):
+            sd = original_sd(self)
+            sd.pop(a.drop)
+            return sd
+
+        state.TrainingState.state_dict = state_dict_without
+
+    if a.kill_after_save is not None:
+        original_save = manager.CheckpointManager.save
+
+        def save_then_die(self, step, loss):
+            original_save(self, step, loss)
+            if step == a.kill_after_save:
+                _die()
+
+        manager.CheckpointManager.save = save_then_die
+
+    if a.kill_before_commit is not None:
+        original_commit = saver.commit_checkpoint
+
+        def die_before_commit(uncommitted, final):
+            if uncommitted.name.startswith(f"step_{a.kill_before_commit:08d}"):
+                _die()
+            return original_commit(uncommitted, final)
+
+        saver.commit_checkpoint = die_before_commit
+
+    if a.scaler_growth_interval is not None:
+        import torch
+
+        import training.step as step
+
+        original_init = step.Precision.__init__
+
+        def precision_init(self, mode, device):
+            original_init(self, mode, device)
+            if self.scaler is not None:
+                self.scaler = torch.amp.GradScaler(device.type, growth_interval=a.scaler_growth_interval)
+
+        step.Precision.__init__ = precision_init
+
+    sys.argv = [str(ROOT / "train.py"), *overrides]
+    runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
