@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Dict, Iterator, List, Tuple
+from typing import Collection, Dict, Iterator, List, Tuple
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from data.batching import BatchPlan, SampleRange, rank_micro_batches
 from data.dataset import MicroBatchDataset
 from data.order import SampleOrder
-from data.state import DataState, check_resume
+from data.state import MEANING_FIELDS, DataState, check_resume
 
 log = logging.getLogger("trainer")
 
@@ -56,7 +56,7 @@ def _as_is(item):
 class DataPipeline:
     def __init__(self, order: SampleOrder, plan: BatchPlan, dp_rank: int, *, seq_len: int, eos_id: int,
                  cross_document_loss: bool = True, num_workers: int = 0, prefetch_factor: int = 2,
-                 pin_memory: bool = False, allow_resume_changes: bool = False):
+                 pin_memory: bool = False, allowed_resume_changes: Collection[str] = ()):
         if num_workers < 0:
             raise ValueError(f"data.num_workers={num_workers} must be >= 0 (0 loads in the training process)")
         if num_workers > 0 and prefetch_factor < 1:
@@ -69,7 +69,10 @@ class DataPipeline:
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
-        self.allow_resume_changes = allow_resume_changes
+        unknown = set(allowed_resume_changes) - set(MEANING_FIELDS)
+        if unknown:
+            raise ValueError(f"allowed_resume_changes {sorted(unknown)}: choose among {list(MEANING_FIELDS)}")
+        self.allowed_resume_changes = tuple(allowed_resume_changes)
         self.step = 0
         self.samples_consumed = 0
         self._batches: Iterator[MicroBatch] | None = None
@@ -123,10 +126,10 @@ class DataPipeline:
     def load_state_dict(self, state: Dict[str, object]) -> None:
         """Continue from a saved position in O(1): checks what the samples mean, then jumps."""
         saved = DataState.from_dict(state)
-        changes = check_resume(saved, self._state(), self.allow_resume_changes)
+        changes = check_resume(saved, self._state(), self.allowed_resume_changes)
         if changes:
-            log.warning("data.allow_resume_changes=true: resuming at global sample %d of a different "
-                        "sample order; changed: %s", saved.samples_consumed, "; ".join(changes))
+            log.warning("resuming at global sample %d of a different sample order (allowed: %s); changed: %s",
+                        saved.samples_consumed, ", ".join(self.allowed_resume_changes), "; ".join(changes))
         self.close()
         self.step = saved.step
         self.samples_consumed = saved.samples_consumed

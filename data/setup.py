@@ -12,6 +12,7 @@ from data.batching import BatchPlan
 from data.order import SampleOrder
 from data.pipeline import DataPipeline
 from data.token_file import META_FILE, prepare_token_file
+from data.state import MEANING_FIELDS
 from data.token_source import TokenSource
 
 log = logging.getLogger("trainer")
@@ -45,7 +46,10 @@ def open_sources(data_cfg, seq_len: int) -> Tuple[List[TokenSource], List[float]
 
 
 def build_data_pipeline(data_cfg, seq_len: int, seed: int, plan: BatchPlan, dp_rank: int, world,
-                        model_vocab_size: int) -> DataPipeline:
+                        model_vocab_size: int, allow_global_batch_change: bool = False) -> DataPipeline:
+    """The pipeline of data-parallel rank ``dp_rank``. A resume may change the global batch
+    when ``allow_global_batch_change`` (recovery.allow_global_batch_change), and anything
+    that changes the sample order when ``data.allow_resume_changes``."""
     prepare_if_missing(data_cfg, world)
     sources, weights = open_sources(data_cfg, seq_len)
     tokenizer, vocab_size, eos_id = sources[0].tokenizer
@@ -55,6 +59,8 @@ def build_data_pipeline(data_cfg, seq_len: int, seed: int, plan: BatchPlan, dp_r
             f"model.vocab_size={model_vocab_size}; raise model.vocab_size to at least {vocab_size}"
         )
     order = SampleOrder(sources, weights, seed)
+    allowed = MEANING_FIELDS if data_cfg.allow_resume_changes else (
+        ("global_batch_size",) if allow_global_batch_change else ())
     for source, quota in zip(sources, order.schedule.quotas):
         log.info("data source %s: %d shard(s), %d tokens, %d sequences of %d (+1), %d of every %d samples",
                  source.path, len(source.shards), source.num_tokens, source.num_sequences, seq_len, quota,
@@ -62,5 +68,5 @@ def build_data_pipeline(data_cfg, seq_len: int, seed: int, plan: BatchPlan, dp_r
     return DataPipeline(
         order, plan, dp_rank, seq_len=seq_len, eos_id=eos_id, cross_document_loss=data_cfg.cross_document_loss,
         num_workers=data_cfg.num_workers, prefetch_factor=data_cfg.prefetch_factor,
-        pin_memory=world.device.type == "cuda", allow_resume_changes=data_cfg.allow_resume_changes,
+        pin_memory=world.device.type == "cuda", allowed_resume_changes=allowed,
     )

@@ -10,7 +10,7 @@ resumes on any dp size and any ``num_workers``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Dict, List
+from typing import Collection, Dict, List
 
 STATE_VERSION = 1
 # Fields that give samples a different meaning when they change: refused unless allowed.
@@ -66,13 +66,18 @@ def resume_changes(saved: DataState, current: DataState) -> List[str]:
     return changes
 
 
-def check_resume(saved: DataState, current: DataState, allow_changes: bool) -> List[str]:
-    """Refuse a resume whose samples would mean something else, unless explicitly allowed."""
+def check_resume(saved: DataState, current: DataState, allowed: Collection[str] = ()) -> List[str]:
+    """Refuse a resume whose samples would mean something else, unless that change is allowed.
+
+    ``allowed`` names fields of MEANING_FIELDS that may change (data.allow_resume_changes
+    allows all of them). Returns the changes, in words, for the log.
+    """
     changes = resume_changes(saved, current)
-    if changes and not allow_changes:
+    refused = [c for c in changes if c.split(":")[0] not in allowed]
+    if refused:
         raise DataResumeError(
             "refusing to resume: the data would not continue the checkpoint's sample order. Changed: "
-            + "; ".join(changes)
+            + "; ".join(refused)
             + ". Restore the original data/seed/training.seq_len/training.global_batch_size, or set "
             "data.allow_resume_changes=true to continue from global sample "
             f"{saved.samples_consumed} of the new order anyway."

@@ -24,9 +24,10 @@ def data_config(path: Path | None = None, mixture: Dict[Path, float] | None = No
 
 
 def pipeline(data_cfg, dp: int, rank: int, global_batch: int = 8, micro: int = 2, seq_len: int = 32,
-             seed: int = 1234):
+             seed: int = 1234, allow_global_batch_change: bool = False):
     plan = make_batch_plan(global_batch, micro, dp)
-    return build_data_pipeline(data_cfg, seq_len, seed, plan, rank, CPU_WORLD, model_vocab_size=100_000)
+    return build_data_pipeline(data_cfg, seq_len, seed, plan, rank, CPU_WORLD, model_vocab_size=100_000,
+                               allow_global_batch_change=allow_global_batch_change)
 
 
 def global_batches(data_cfg, dp: int, steps: int, state: dict | None = None, **kw

@@ -51,7 +51,7 @@ def test_resume_is_exact_across_num_workers_and_dp(pydoc_data, reference):
     state = states[0]
     assert state["step"] == saved_at and state["samples_consumed"] == saved_at * 8
     assert all(isinstance(v, (int, str)) for v in state.values())
-    for dp, workers in [(1, 3), (2, 0), (4, 3), (4, 0)]:
+    for dp, workers in [(1, 0), (1, 3), (2, 0), (2, 3), (4, 0), (4, 3)]:
         resumed = global_batches(data_config(pydoc_data, num_workers=workers), dp=dp,
                                  steps=STEPS - saved_at, state=state)
         assert_same_batches(resumed, reference[saved_at:])
@@ -96,6 +96,7 @@ def test_resume_on_other_data_is_refused_unless_allowed(pydoc_data, tmp_path, ca
     with caplog.at_level(logging.WARNING, logger="trainer"):
         allowed.load_state_dict(state)
     assert "fingerprint: checkpoint" in caplog.text and "seed: checkpoint 1234 -> this run 5" in caplog.text
+    assert "of a different sample order" in caplog.text
     assert allowed.step == 3 and allowed.samples_consumed == 24
     allowed.next_micro_batches(3)
 
@@ -104,8 +105,11 @@ def test_a_changed_global_batch_continues_from_the_next_sample_when_allowed(pydo
     pipe = pipeline(data_config(pydoc_data), dp=1, rank=0)
     for step in range(3):
         pipe.next_micro_batches(step)
-    bigger = pipeline(data_config(pydoc_data, allow_resume_changes=True), dp=2, rank=0, global_batch=16)
+    bigger = pipeline(data_config(pydoc_data), dp=2, rank=0, global_batch=16, allow_global_batch_change=True)
     bigger.load_state_dict(pipe.state_dict())
+    with pytest.raises(DataResumeError, match=r"Changed: seed: checkpoint 1234 -> this run 9\."):
+        pipeline(data_config(pydoc_data), dp=1, rank=0, seed=9, global_batch=16,
+                 allow_global_batch_change=True).load_state_dict(pipe.state_dict())
     ids = np.concatenate(bigger.upcoming_sample_ids())  # rank 0 of dp 2: the first 8 of 16
     np.testing.assert_array_equal(ids, reference[3][0])  # = the old run's step 3: nothing skipped
 

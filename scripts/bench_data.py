@@ -1,0 +1,126 @@
+"""Benchmark the data pipeline: resume cost at step 10 vs 10^6, and loader throughput.
+
+  python scripts/bench_data.py                       # pydoc-byte, debug model shapes
+  python scripts/bench_data.py --seq-len 1024 --global-batch 32 --micro-batch 8
+
+Resume: a fresh pipeline loads a state saved at step s and produces its first
+micro-batches (worker start-up included); the time must not grow with s, because the
+position is a number and the order an O(1) function (no replay). Throughput: tokens/s the
+loader delivers alone, next to the tokens/s a training step of the debug model consumes
+on this machine, so the ratio says whether data loading can keep the step fed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from configs.schema import DataConfig  # noqa: E402
+from data.batching import make_batch_plan  # noqa: E402
+from data.setup import build_data_pipeline  # noqa: E402
+from data.token_file import META_FILE, prepare_token_file  # noqa: E402
+
+WORLD = SimpleNamespace(local_rank=0, device=torch.device("cpu"))
+
+
+def make_pipeline(args, num_workers: int):
+    cfg = OmegaConf.structured(DataConfig(path=args.data, num_workers=num_workers))
+    plan = make_batch_plan(args.global_batch, args.micro_batch, 1)
+    return build_data_pipeline(cfg, args.seq_len, 1234, plan, 0, WORLD, model_vocab_size=1 << 20)
+
+
+def resume_seconds(args, step: int, num_workers: int) -> float:
+    pipe = make_pipeline(args, num_workers)
+    state = {**pipe.state_dict(), "step": step, "samples_consumed": step * args.global_batch}
+    start = time.perf_counter()
+    pipe.load_state_dict(state)
+    pipe.next_micro_batches(step)
+    seconds = time.perf_counter() - start
+    pipe.close()
+    return seconds
+
+
+def loader_tokens_per_s(args, num_workers: int) -> float:
+    pipe = make_pipeline(args, num_workers)
+    pipe.next_micro_batches(0)  # start-up excluded
+    start = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        pipe.next_micro_batches(step)
+    seconds = time.perf_counter() - start
+    pipe.close()
+    return args.steps * args.global_batch * args.seq_len / seconds
+
+
+def train_tokens_per_s(args) -> float:
+    """What one process training the debug model consumes (fp32, CPU), data excluded."""
+    from configs.validate import model_config
+    from hydra import compose, initialize_config_dir
+
+    from model.llama import build_model
+    from training.optimizer import build_optimizer
+    from training.schedule import build_scheduler
+    from training.step import Precision, train_step
+
+    from configs.schema import register
+
+    register()
+    with initialize_config_dir(str(Path(__file__).resolve().parent.parent / "configs"), version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=debug"])
+    torch.manual_seed(0)
+    model = build_model(model_config(cfg))
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, 10 ** 6)
+    precision = Precision("fp32", torch.device("cpu"))
+    pipe = make_pipeline(args, 0)
+    batches = [pipe.next_micro_batches(s) for s in range(args.train_steps + 1)]
+    train_step(model, optimizer, scheduler, precision, batches[0], 1.0, torch.device("cpu"))  # warm-up
+    start = time.perf_counter()
+    for micro in batches[1:]:
+        train_step(model, optimizer, scheduler, precision, micro, 1.0, torch.device("cpu"))
+    return args.train_steps * args.global_batch * args.seq_len / (time.perf_counter() - start)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="outputs/data/pydoc-byte")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--global-batch", type=int, default=16)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=300, help="steps timed for loader throughput")
+    parser.add_argument("--train-steps", type=int, default=10, help="steps timed for the training step")
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    args = parser.parse_args(argv)
+    if not (Path(args.data) / META_FILE).exists():
+        prepare_token_file(args.data, ["pydoc"], "byte")
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+
+    print(f"data {args.data}, seq_len {args.seq_len}, global batch {args.global_batch} "
+          f"(micro {args.micro_batch}), {torch.get_num_threads()} torch threads")
+    for workers in args.workers:
+        times = {s: [resume_seconds(args, s, workers) for _ in range(args.repeats)] for s in (10, 10 ** 6)}
+        med = {s: statistics.median(t) for s, t in times.items()}
+        print(f"resume, num_workers={workers}: step 10 {med[10] * 1e3:.1f} ms, step 10^6 {med[10 ** 6] * 1e3:.1f} ms "
+              f"(median of {args.repeats}; min {min(times[10]) * 1e3:.1f} / {min(times[10 ** 6]) * 1e3:.1f} ms), "
+              f"ratio {med[10 ** 6] / med[10]:.2f}; includes starting the loader and loading the first step")
+    train = train_tokens_per_s(args)
+    print(f"training step (debug model, fp32, 1 process): {train:,.0f} tokens/s")
+    for workers in args.workers:
+        tps = loader_tokens_per_s(args, workers)
+        print(f"loader, num_workers={workers}: {tps:,.0f} tokens/s over {args.steps} steps "
+              f"= {tps / train:.0f}x what the training step consumes; replaying 10^6 steps at this rate "
+              f"instead would take {10 ** 6 * args.global_batch * args.seq_len / tps / 60:.0f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
