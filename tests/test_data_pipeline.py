@@ -178,3 +178,21 @@ def test_mixture_config_trains_on_both_sources(pydoc_data, tmp_path):
     x = torch.cat([m[0] for m in pipeline(cfg, dp=1, rank=0).next_micro_batches(0)])
     is_z = [(row == ord("z")).float().mean() > 0.5 for row in x]
     assert is_z == [False, True] * 4  # 1:1, interleaved
+
+
+def test_two_epochs_through_the_loaders_visit_every_window_once_each(pydoc_data):
+    """What two ranks load over two epochs (steps straddle the boundary: 32 does not divide N)."""
+    seq_len = 256
+    n = pipeline(data_config(pydoc_data), dp=1, rank=0, seq_len=seq_len).order.sources[0].num_sequences
+    assert n % 32
+    steps = 2 * n // 32 + 1
+    batches = global_batches(data_config(pydoc_data), dp=2, steps=steps, seq_len=seq_len, global_batch=32, micro=16)
+    ids = np.concatenate([b[0] for b in batches])
+    epoch0, epoch1 = ids[:n], ids[n:2 * n]
+    assert sorted(epoch0.tolist()) == list(range(n)) and sorted(epoch1.tolist()) == list(range(n))
+    assert not np.array_equal(epoch0, epoch1)
+    tokens = TokenFile(pydoc_data).tokens
+    inputs = torch.cat([b[1] for b in batches])
+    for row in (0, n - 1, n, 2 * n - 1):  # the loaded rows are those windows
+        w = int(ids[row])
+        assert torch.equal(inputs[row], torch.from_numpy(tokens[w * seq_len: w * seq_len + seq_len].astype(np.int64)))
