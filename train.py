@@ -24,8 +24,12 @@ log = logging.getLogger("trainer")
 
 
 def dry_run(cfg: DictConfig) -> None:
-    """Print the composed config and the model's size; nothing is allocated."""
+    """Print the composed config, the model's size and the per-rank plan of the parallel
+    layout (parallel/plan.py); nothing is allocated."""
+    import os
+
     from model.counting import count_params, flops_per_token
+    from parallel.plan import format_plan, plan_from_config
 
     mcfg = model_config(cfg)
     params = count_params(mcfg)
@@ -35,6 +39,11 @@ def dry_run(cfg: DictConfig) -> None:
           f"{params.non_embedding:,} without embeddings")
     print(f"tokens per step: {tokens_per_step:,}; training FLOPs per token: "
           f"{flops_per_token(mcfg, cfg.training.seq_len):.3e}")
+    if cfg.parallel.dp_shard == -1 and "WORLD_SIZE" not in os.environ:
+        print("per-rank plan: give the layout (e.g. parallel.dp_shard=64 parallel.tp=8) or WORLD_SIZE; "
+              "scripts/plan.py also takes the host-copy and storage bandwidths")
+        return
+    print(format_plan(plan_from_config(cfg, int(os.environ.get("WORLD_SIZE", 0)) or None)))
 
 
 def train(cfg: DictConfig, overrides: list[str]) -> None:
@@ -45,10 +54,10 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
     from metrics.logger import MetricsLogger, memory_gib, setup_logging
     from metrics.run_dir import write_run_config
     from model.counting import count_params
-    from model.llama import build_model, materialize_model
+    from model.llama import build_model
     from parallel.dims import resolve_parallel_dims
-    from parallel.init import init_distributed, shutdown_distributed
-    from parallel.parallelize import parallelize_model
+    from parallel.init import init_distributed, set_collective_timeout, shutdown_distributed
+    from parallel.parallelize import materialize_parallel_model, parallelize_model
     from training.optimizer import build_optimizer
     from training.schedule import build_scheduler
     from training.step import Precision, train_step
@@ -65,8 +74,8 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
 
     torch.manual_seed(cfg.seed)
     model = build_model(mcfg, materialize=False)
-    parallel = parallelize_model(model, dims, cfg.parallel, world.device)
-    materialize_model(model, world.device, seed=cfg.seed)
+    parallel = parallelize_model(model, dims, cfg.parallel, world.device, seq_len=cfg.training.seq_len)
+    materialize_parallel_model(model, parallel, world.device, seed=cfg.seed)
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.training.steps)
     precision = Precision(cfg.training.mixed_precision, world.device)
@@ -92,7 +101,11 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
         t0 = time.perf_counter()
         micro_batches = data.next_micro_batches(step)
         result = train_step(model, optimizer, scheduler, precision, micro_batches, cfg.training.grad_clip,
-                            world.device, parallel.dp_group, data_seconds=time.perf_counter() - t0)
+                            world.device, parallel.dp_group, data_seconds=time.perf_counter() - t0,
+                            before_micro_batch=lambda last: parallel.before_micro_batch(model, last),
+                            loss_parallel=parallel.loss_parallel)
+        if step == start_step:  # warm-up done: a hung peer should now fail fast
+            set_collective_timeout(cfg.parallel.collective_timeout_after_first_step_s)
         step_s = time.perf_counter() - t0
         if cfg.recovery.halt_on_nonfinite_loss and not math.isfinite(result.loss):
             raise FloatingPointError(

@@ -1,16 +1,23 @@
-"""The parallel layout: world_size = dp_replicate x dp_shard x tp, checked against the world."""
+"""The parallel layout: world_size = dp_replicate x dp_shard x tp, checked against the world.
+
+Mesh dimensions are listed outermost first in ``ParallelDims.mesh_dims``: replicas talk
+least (one all-reduce per step), tensor-parallel ranks talk most (every layer), so tp is
+innermost and lands inside a node. Pipeline parallelism would be one more entry in front.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Tuple
+
+MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
 
 
 @dataclass(frozen=True)
 class ParallelDims:
-    dp_replicate: int
-    dp_shard: int
-    tp: int
+    dp_replicate: int  # full model replicas (HSDP's outer dimension): gradients all-reduced
+    dp_shard: int  # FSDP2 ranks: parameters, gradients and optimizer state sharded
+    tp: int  # tensor-parallel ranks: every matmul split, same data on each
     world_size: int
 
     @property
@@ -20,11 +27,23 @@ class ParallelDims:
 
     @property
     def fsdp_enabled(self) -> bool:
-        return self.dp_shard > 1
+        """FSDP2 wraps the model whenever there is more than one data-parallel rank."""
+        return self.dp > 1
+
+    @property
+    def hsdp_enabled(self) -> bool:
+        return self.dp_replicate > 1
 
     @property
     def tp_enabled(self) -> bool:
         return self.tp > 1
+
+    @property
+    def mesh_dims(self) -> List[Tuple[str, int]]:
+        return list(zip(MESH_DIM_NAMES, (self.dp_replicate, self.dp_shard, self.tp)))
+
+    def describe(self) -> str:
+        return f"dp_replicate={self.dp_replicate} x dp_shard={self.dp_shard} x tp={self.tp}"
 
 
 def _layouts(world_size: int, dp_replicate: int, tp: int) -> List[str]:
@@ -62,3 +81,26 @@ def resolve_parallel_dims(dp_replicate: int, dp_shard: int, tp: int, world_size:
             + "; ".join(_layouts(world_size, dp_replicate, tp))
         )
     return ParallelDims(dp_replicate, dp_shard, tp, world_size)
+
+
+def check_tensor_parallel_fits(mcfg, tp: int, seq_len: int) -> None:
+    """Every tensor-parallel split must be even: heads, KV heads, FFN width, vocabulary, and
+    (sequence parallel) the sequence. Name what does not divide and the tp degrees that work."""
+    if tp == 1:
+        return
+    sizes = {
+        "model.n_heads": mcfg.n_heads,
+        "model.n_kv_heads": mcfg.kv_heads,
+        "FFN hidden size": mcfg.ffn_hidden_dim,
+        "model.vocab_size": mcfg.vocab_size,
+        "training.seq_len (sequence parallel)": seq_len,
+    }
+    bad = [f"{name}={value}" for name, value in sizes.items() if value % tp]
+    if not bad:
+        return
+    valid = [t for t in range(1, max(sizes.values()) + 1) if all(v % t == 0 for v in sizes.values())]
+    raise ValueError(
+        f"parallel.tp={tp} does not divide {', '.join(bad)}; each tensor-parallel rank must hold a whole "
+        f"number of heads, KV heads, FFN columns, vocabulary rows and sequence positions. "
+        f"tp degrees that divide all of them: {valid}"
+    )

@@ -1,4 +1,12 @@
-"""Process-group start-up: backend by device (nccl on CUDA, gloo on CPU), explicit timeouts."""
+"""Process-group start-up: backend by device (nccl on CUDA, gloo on CPU), explicit timeouts.
+
+The first step may legitimately be slow (compile, allocator warm-up, first all-gathers), so
+the process group starts with ``parallel.collective_timeout_s`` (minutes). After the first
+step a hung peer should be noticed in seconds to minutes, not NCCL's 30: train.py then calls
+``set_collective_timeout(parallel.collective_timeout_after_first_step_s)``, which applies
+the new value to every process group this process belongs to (the default group and the
+device mesh's sub-groups). Verified on gloo by tests/test_parallel_timeout.py.
+"""
 
 from __future__ import annotations
 
@@ -48,6 +56,18 @@ def init_distributed(device_choice: str, timeout_s: float) -> WorldInfo:
             device_id=device if device.type == "cuda" else None,
         )
     return WorldInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def set_collective_timeout(timeout_s: float) -> int:
+    """Change the timeout of every process group this rank is in; returns how many groups."""
+    if not dist.is_initialized():
+        return 0
+    timeout = datetime.timedelta(seconds=timeout_s)
+    groups = [dist.group.WORLD] + [pg for pg in dist.distributed_c10d._world.pg_map if pg is not dist.group.WORLD]
+    for group in groups:
+        # Private but stable since torch 2.2; applies to both gloo and nccl backends.
+        dist.distributed_c10d._set_pg_timeout(timeout, group)
+    return len(groups)
 
 
 def shutdown_distributed() -> None:

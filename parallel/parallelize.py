@@ -1,4 +1,10 @@
-"""Apply the parallel layout to a meta-built model (before it is materialised)."""
+"""Apply the parallel layout to a meta-built model (before it is materialised).
+
+Order matters: activation checkpointing and compile wrap each block's forward (compile
+outermost, so the recomputation is part of the compiled graph); tensor parallel turns the
+weights into tp-sharded DTensors; FSDP2 last shards those again along dp and hooks around
+each block's forward.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +14,68 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
-from parallel.dims import ParallelDims
+from parallel.activations import apply_activation_checkpointing, apply_compile
+from parallel.dims import ParallelDims, check_tensor_parallel_fits
+from parallel.fsdp import apply_fsdp, set_grad_sync
+from parallel.materialize import materialize_sharded
+from parallel.mesh import build_mesh, fsdp_mesh
+from parallel.tensor_parallel import apply_tensor_parallel
 
 
 @dataclass
 class Parallelized:
-    dp_rank: int  # which slice of the global batch this rank reads
+    dp_rank: int  # which slice of the global batch this rank reads (same for all ranks of a tp group)
     dp_group: Optional[dist.ProcessGroup]  # sums token counts and losses over data-parallel ranks
+    mesh: Optional[DeviceMesh] = None  # (dp_replicate, dp_shard, tp)
+    dp_mesh: Optional[DeviceMesh] = None  # all data-parallel ranks, flattened
+    loss_parallel: bool = False  # logits are vocabulary-sharded DTensors: use loss_parallel()
+    grad_sync_every_micro_batch: bool = True
+
+    def before_micro_batch(self, model: nn.Module, last: bool) -> None:
+        """Called by train_step before each micro-batch's backward: skip gradient syncs
+        between accumulation micro-steps where FSDP2 allows it."""
+        set_grad_sync(model, last, self.grad_sync_every_micro_batch)
 
 
-def parallelize_model(model: nn.Module, dims: ParallelDims, parallel_cfg, device: torch.device) -> Parallelized:
+def parallelize_model(model: nn.Module, dims: ParallelDims, parallel_cfg, device: torch.device,
+                      seq_len: int) -> Parallelized:
+    """Tensor parallel, activation checkpointing, compile and FSDP2, as the config asks.
+    Stops with the numbers when tp does not divide the heads (or other split sizes)."""
+    check_tensor_parallel_fits(model.cfg, dims.tp, seq_len)
+    if parallel_cfg.loss_parallel and not dims.tp_enabled:
+        raise ValueError(f"parallel.loss_parallel=true needs parallel.tp > 1 (tp={dims.tp}); set it to false")
+    apply_activation_checkpointing(model, parallel_cfg.activation_checkpoint)
+    if parallel_cfg.compile:
+        apply_compile(model)
     if dims.world_size == 1:
         return Parallelized(dp_rank=0, dp_group=None)
-    raise ValueError(
-        f"world size {dims.world_size}: multi-process layouts (dp_replicate={dims.dp_replicate}, "
-        f"dp_shard={dims.dp_shard}, tp={dims.tp}) are not wired in yet; run with one process"
+    if model.cfg.tie_embeddings:
+        raise ValueError(
+            f"model.tie_embeddings=true is supported in a single process only (world size {dims.world_size}): "
+            "re-tying the shared weight after materialising would bypass FSDP2/TP; set model.tie_embeddings=false"
+        )
+    mesh, dp_mesh = build_mesh(dims, device)
+    if dims.tp_enabled:
+        apply_tensor_parallel(model, mesh["tp"], parallel_cfg.loss_parallel)
+    if dims.fsdp_enabled:
+        apply_fsdp(model, fsdp_mesh(mesh, dims), parallel_cfg.param_dtype, parallel_cfg.reduce_dtype,
+                   parallel_cfg.reshard_after_forward, parallel_cfg.cpu_offload)
+    return Parallelized(
+        dp_rank=dp_mesh.get_local_rank(),
+        dp_group=dp_mesh.get_group() if dims.dp > 1 else None,
+        mesh=mesh,
+        dp_mesh=dp_mesh,
+        loss_parallel=parallel_cfg.loss_parallel,
+        grad_sync_every_micro_batch=parallel_cfg.grad_sync_every_micro_batch,
     )
+
+
+def materialize_parallel_model(model: nn.Module, parallel: Parallelized, device: torch.device, seed: int) -> None:
+    """Real storage and initial values; sharded models get the single-process init (same seed)."""
+    if parallel.mesh is None:
+        from model.llama import materialize_model
+        materialize_model(model, device, seed=seed)
+    else:
+        materialize_sharded(model, device, seed)

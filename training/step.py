@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -58,9 +58,18 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def _loss_parallel():
+    from torch.distributed.tensor.parallel import loss_parallel
+    return loss_parallel()
+
+
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, precision: Precision,
                micro_batches: List[Tuple[torch.Tensor, torch.Tensor]], grad_clip: float, device: torch.device,
-               dp_group: Optional[dist.ProcessGroup] = None, data_seconds: float = 0.0) -> StepResult:
+               dp_group: Optional[dist.ProcessGroup] = None, data_seconds: float = 0.0,
+               before_micro_batch: Optional[Callable[[bool], None]] = None,
+               loss_parallel: bool = False) -> StepResult:
+    """``before_micro_batch(last)`` lets the parallel wrappers skip gradient syncs between
+    accumulation micro-steps; ``loss_parallel``: the logits are vocabulary-sharded DTensors."""
     start = time.perf_counter()
     lr = optimizer.param_groups[0]["lr"]
     counts = torch.tensor([sum(int((t != IGNORE_INDEX).sum()) for _, t in micro_batches)],
@@ -72,17 +81,20 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
         raise ValueError("the global batch has no target tokens (every target is ignored)")
 
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    for inputs, targets in micro_batches:
+    for i, (inputs, targets) in enumerate(micro_batches):
+        if before_micro_batch is not None:
+            before_micro_batch(i == len(micro_batches) - 1)
         inputs = inputs.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
         with precision.autocast():
             logits = model(inputs)
-        micro_loss = token_loss_sum(logits, targets)
-        scaled = micro_loss / global_tokens
-        if precision.scaler is not None:
-            scaled = precision.scaler.scale(scaled)
-        scaled.backward()
-        loss_sum += micro_loss.detach().double()
+        with _loss_parallel() if loss_parallel else contextlib.nullcontext():
+            micro_loss = token_loss_sum(logits, targets)
+            scaled = micro_loss / global_tokens
+            if precision.scaler is not None:
+                scaled = precision.scaler.scale(scaled)
+            scaled.backward()
+        loss_sum += _full(micro_loss.detach()).double()
 
     if precision.scaler is not None:
         precision.scaler.unscale_(optimizer)

@@ -1,0 +1,52 @@
+"""Per-block activation checkpointing (full or selective) and per-block torch.compile.
+
+Both replace a block's ``forward`` in place instead of wrapping the module, so parameter
+names (and therefore checkpoints and the tensor-parallel plan) stay ``layers.N.…``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+AC_MODES = ("none", "full", "selective")
+
+# Selective: keep what is expensive to recompute (matmuls, attention), recompute the cheap,
+# memory-heavy elementwise work (norms, rotary, SwiGLU gate, residual adds).
+_SAVE_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
+
+
+def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_context():
+    return create_selective_checkpoint_contexts(_selective_policy)
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
+    """Recompute each block's activations in backward: all of them (full) or the cheap ones."""
+    if mode not in AC_MODES:
+        raise ValueError(f"parallel.activation_checkpoint={mode!r}: choose one of {list(AC_MODES)}")
+    if mode == "none":
+        return
+    extra = {"context_fn": _selective_context} if mode == "selective" else {}
+    for block in model.layers.values():
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False, **extra)
+
+
+def apply_compile(model: nn.Module) -> None:
+    """Compile each block's forward separately: blocks are identical, so one graph is compiled
+    and reused, and FSDP2's per-block hooks (which run around ``forward``) stay outside it."""
+    for block in model.layers.values():
+        block.forward = torch.compile(block.forward)

@@ -1,0 +1,64 @@
+"""FSDP2 (``fully_shard``) over the data-parallel mesh: one unit per block, plus the
+embedding, the final norm with the output layer, and the root.
+
+Gradients are SUMMED over data-parallel ranks, not averaged: training/step.py already
+divides each micro-batch's summed token loss by the GLOBAL target-token count, so the sum
+of the ranks' gradients is the gradient of the global mean loss. FSDP2 averages by default;
+``set_gradient_divide_factor(1.0)`` removes the division and
+``set_force_sum_reduction_for_comms(True)`` keeps it a plain SUM (gloo has no PREMUL_SUM).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _dtype(name: str, key: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"parallel.{key}={name!r}: choose one of {list(DTYPES)}")
+    return DTYPES[name]
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: str, reduce_dtype: str,
+               reshard_after_forward: bool, cpu_offload: bool) -> None:
+    """Shard parameters, gradients and optimizer state over ``dp_mesh`` (1-D FSDP or 2-D HSDP)."""
+    common = dict(
+        mesh=dp_mesh,
+        mp_policy=MixedPrecisionPolicy(param_dtype=_dtype(param_dtype, "param_dtype"),
+                                       reduce_dtype=_dtype(reduce_dtype, "reduce_dtype")),
+        offload_policy=CPUOffloadPolicy() if cpu_offload else None,
+    )
+    if common["offload_policy"] is None:
+        del common["offload_policy"]
+    blocks = list(model.layers.values())
+    for i, block in enumerate(blocks):
+        # The last block's parameters are needed again at once by backward: keep them gathered.
+        fully_shard(block, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1, **common)
+    if model.cfg.tie_embeddings:
+        # One tensor used at both ends of the network: it stays in the root unit.
+        fully_shard(model.norm, reshard_after_forward=reshard_after_forward, **common)
+    else:
+        fully_shard(model.tok_embeddings, reshard_after_forward=reshard_after_forward, **common)
+        # The output layer runs right after the final norm: one all-gather for both.
+        fully_shard([model.norm, model.output], reshard_after_forward=False, **common)
+    fully_shard(model, reshard_after_forward=False, **common)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+
+
+def set_grad_sync(model: nn.Module, last_micro_batch: bool, every_micro_batch: bool) -> None:
+    """Between accumulation micro-steps: always defer HSDP's all-reduce over replicas (the
+    gradients stay sharded, so it costs no memory); defer the reduce-scatter too unless
+    ``every_micro_batch`` (deferring it holds unsharded gradients until the last micro-step)."""
+    if not isinstance(model, FSDPModule):
+        return
+    model.set_requires_all_reduce(last_micro_batch)
+    if not every_micro_batch:
+        model.set_requires_gradient_sync(last_micro_batch)

@@ -1,0 +1,179 @@
+"""Tokens/s per parallel layout on CPU, and the framework's overhead against a bare,
+hand-written PyTorch loop over the same model and the same batches.
+
+  python scripts/bench_parallel.py                       # all layouts, debug model
+  python scripts/bench_parallel.py --layouts 1 dp_shard=2 --steps 20 --rounds 3
+
+Each layout runs under torchrun (gloo). Inside, the framework step (parallelize_model,
+materialize_parallel_model, build_optimizer, train_step with its token-count all-reduce,
+global-token loss, grad clipping on DTensors and loss logging) and the bare loop
+(model -> cross_entropy(mean) / accum -> backward -> clip_grad_norm_ -> AdamW, one .item()
+per step) alternate in rounds, so both see the same machine load; the median step time of
+each is reported. The bare loop exists for one process and for FSDP2 (fully_shard per
+block + root, stock averaging); for tensor-parallel layouts only tokens/s is reported.
+Numbers are for comparing, not for asserting: no test times anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+LAYOUTS = ["1", "dp_shard=2", "tp=2", "dp_shard=2,tp=2", "dp_replicate=2,dp_shard=2"]
+
+
+def _layout_args(layout: str):
+    return [] if layout == "1" else layout.split(",")
+
+
+def _nproc(layout: str) -> int:
+    n = 1
+    for kv in _layout_args(layout):
+        n *= int(kv.split("=")[1])
+    return n
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from omegaconf import OmegaConf
+
+    from configs.schema import OptimConfig, ParallelConfig
+    from data.batching import make_batch_plan
+    from model.config import ModelConfig
+    from model.llama import build_model
+    from parallel.dims import resolve_parallel_dims
+    from parallel.init import init_distributed
+    from parallel.parallelize import materialize_parallel_model, parallelize_model
+    from training.optimizer import build_optimizer
+    from training.schedule import build_scheduler
+    from training.step import Precision, train_step
+
+    torch.set_num_threads(1)
+    pcfg = OmegaConf.merge(OmegaConf.structured(ParallelConfig(device="cpu")),
+                           OmegaConf.from_dotlist(_layout_args(args.layout)))
+    mcfg = ModelConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / f"configs/model/{args.model}.yaml")))
+    optim_cfg = OmegaConf.structured(OptimConfig(lr=1e-3, warmup_steps=0, schedule="constant"))
+    world = init_distributed("cpu", 600)
+    dims = resolve_parallel_dims(pcfg.dp_replicate, pcfg.dp_shard, pcfg.tp, world.world_size)
+    plan = make_batch_plan(args.global_batch, args.micro_batch, dims.dp)
+
+    model = build_model(mcfg, materialize=False)
+    parallel = parallelize_model(model, dims, pcfg, world.device, seq_len=args.seq_len)
+    materialize_parallel_model(model, parallel, world.device, seed=0)
+    optimizer = build_optimizer(model, optim_cfg)
+    scheduler = build_scheduler(optimizer, optim_cfg, 10**6)
+    precision = Precision("fp32", world.device)
+
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, mcfg.vocab_size, (args.global_batch, args.seq_len + 1), generator=gen)
+    per_rank = plan.per_rank_batch_size
+    mine = rows[parallel.dp_rank * per_rank:(parallel.dp_rank + 1) * per_rank]
+    micro = [(mine[i:i + plan.micro_batch_size, :-1], mine[i:i + plan.micro_batch_size, 1:])
+             for i in range(0, per_rank, plan.micro_batch_size)]
+
+    def framework_step():
+        train_step(model, optimizer, scheduler, precision, micro, 1.0, world.device, parallel.dp_group,
+                   before_micro_batch=lambda last: parallel.before_micro_batch(model, last),
+                   loss_parallel=parallel.loss_parallel)
+
+    bare_step = None
+    if not dims.tp_enabled:
+        bare = build_model(mcfg, seed=0)
+        if dims.fsdp_enabled:
+            from torch.distributed.fsdp import fully_shard
+            mesh = parallel.mesh["dp_replicate", "dp_shard"] if dims.hsdp_enabled else parallel.mesh["dp_shard"]
+            for block in bare.layers.values():
+                fully_shard(block, mesh=mesh)
+            fully_shard(bare, mesh=mesh)
+        bare_opt = torch.optim.AdamW(bare.parameters(), lr=1e-3, weight_decay=0.1, foreach=True)
+
+        def bare_step():
+            for x, y in micro:
+                loss = F.cross_entropy(bare(x).flatten(0, 1), y.flatten()) / len(micro)
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(bare.parameters(), 1.0)
+            bare_opt.step()
+            bare_opt.zero_grad(set_to_none=True)
+            loss.item()
+
+    times = {"framework": [], "bare": []}
+    for fn in (framework_step, bare_step):
+        for _ in range(args.warmup if fn else 0):
+            fn()
+    for _ in range(args.rounds):
+        for name, fn in (("framework", framework_step), ("bare", bare_step)):
+            if fn is None:
+                continue
+            for _ in range(args.steps):
+                if dist.is_initialized():
+                    dist.barrier()
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    if world.is_main:
+        tokens = args.global_batch * args.seq_len
+        out = {"layout": dims.describe(), "world_size": dims.world_size, "tokens_per_step": tokens}
+        for name, ts in times.items():
+            if ts:
+                out[f"{name}_step_s"] = statistics.median(ts)
+                out[f"{name}_tokens_per_s"] = tokens / statistics.median(ts)
+        if times["bare"]:
+            out["overhead_pct"] = 100 * (out["framework_step_s"] / out["bare_step_s"] - 1)
+        print("RESULT " + json.dumps(out), flush=True)
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layouts", nargs="+", default=LAYOUTS, help="e.g. 1 dp_shard=2 tp=2 dp_shard=2,tp=2")
+    parser.add_argument("--model", default="debug", help="a configs/model/*.yaml preset")
+    parser.add_argument("--global-batch", type=int, default=16)
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per round and variant")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--layout", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    common = ["--model", args.model, "--global-batch", str(args.global_batch), "--micro-batch", str(args.micro_batch),
+              "--seq-len", str(args.seq_len), "--warmup", str(args.warmup), "--steps", str(args.steps),
+              "--rounds", str(args.rounds)]
+    print(f"model {args.model}, global batch {args.global_batch} x seq {args.seq_len}, micro {args.micro_batch}, "
+          f"fp32, gloo, OMP_NUM_THREADS=1; median of {args.rounds}x{args.steps} steps per variant")
+    print(f"{'layout':42s} {'ranks':>5s} {'tokens/s':>10s} {'bare tokens/s':>14s} {'overhead':>9s}")
+    for layout in args.layouts:
+        n = _nproc(layout)
+        cmd = [sys.executable, __file__, "--worker", "--layout", layout, *common]
+        if n > 1:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", *cmd[1:]]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            print(f"{layout}: failed ({proc.returncode})\n{proc.stderr[-3000:]}")
+            continue
+        r = json.loads(lines[-1][len("RESULT "):])
+        bare = f"{r['bare_tokens_per_s']:14,.0f}" if "bare_tokens_per_s" in r else f"{'-':>14s}"
+        over = f"{r['overhead_pct']:+8.1f}%" if "overhead_pct" in r else f"{'-':>9s}"
+        print(f"{r['layout']:42s} {r['world_size']:5d} {r['framework_tokens_per_s']:10,.0f} {bare} {over}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Plan a layout before renting the cluster: parameters, per-rank bytes for parameters,
+gradients and optimizer state, checkpoint bytes per rank and in total, and the time to
+snapshot and to write a checkpoint. Nothing is allocated (meta device, fake process group).
+
+  python scripts/plan.py +experiment=70b parallel.dp_shard=64 parallel.tp=8
+  python scripts/plan.py +experiment=70b parallel.tp=8 --world-size 512 --storage-gbps 100 --json
+
+Arguments other than the --options are Hydra overrides, as for train.py. The arithmetic
+lives in parallel/plan.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> int:
+    from hydra import compose, initialize_config_dir
+
+    from configs.schema import register
+    from configs.validate import validate_config
+    from parallel.plan import DEFAULT_HOST_COPY_GBPS, DEFAULT_STORAGE_GBPS, format_plan, plan_as_dict, plan_from_config
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world-size", type=int, default=None, help="needed when parallel.dp_shard=-1")
+    parser.add_argument("--host-copy-gbps", type=float, default=DEFAULT_HOST_COPY_GBPS,
+                        help="device-to-host copy bandwidth of one rank, GB/s")
+    parser.add_argument("--storage-gbps", type=float, default=DEFAULT_STORAGE_GBPS,
+                        help="aggregate write bandwidth of the checkpoint storage, GB/s")
+    parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    args, overrides = parser.parse_known_args(argv)
+
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    validate_config(cfg)
+    try:
+        plan = plan_from_config(cfg, args.world_size, args.host_copy_gbps, args.storage_gbps)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan_as_dict(plan), indent=2) if args.json else format_plan(plan))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

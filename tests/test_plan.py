@@ -1,0 +1,50 @@
+"""The planner's numbers for Llama 3 70B on 512 GPUs (dp_shard 64 x tp 8), by hand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT, _env
+
+
+def _run(args):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_70b_plan_matches_hand_arithmetic():
+    proc = _run(["scripts/plan.py", "+experiment=70b", "parallel.dp_shard=64", "parallel.tp=8",
+                 "--host-copy-gbps", "20", "--storage-gbps", "100", "--json"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    plan = json.loads(proc.stdout)
+    dim, layers, vocab, ffn, kv_dim = 8192, 80, 128256, 28672, 8 * 128
+    per_layer = dim * dim * 2 + dim * kv_dim * 2 + 3 * dim * ffn + 2 * dim  # wq, wo, wk, wv, w1-3, 2 norms
+    total = 2 * vocab * dim + layers * per_layer + dim
+    assert plan["params_total"] == total == 70_553_706_496
+    # Matrices are split by tp=8, then FSDP2 splits dim 0 of each tp shard by 64. All divide
+    # evenly except the vocabulary: 128256 / 8 = 16032 rows, ceil(16032 / 64) = 251 on rank 0.
+    # Norm weights are replicated over tp and only split by dp_shard: 8192 / 64 = 128 each.
+    block = (dim * dim * 2 + dim * kv_dim * 2 + 3 * dim * ffn) // 512 + 2 * 128
+    per_rank = layers * block + 2 * 251 * dim + 128
+    assert plan["params_per_rank"] == per_rank == 137_826_432
+    assert plan["param_bytes_per_rank"] == 4 * per_rank  # fp32 master shard
+    assert plan["grad_bytes_per_rank"] == 4 * per_rank
+    assert plan["optimizer_bytes_per_rank"] == 8 * per_rank  # AdamW exp_avg + exp_avg_sq, fp32
+    assert plan["checkpoint_bytes_per_rank"] == 12 * per_rank
+    assert plan["checkpoint_bytes_total"] == 12 * total  # ~847 GB
+    assert abs(plan["snapshot_s"] - 12 * per_rank / 20e9) < 1e-9  # ~0.083 s
+    assert abs(plan["write_s"] - 12 * total / 100e9) < 1e-9  # ~8.5 s
+    assert (plan["dp_shard"], plan["tp"], plan["world_size"]) == (64, 8, 512)
+
+
+def test_dry_run_prints_the_plan_and_refuses_a_tp_that_does_not_divide_the_heads():
+    ok = _run(["train.py", "dry_run=true", "parallel.dp_shard=2", "parallel.tp=2"])
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "layout: dp_replicate=1 x dp_shard=2 x tp=2 = 4 ranks (model debug)" in ok.stdout
+    assert "checkpoint:" in ok.stdout and "snapshot (blocking)" in ok.stdout
+    bad = _run(["scripts/plan.py", "parallel.dp_shard=1", "parallel.tp=8"])
+    assert bad.returncode == 2
+    assert "parallel.tp=8 does not divide model.n_heads=4, model.n_kv_heads=2" in bad.stderr
+    assert "tp degrees that divide all of them: [1, 2]" in bad.stderr
