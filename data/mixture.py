@@ -1,7 +1,9 @@
 """A weighted mixture of sources with a deterministic, O(1)-addressable interleaving.
 
-Weights become integer quotas per block of ``block_size`` samples (exact when the weights
-are ratios of small numbers, e.g. 0.7/0.3 -> 7/3; otherwise rounded to 1/10000). Within
+Weights become integer quotas per block of ``block_size`` samples: each weight is taken as
+its nearest fraction with a denominator up to 1000 (0.7/0.3 -> 7/3, exact; 0.123457 ->
+10/81), and when that makes the block longer than 10000 samples, the quotas are the
+nearest that sum to 10000 (no source with a positive weight is ever dropped). Within
 every block the slots are assigned by smooth weighted round robin, so sources are spread
 evenly rather than in runs. Global sample ``g`` is slot ``g % block_size`` of block
 ``g // block_size``; which source it comes from, and how many samples that source gave
@@ -20,24 +22,30 @@ MAX_BLOCK = 10_000
 
 
 def weight_quotas(weights: Sequence[float]) -> List[int]:
-    """Smallest integer quotas in the ratio of ``weights`` (or the nearest at MAX_BLOCK)."""
+    """Smallest integer quotas in the ratio of ``weights`` (or the nearest summing to MAX_BLOCK)."""
     if not weights:
         raise ValueError("a data mixture needs at least one source")
     if any(not math.isfinite(w) or w <= 0 for w in weights):
         raise ValueError(f"data mixture weights must be positive numbers, got {list(weights)}")
     fractions = [Fraction(w).limit_denominator(1000) for w in weights]
-    scale = math.lcm(*(f.denominator for f in fractions))
-    quotas = [int(f * scale) for f in fractions]
-    g = math.gcd(*quotas)
-    quotas = [q // g for q in quotas]
-    if sum(quotas) <= MAX_BLOCK:
-        return quotas
-    total = sum(weights)  # largest remainder at MAX_BLOCK, every source keeps a slot
+    if all(f > 0 for f in fractions):
+        scale = math.lcm(*(f.denominator for f in fractions))
+        quotas = [int(f * scale) for f in fractions]
+        g = math.gcd(*quotas)
+        quotas = [q // g for q in quotas]
+        if sum(quotas) <= MAX_BLOCK:
+            return quotas
+    if len(weights) > MAX_BLOCK:
+        raise ValueError(f"{len(weights)} data sources: at most {MAX_BLOCK} can be mixed")
+    total = sum(weights)  # nearest quotas summing to MAX_BLOCK; every source keeps a slot
     exact = [w / total * MAX_BLOCK for w in weights]
     quotas = [max(1, int(e)) for e in exact]
-    by_remainder = sorted(range(len(weights)), key=lambda i: quotas[i] - exact[i])
-    for i in by_remainder[: MAX_BLOCK - sum(quotas)]:
+    while sum(quotas) < MAX_BLOCK:
+        i = max(range(len(quotas)), key=lambda j: exact[j] - quotas[j])
         quotas[i] += 1
+    while sum(quotas) > MAX_BLOCK:
+        i = max((j for j in range(len(quotas)) if quotas[j] > 1), key=lambda j: quotas[j] - exact[j])
+        quotas[i] -= 1
     return quotas
 
 

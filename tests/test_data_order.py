@@ -57,8 +57,12 @@ def test_weight_quotas():
     assert weight_quotas([0.7, 0.3]) == [7, 3]
     assert weight_quotas([1, 1, 1]) == [1, 1, 1]
     assert weight_quotas([2.0]) == [1]
-    odd = weight_quotas([0.997, 0.001, 0.002])
-    assert sum(odd) <= 10_000 and min(odd) >= 1
+    assert weight_quotas([0.997, 0.001, 0.002]) == [997, 1, 2]
+    tiny = weight_quotas([1.0, 1e-6, 1e-6])  # too fine for 1/1000: nearest at 1/10000, none dropped
+    assert sum(tiny) == 10_000 and tiny == [9998, 1, 1]
+    thirds = weight_quotas([1 / 3, 1 / 3, 1 / 3 + 1e-9])
+    assert thirds == [1, 1, 1]
+    assert weight_quotas([0.123457, 0.876543]) == [10, 71]  # 10/81 = 0.1234568: the nearest small ratio
     with pytest.raises(ValueError, match=r"positive numbers, got \[1.0, 0.0\]"):
         weight_quotas([1.0, 0.0])
 
