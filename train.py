@@ -61,6 +61,10 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
     from training.optimizer import build_optimizer
     from training.schedule import build_scheduler
     from training.step import Precision, train_step
+    from checkpoint.manager import CheckpointManager
+    from checkpoint.probe import make_probe
+    from checkpoint.state import TrainingState
+    from training.ema import EMA
 
     world = init_distributed(cfg.parallel.device, cfg.parallel.collective_timeout_s)
     setup_logging(cfg.logging.level, world.rank)
@@ -81,20 +85,27 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
     precision = Precision(cfg.training.mixed_precision, world.device)
     data = build_data_pipeline(cfg.data, cfg.training.seq_len, cfg.seed, plan, parallel.dp_rank, world,
                                model_vocab_size=mcfg.vocab_size)
-
-    start_step = 0
+    ema = EMA(model, cfg.training.ema_decay) if cfg.training.ema_decay > 0 else None
+    state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema,
+                          rank=world.rank, world_size=world.world_size)
+    metrics = MetricsLogger(run_dir, cfg, world.is_main, cfg.training.steps)
+    ckpt = CheckpointManager(cfg, state, rank=world.rank, world_size=world.world_size, dims=dims,
+                             device=world.device, metrics=metrics,
+                             probe=make_probe(model, data, world.device, precision.autocast))
+    ckpt.preflight()
+    resumed = ckpt.resume()
+    start_step = state.step
     tokens_per_step = plan.global_batch_size * cfg.training.seq_len
     log.info(
         "run %s | world %d = dp_replicate %d x dp_shard %d x tp %d | device %s | %s parameters | "
         "global batch %d seq = %d x micro %d x accum %d | %d tokens/step | seq_len %d | seed %d | "
-        "data %s | run dir %s | resume: fresh start",
+        "data %s | run dir %s | resume: %s",
         cfg.run_name, world.world_size, dims.dp_replicate, dims.dp_shard, dims.tp, world.device,
         f"{count_params(mcfg).total:,}", plan.global_batch_size, dims.dp, plan.micro_batch_size,
         plan.grad_accum_steps, tokens_per_step, cfg.training.seq_len, cfg.seed,
-        data.order.fingerprint[:12], run_dir,
+        data.order.fingerprint[:12], run_dir, resumed,
     )
 
-    metrics = MetricsLogger(run_dir, cfg, world.is_main, cfg.training.steps)
     model.train()
     recent: list[float] = []
     for step in range(start_step, cfg.training.steps):
@@ -106,6 +117,9 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
                             loss_parallel=parallel.loss_parallel)
         if step == start_step:  # warm-up done: a hung peer should now fail fast
             set_collective_timeout(cfg.parallel.collective_timeout_after_first_step_s)
+        if ema is not None:
+            ema.update()
+        state.record_step(result.target_tokens, plan.global_batch_size)
         step_s = time.perf_counter() - t0
         if cfg.recovery.halt_on_nonfinite_loss and not math.isfinite(result.loss):
             raise FloatingPointError(
@@ -118,7 +132,9 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
             "tokens_per_s": tokens_per_step / step_s, "step_s": step_s, "data_s": result.data_seconds,
             "memory_gib": memory_gib(world.device), "tokens": (step + 1) * tokens_per_step,
         }, step_seconds_avg=sum(recent) / len(recent))
+        ckpt.after_step(step + 1, result.loss)
 
+    ckpt.close()
     data.close()
     metrics.close()
     log.info("done: %d steps, run dir %s", cfg.training.steps, run_dir)

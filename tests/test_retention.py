@@ -1,0 +1,89 @@
+"""Retention policy (a pure function) and its application to committed checkpoints on disk."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from checkpoint.layout import UNCOMMITTED, checkpoint_id
+from checkpoint.retention import Candidate, apply_retention, retention_plan
+
+
+def kept(plan):
+    return sorted(step for step, tiers in plan.items() if tiers)
+
+
+def steps(*xs):
+    return [Candidate(x) for x in xs]
+
+
+def test_keep_last_keeps_the_newest():
+    plan = retention_plan(steps(100, 200, 300, 400), keep_last=2)
+    assert kept(plan) == [300, 400]
+    assert plan[400] == ["rolling"] and plan[100] == []
+
+
+def test_keep_last_one_keeps_only_the_newest_committed():
+    assert kept(retention_plan(steps(100, 200), keep_last=1)) == [200]
+    assert kept(retention_plan(steps(100), keep_last=1)) == [100]
+
+
+def test_keep_every_is_permanent():
+    plan = retention_plan(steps(*range(50, 501, 50)), keep_last=2, keep_every=200)
+    assert kept(plan) == [200, 400, 450, 500]
+    assert plan[200] == ["permanent"]
+
+
+def test_keep_best_tracks_the_lowest_metric():
+    cands = [Candidate(100, 3.0), Candidate(200, 1.5), Candidate(300, 2.0), Candidate(400, 2.5),
+             Candidate(500, None)]
+    plan = retention_plan(cands, keep_last=1, keep_best=2)
+    assert kept(plan) == [200, 300, 500]
+    assert plan[200] == ["best"] and plan[500] == ["rolling"]
+
+
+def test_tiers_combine_and_the_newest_is_never_deleted():
+    plan = retention_plan(steps(100, 200, 300), keep_last=1, keep_every=300)
+    assert plan[300] == ["rolling", "permanent"]
+    for n in range(1, 6):
+        for k in (1, 2, 3):
+            cands = steps(*range(10, 10 * n + 1, 10))
+            assert max(c.step for c in cands) in kept(retention_plan(cands, keep_last=k, keep_every=7))
+
+
+def test_keep_last_zero_is_rejected():
+    with pytest.raises(ValueError, match="keep_last=0 must be >= 1"):
+        retention_plan(steps(1), keep_last=0)
+
+
+def _fake_checkpoint(root, step, loss=None, committed=True):
+    d = root / (checkpoint_id(step) + ("" if committed else UNCOMMITTED))
+    d.mkdir(parents=True)
+    (d / "__0_0.distcp").write_bytes(b"x")
+    if committed:
+        from checkpoint.manifest import FileEntry, Manifest, write_manifest
+
+        write_manifest(d, Manifest(checkpoint_id(step), step, 0, 0, 0.0, "h", {}, 1, {}, 8, loss, None, None,
+                                   {"__0_0.distcp": FileEntry(1, None)}))
+    return d
+
+
+def test_apply_retention_deletes_only_older_committed(tmp_path):
+    for s in (10, 20, 30):
+        _fake_checkpoint(tmp_path, s)
+    in_flight = _fake_checkpoint(tmp_path, 40, committed=False)
+    deleted = apply_retention(tmp_path, keep_last=1, keep_every=0, keep_best=0, best_metric="loss")
+    assert deleted == [checkpoint_id(20), checkpoint_id(10)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoint_id(30), in_flight.name]
+
+
+def test_bad_checkpoints_do_not_count_as_kept(tmp_path):
+    from checkpoint.discovery import list_committed, mark_bad
+
+    for s in (10, 20):
+        _fake_checkpoint(tmp_path, s)
+    mark_bad(tmp_path / checkpoint_id(20), "probe loss mismatch")
+    apply_retention(tmp_path, keep_last=1, keep_every=0, keep_best=0, best_metric="loss")
+    assert [c.step for c in list_committed(tmp_path)] == [10]  # the only good one survives
+    assert (tmp_path / checkpoint_id(20)).is_dir()  # the bad one stays for people to inspect
