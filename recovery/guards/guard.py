@@ -1,0 +1,134 @@
+"""The training loop's guards against silent corruption and loss spikes.
+
+Checked every step between backward and the optimizer update (so the update can still be
+skipped): each layer's gradient norm against its running mean, non-finite loss or
+gradients, and the loss against a robust running statistic. Every ``shadow_interval``
+steps: the loss of a fixed batch against its own history. Every ``replica_interval``
+steps with dp_replicate > 1: a fingerprint of the weights across replicas.
+
+Actions (``recovery.guards.action``) for gradient and loss alarms:
+  log             record the alarm, train on
+  skip_step       drop this step's update (the data window is consumed)
+  block_verified  train on, but the next checkpoint is not marked verified
+  rollback        drop the update, then restore the newest verified checkpoint and skip
+                  the data window since it
+Every alarm except under ``log`` blocks the next checkpoint from being marked verified.
+Shadow and replica alarms cannot be undone by skipping an update (the weights are already
+wrong), so under skip_step they escalate to rollback, as do ``max_consecutive_skips``
+skipped steps in a row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from recovery.guards.alarms import Alarm, AlarmSink
+from recovery.guards.detectors import Anomaly, RatioToRunningMean, RobustSpike
+from recovery.guards.norms import layer_grad_norms, layer_groups
+from recovery.guards.replica import check_replicas
+
+ACTIONS = ("log", "skip_step", "block_verified", "rollback")
+
+
+class RollbackRequested(RuntimeError):
+    """Raised at a step boundary: restore the newest verified checkpoint and skip ahead."""
+
+    def __init__(self, step: int, reason: str):
+        super().__init__(f"rollback requested at step {step}: {reason}")
+        self.step = step
+        self.reason = reason
+
+
+class TrainingGuards:
+    def __init__(self, cfg, model: nn.Module, device: torch.device, run_dir: Path | str, rank: int,
+                 metrics=None, shadow_loss: Optional[Callable[[], float]] = None,
+                 replicate_group: Optional[dist.ProcessGroup] = None):
+        if cfg.action not in ACTIONS:
+            raise ValueError(f"recovery.guards.action={cfg.action!r}: choose one of {list(ACTIONS)}")
+        self.cfg = cfg
+        self.model, self.device = model, device
+        self.groups = layer_groups(model)
+        self.grad_norms = RatioToRunningMean(cfg.grad_norm_multiple, cfg.warmup_steps)
+        self.loss = RobustSpike("loss", cfg.loss_spike_k, cfg.loss_spike_rel, cfg.loss_window, cfg.warmup_steps)
+        self.shadow = RobustSpike("shadow_loss", cfg.loss_spike_k, cfg.shadow_rel, cfg.shadow_window, 2)
+        self.shadow_loss, self.replicate_group = shadow_loss, replicate_group
+        self.sink = AlarmSink(run_dir, rank, metrics)
+        self.consecutive_skips = 0
+        self.block_reason: Optional[str] = None
+        self.last_layer_norms: dict = {}
+        self._rollback_after_skip: Optional[RollbackRequested] = None
+
+    # -- every step, between backward and the optimizer update ---------------------------
+    def allow_update(self, step: int, loss: float) -> bool:
+        """False: skip this update. Raises RollbackRequested after skipping when asked to."""
+        if not self.cfg.enabled:
+            return True
+        self.last_layer_norms = layer_grad_norms(self.groups, self.device)
+        found: List[Anomaly] = self.grad_norms.update(self.last_layer_norms)
+        check = "grad_norm" if found else "loss_spike"
+        spike = self.loss.update(loss)
+        if spike is not None:
+            found.append(spike)
+        if not found:
+            self.consecutive_skips = 0
+            return True
+        action = self.cfg.action
+        if action == "skip_step" and self.consecutive_skips + 1 >= self.cfg.max_consecutive_skips:
+            action = "rollback"
+        self._alarm(step, check, action, found)
+        if action in ("log", "block_verified"):
+            return True
+        self.consecutive_skips += 1
+        if action == "rollback":
+            self._rollback_after_skip = RollbackRequested(step, found[0].describe())
+        return False
+
+    def after_update(self, step: int) -> None:
+        """At the step boundary: raise a pending rollback, run the periodic checks."""
+        pending = self._rollback_after_skip
+        if pending is not None:
+            self._rollback_after_skip = None
+            raise pending
+        if not self.cfg.enabled:
+            return
+        if self.shadow_loss is not None and self.cfg.shadow_interval > 0 and step % self.cfg.shadow_interval == 0:
+            anomaly = self.shadow.update(self.shadow_loss())
+            if anomaly is not None:
+                self._escalate(step, "shadow", [anomaly])
+        if self.replicate_group is not None and self.cfg.replica_interval > 0 and step % self.cfg.replica_interval == 0:
+            bad = check_replicas(self.model, self.device, self.replicate_group)
+            if bad:
+                anomaly = Anomaly("replica_fingerprint", float(len(bad)), 0.0,
+                                  f"replica(s) {bad} of this replicate group hold different weights")
+                self._escalate(step, "replica", [anomaly])
+
+    # -- checkpoint side --------------------------------------------------------------------
+    def take_verified_block(self) -> Optional[str]:
+        """Why the checkpoint being saved now must not be marked verified (None: it may be)."""
+        reason, self.block_reason = self.block_reason, None
+        return reason
+
+    def _escalate(self, step: int, check: str, anomalies: List[Anomaly]) -> None:
+        action = "rollback" if self.cfg.action in ("skip_step", "rollback") else self.cfg.action
+        self._alarm(step, check, action, anomalies)
+        if action == "rollback":
+            raise RollbackRequested(step, anomalies[0].describe())
+
+    def _alarm(self, step: int, check: str, action: str, anomalies: List[Anomaly]) -> None:
+        self.sink.raise_alarm(Alarm(step, check, action, anomalies))
+        if action != "log" and self.block_reason is None:  # keep the first alarm since the last save
+            self.block_reason = f"step {step} {check} alarm: {anomalies[0].describe()}"
+
+    def state_dict(self) -> dict:
+        return {"grad_norms": self.grad_norms.state_dict(), "loss": self.loss.state_dict(),
+                "shadow": self.shadow.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.grad_norms.load_state_dict(state["grad_norms"])
+        self.loss.load_state_dict(state["loss"])
+        self.shadow.load_state_dict(state["shadow"])
