@@ -3,7 +3,8 @@
   python tests/ckpt_runner.py [--drop COMPONENT] [--kill-after-save STEP] [--kill-before-commit STEP]
                               [--scaler-growth-interval N] -- <hydra overrides>
 
---drop leaves one component out of the checkpoint, at save and at load (to show it is needed);
+--drop leaves one component out of the checkpoint resumed from (it is not read at load; later
+saves are complete), to show that the component is needed;
 --kill-after-save SIGKILLs the process right after the save of STEP returned to the loop
 (sync: committed; async: snapshot taken, write in flight); --kill-before-commit SIGKILLs it
 after every rank's files are written and acknowledged but before the commit rename.
@@ -44,15 +45,25 @@ def main() -> None:
     import checkpoint.saver as saver
     import checkpoint.state as state
 
-    if a.drop:
-        original_sd = state.TrainingState.state_dict
+    if a.drop:  # the component is not read from the checkpoint: as if it had never been saved
+        original_sd, original_load = state.TrainingState.state_dict, manager.load_checkpoint
+        loading = [False]
 
         def state_dict_without(self):
             sd = original_sd(self)
-            sd.pop(a.drop)
+            if loading[0]:
+                sd.pop(a.drop)
             return sd
 
+        def load_without(*args, **kwargs):
+            loading[0] = True
+            try:
+                return original_load(*args, **kwargs)
+            finally:
+                loading[0] = False
+
         state.TrainingState.state_dict = state_dict_without
+        manager.load_checkpoint = load_without
 
     if a.kill_after_save is not None:
         original_save = manager.CheckpointManager.save
