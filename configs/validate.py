@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from data.checks import check_data_config
 from data.tokenizer import check_tokenizer_name
 from model.config import ModelConfig
 from training.step import PRECISIONS
@@ -28,6 +29,7 @@ def validate_config(cfg: DictConfig) -> None:
 
     check(lambda: model_config(cfg).validate())
     check(lambda: check_tokenizer_name(cfg.data.tokenizer))
+    check(lambda: check_data_config(cfg.data))
     t, o = cfg.training, cfg.optim
     if t.steps < 1:
         problems.append(f"training.steps={t.steps} must be >= 1")

@@ -196,3 +196,21 @@ def test_two_epochs_through_the_loaders_visit_every_window_once_each(pydoc_data)
     for row in (0, n - 1, n, 2 * n - 1):  # the loaded rows are those windows
         w = int(ids[row])
         assert torch.equal(inputs[row], torch.from_numpy(tokens[w * seq_len: w * seq_len + seq_len].astype(np.int64)))
+
+
+def test_bad_data_settings_stop_at_start_up(pydoc_data):
+    from hydra import compose, initialize_config_dir
+
+    from configs.schema import register
+    from configs.validate import ConfigError, validate_config
+    from conftest import ROOT
+
+    register()
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=debug", "data.num_workers=-1", "data.prefetch_factor=0",
+                                           f"data.mixture=[{{path: {pydoc_data}, weight: 0}}]"])
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg)
+    for text in ("data.num_workers=-1 must be >= 0", "data.prefetch_factor=0 must be >= 1",
+                 f"data.mixture weights must be positive: {pydoc_data}: 0.0"):
+        assert text in str(err.value)
