@@ -107,3 +107,21 @@ def test_weight_decay_skips_norms():
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] > 0 and no_decay["weight_decay"] == 0
     assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
+
+
+@pytest.mark.parametrize("mode", ["fp32", "fp16"])
+def test_vetoed_update_leaves_weights_and_optimizer_untouched(mode):
+    inputs, targets = _batch()
+    model, opt, sched = _setup()
+    precision = Precision(mode, CPU)
+    train_step(model, opt, sched, precision, [(inputs, targets)], 1.0, CPU)
+    weights = [p.detach().clone() for p in model.parameters()]
+    moments = [opt.state[p]["exp_avg"].clone() for p in model.parameters()]
+    seen = []
+    result = train_step(model, opt, sched, precision, [(inputs, targets)], 1.0, CPU,
+                        allow_update=lambda loss: seen.append(loss) or False)
+    assert result.skipped and seen == [result.loss]
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
+    assert all(torch.equal(m, opt.state[p]["exp_avg"]) for m, p in zip(moments, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())
+    assert sched.last_epoch == 2  # the step still consumed its LR step (and its data)

@@ -47,6 +47,7 @@ class StepResult:
     target_tokens: int  # over the global batch
     seconds: float
     data_seconds: float
+    skipped: bool = False  # the guards vetoed the update (recovery/guards)
 
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -67,9 +68,13 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
                micro_batches: List[Tuple[torch.Tensor, torch.Tensor]], grad_clip: float, device: torch.device,
                dp_group: Optional[dist.ProcessGroup] = None, data_seconds: float = 0.0,
                before_micro_batch: Optional[Callable[[bool], None]] = None,
-               loss_parallel: bool = False) -> StepResult:
+               loss_parallel: bool = False,
+               allow_update: Optional[Callable[[float], bool]] = None) -> StepResult:
     """``before_micro_batch(last)`` lets the parallel wrappers skip gradient syncs between
-    accumulation micro-steps; ``loss_parallel``: the logits are vocabulary-sharded DTensors."""
+    accumulation micro-steps; ``loss_parallel``: the logits are vocabulary-sharded DTensors;
+    ``allow_update(loss)`` sees the global loss and the (unscaled) gradients before the
+    update and may veto it (recovery/guards): the step then consumes its data and its LR
+    step but leaves weights and optimizer state untouched."""
     start = time.perf_counter()
     lr = optimizer.param_groups[0]["lr"]
     counts = torch.tensor([sum(int((t != IGNORE_INDEX).sum()) for _, t in micro_batches)],
@@ -96,22 +101,24 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
             scaled.backward()
         loss_sum += _full(micro_loss.detach()).double()
 
+    if dp_group is not None:
+        dist.all_reduce(loss_sum, group=dp_group)
+    loss = loss_sum.item() / global_tokens
     if precision.scaler is not None:
         precision.scaler.unscale_(optimizer)
+    skipped = allow_update is not None and not allow_update(loss)  # sees the gradients before clipping
     params = [p for p in model.parameters() if p.grad is not None]
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, max_norm))
     if precision.scaler is not None:
-        precision.scaler.step(optimizer)
+        if not skipped:
+            precision.scaler.step(optimizer)
         precision.scaler.update()
-    else:
+    elif not skipped:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
-
-    if dp_group is not None:
-        dist.all_reduce(loss_sum, group=dp_group)
     return StepResult(
-        loss=loss_sum.item() / global_tokens, grad_norm=float(grad_norm), lr=lr,
-        target_tokens=int(global_tokens), seconds=time.perf_counter() - start, data_seconds=data_seconds,
+        loss=loss, grad_norm=float(grad_norm), lr=lr, target_tokens=int(global_tokens),
+        seconds=time.perf_counter() - start, data_seconds=data_seconds, skipped=skipped,
     )
