@@ -8,8 +8,8 @@ Each layout runs under torchrun (gloo). Inside, the framework step (parallelize_
 materialize_parallel_model, build_optimizer, train_step with its token-count all-reduce,
 global-token loss, grad clipping on DTensors and loss logging) and the bare loop
 (model -> cross_entropy(mean) / accum -> backward -> clip_grad_norm_ -> AdamW, one .item()
-per step) alternate in rounds, so both see the same machine load; the median step time of
-each is reported. The bare loop exists for one process and for FSDP2 (fully_shard per
+per step) alternate step by step (in alternating order), so both see the same machine load;
+the median step time of each is reported. The bare loop exists for one process and for FSDP2 (fully_shard per
 block + root, stock averaging); for tensor-parallel layouts only tokens/s is reported.
 Numbers are for comparing, not for asserting: no test times anything.
 """
@@ -62,7 +62,8 @@ def worker(args) -> None:
     torch.set_num_threads(1)
     pcfg = OmegaConf.merge(OmegaConf.structured(ParallelConfig(device="cpu")),
                            OmegaConf.from_dotlist(_layout_args(args.layout)))
-    mcfg = ModelConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / f"configs/model/{args.model}.yaml")))
+    preset = OmegaConf.load(ROOT / f"configs/model/{args.model}.yaml")
+    mcfg = ModelConfig(**OmegaConf.to_container(OmegaConf.merge(preset, OmegaConf.from_dotlist(args.model_set))))
     optim_cfg = OmegaConf.structured(OptimConfig(lr=1e-3, warmup_steps=0, schedule="constant"))
     world = init_distributed("cpu", 600)
     dims = resolve_parallel_dims(pcfg.dp_replicate, pcfg.dp_shard, pcfg.tp, world.world_size)
@@ -111,11 +112,11 @@ def worker(args) -> None:
     for fn in (framework_step, bare_step):
         for _ in range(args.warmup if fn else 0):
             fn()
-    for _ in range(args.rounds):
-        for name, fn in (("framework", framework_step), ("bare", bare_step)):
-            if fn is None:
-                continue
-            for _ in range(args.steps):
+    variants = [(n, f) for n, f in (("framework", framework_step), ("bare", bare_step)) if f is not None]
+    for r in range(args.rounds):
+        for i in range(args.steps):
+            # Step by step, in alternating order: both variants see the same machine load.
+            for name, fn in (variants if (r * args.steps + i) % 2 == 0 else variants[::-1]):
                 if dist.is_initialized():
                     dist.barrier()
                 t0 = time.perf_counter()
@@ -140,6 +141,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layouts", nargs="+", default=LAYOUTS, help="e.g. 1 dp_shard=2 tp=2 dp_shard=2,tp=2")
     parser.add_argument("--model", default="debug", help="a configs/model/*.yaml preset")
+    parser.add_argument("--model-set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="change the preset, e.g. dim=256 n_layers=4 n_heads=8 n_kv_heads=4")
     parser.add_argument("--global-batch", type=int, default=16)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=128)
@@ -153,10 +156,10 @@ def main() -> None:
         worker(args)
         return
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    common = ["--model", args.model, "--global-batch", str(args.global_batch), "--micro-batch", str(args.micro_batch),
-              "--seq-len", str(args.seq_len), "--warmup", str(args.warmup), "--steps", str(args.steps),
+    common = ["--model", args.model, "--model-set", *args.model_set, "--global-batch", str(args.global_batch),
+              "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len), "--warmup", str(args.warmup), "--steps", str(args.steps),
               "--rounds", str(args.rounds)]
-    print(f"model {args.model}, global batch {args.global_batch} x seq {args.seq_len}, micro {args.micro_batch}, "
+    print(f"model {args.model} {' '.join(args.model_set)}, global batch {args.global_batch} x seq {args.seq_len}, micro {args.micro_batch}, "
           f"fp32, gloo, OMP_NUM_THREADS=1; median of {args.rounds}x{args.steps} steps per variant")
     print(f"{'layout':42s} {'ranks':>5s} {'tokens/s':>10s} {'bare tokens/s':>14s} {'overhead':>9s}")
     for layout in args.layouts:

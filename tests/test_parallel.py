@@ -122,3 +122,19 @@ def test_tp_that_does_not_divide_the_heads_is_refused():
     with pytest.raises(ValueError) as err:
         check_tensor_parallel_fits(debug, 3, 64)
     assert "model.n_heads=4" in str(err.value) and "training.seq_len (sequence parallel)=64" in str(err.value)
+
+
+def test_options_that_cannot_apply_are_refused_with_the_fix():
+    from configs.schema import ParallelConfig
+    from model.llama import build_model
+    from parallel.parallelize import parallelize_model
+
+    one = ParallelDims(1, 1, 1, 1)
+    for option, text in (("cpu_offload", "parallel.cpu_offload=true moves state between GPU and host memory"),
+                         ("loss_parallel", "parallel.loss_parallel=true needs parallel.tp > 1 (tp=1)")):
+        cfg = ParallelConfig(device="cpu", **{option: True})
+        with pytest.raises(ValueError, match=text.replace("(", r"\(").replace(")", r"\)")):
+            parallelize_model(build_model(ModelConfig(), materialize=False), one, cfg, torch.device("cpu"), 64)
+    with pytest.raises(ValueError, match="activation_checkpoint='some'"):
+        parallelize_model(build_model(ModelConfig(), materialize=False), one,
+                          ParallelConfig(device="cpu", activation_checkpoint="some"), torch.device("cpu"), 64)
