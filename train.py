@@ -65,6 +65,8 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
     from checkpoint.probe import make_probe
     from checkpoint.state import TrainingState
     from training.ema import EMA
+    from recovery.faults import maybe_inject
+    from recovery.runtime import RecoveryRuntime
 
     world = init_distributed(cfg.parallel.device, cfg.parallel.collective_timeout_s)
     setup_logging(cfg.logging.level, world.rank)
@@ -89,11 +91,12 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
     state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema,
                           rank=world.rank, world_size=world.world_size)
     metrics = MetricsLogger(run_dir, cfg, world.is_main, cfg.training.steps)
+    rt = RecoveryRuntime(cfg, run_dir, world)  # watchdog, preemption signals, fault injection
     ckpt = CheckpointManager(cfg, state, rank=world.rank, world_size=world.world_size, dims=dims,
-                             device=world.device, metrics=metrics,
+                             device=world.device, metrics=metrics, fault_hook=maybe_inject,
                              probe=make_probe(model, data, world.device, precision.autocast))
     ckpt.preflight()
-    resumed = ckpt.resume()
+    resumed = rt.resume(ckpt, state, ckpt.probe, dims, plan)  # verified, with bounded fallback
     start_step = state.step
     tokens_per_step = plan.global_batch_size * cfg.training.seq_len
     log.info(
@@ -110,7 +113,9 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
     recent: list[float] = []
     for step in range(start_step, cfg.training.steps):
         t0 = time.perf_counter()
+        rt.phase("data_wait", step + 1)
         micro_batches = data.next_micro_batches(step)
+        rt.phase("step", step + 1, model)
         result = train_step(model, optimizer, scheduler, precision, micro_batches, cfg.training.grad_clip,
                             world.device, parallel.dp_group, data_seconds=time.perf_counter() - t0,
                             before_micro_batch=lambda last: parallel.before_micro_batch(model, last),
@@ -132,9 +137,14 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
             "tokens_per_s": tokens_per_step / step_s, "step_s": step_s, "data_s": result.data_seconds,
             "memory_gib": memory_gib(world.device), "tokens": (step + 1) * tokens_per_step,
         }, step_seconds_avg=sum(recent) / len(recent))
+        rt.before_checkpoint(ckpt, step + 1)
         ckpt.after_step(step + 1, result.loss)
+        if rt.after_step(step + 1, step_s, ckpt, result.loss):  # preempted: saved and committed
+            break
 
+    rt.beat("shutdown", state.step)  # the last save may take a while: not a hang
     ckpt.close()
+    rt.close()
     data.close()
     metrics.close()
     log.info("done: %d steps, run dir %s", cfg.training.steps, run_dir)

@@ -29,6 +29,8 @@ from checkpoint.state import TrainingState
 
 log = logging.getLogger("trainer")
 
+AUTO_MEASURE_STEPS = 5  # checkpoint.interval=auto: the first save, which measures the cost
+
 # A post-load check (recovery): returns None when the loaded state is good, else the reason.
 VerifyHook = Callable[[Manifest, Path], Optional[str]]
 
@@ -42,7 +44,8 @@ class CheckpointManager:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.layout = {k: getattr(dims, k) for k in ("dp_replicate", "dp_shard", "tp")}
         self.root = Path(c.dir)
-        self.interval = int(c.interval)
+        # "auto": recovery/runtime.py measures a first save, then sets the Young/Daly interval here
+        self.interval = AUTO_MEASURE_STEPS if str(c.interval).strip() == "auto" else int(c.interval)
         self.metrics, self.probe = metrics, probe
         self.hashed = hashed_config(cfg)
         self.config_hash = config_hash(self.hashed)
@@ -180,7 +183,8 @@ class CheckpointManager:
     def _retention(self, step: int) -> None:
         c = self.ckpt_cfg
         try:
-            apply_retention(self.root, c.keep_last, c.keep_every, c.keep_best, c.best_metric)
+            apply_retention(self.root, c.keep_last, c.keep_every, c.keep_best, c.best_metric,
+                            fault_hook=self.saver.fault_hook)
         except Exception:  # retention must never stop training; the next commit retries
             log.exception("retention after step %d failed", step)
 

@@ -49,16 +49,19 @@ def retention_plan(candidates: Sequence[Candidate], keep_last: int, keep_every: 
     return tiers
 
 
-def delete_checkpoint(path: Path) -> None:
+def delete_checkpoint(path: Path, fault_hook=None) -> None:
     """Rename out of the committed namespace first, so a half-deleted directory never looks committed."""
     path = Path(path)
     doomed = path.with_name(path.name + DELETING)
     os.rename(path, doomed)
     fsync_dir(path.parent)
+    if fault_hook is not None:  # recovery's fault injection: a crash mid-deletion
+        fault_hook("checkpoint_retention", int(path.name.split("_")[-1]))
     shutil.rmtree(doomed)
 
 
-def apply_retention(root: Path, keep_last: int, keep_every: int, keep_best: int, best_metric: str) -> List[str]:
+def apply_retention(root: Path, keep_last: int, keep_every: int, keep_best: int, best_metric: str,
+                    fault_hook=None) -> List[str]:
     """Delete what the plan drops among the committed, not-bad checkpoints; returns their ids."""
     from checkpoint.discovery import list_committed
 
@@ -68,7 +71,7 @@ def apply_retention(root: Path, keep_last: int, keep_every: int, keep_best: int,
     deleted = []
     for c in committed:
         if not plan[c.step]:
-            delete_checkpoint(c.path)
+            delete_checkpoint(c.path, fault_hook)
             deleted.append(c.checkpoint_id)
     if deleted:
         log.info("retention removed %s", ", ".join(deleted))

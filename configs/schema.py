@@ -96,7 +96,10 @@ class OptimConfig:
 @dataclass
 class CheckpointConfig:
     dir: str = "${run_dir}/checkpoints"
-    interval: int = 0  # steps between saves; 0 disables periodic saves
+    # Steps between saves (0 disables periodic saves), or "auto": the Young/Daly interval from
+    # the measured step time and checkpoint cost (recovery/interval.py; logged). A string so
+    # that both fit one key; YAML integers are accepted as they are.
+    interval: str = "0"
     async_mode: str = "sync"  # sync | async (training waits only for the host snapshot)
     save_final: bool = True  # also save after the last step (when interval > 0)
     keep_last: int = 2  # rolling tier: newest committed checkpoints kept (>= 1)

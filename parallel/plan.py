@@ -124,8 +124,22 @@ def format_plan(plan: LayoutPlan) -> str:
         f"(parameters + optimizer, 12 B/param)",
         f"  snapshot (blocking) {plan.snapshot_s:,.2f} s at {plan.host_copy_gbps:g} GB/s host copy per rank; "
         f"write {plan.write_s:,.1f} s at {plan.storage_gbps:g} GB/s aggregate storage",
+        f"checkpoint interval (Young/Daly, 50,000 h device MTBF): async every "
+        f"{checkpoint_interval_s(plan):,.0f} s, sync every {checkpoint_interval_s(plan, asynchronous=False):,.0f} s",
     ]
     return "\n".join(lines)
+
+
+def checkpoint_interval_s(plan: LayoutPlan, device_mtbf_hours: Optional[float] = None,
+                          asynchronous: bool = True) -> float:
+    """Young/Daly interval T* = sqrt(2 M C) for this layout (recovery/interval.py): M = device MTBF
+    / world size; C = the snapshot (async, and never shorter than the write) or snapshot + write (sync)."""
+    from recovery.interval import DEFAULT_DEVICE_MTBF_HOURS, cluster_mtbf_s, young_daly_interval_s
+
+    mtbf = cluster_mtbf_s(device_mtbf_hours or DEFAULT_DEVICE_MTBF_HOURS, plan.dims.world_size)
+    if asynchronous:
+        return max(young_daly_interval_s(mtbf, plan.snapshot_s), plan.write_s)
+    return young_daly_interval_s(mtbf, plan.snapshot_s + plan.write_s)
 
 
 def plan_as_dict(plan: LayoutPlan) -> Dict[str, object]:

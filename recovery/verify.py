@@ -1,0 +1,133 @@
+"""A resumed run proves itself (contract 7) before it trains another step.
+
+Checksums (checkpoint/loader.py) prove the files are the ones written; they cannot prove
+that what was written is what training had, or that it was restored into the right places.
+After the load, three facts are checked against the manifest:
+
+  step      the restored step counter equals the manifest's step;
+  LR        the optimizer's LR equals the schedule's LR at that step (a restored scheduler
+            with another schedule, or a stale param group, fails here);
+  probe     a forward pass on the stored probe batch reproduces the stored probe loss:
+            bitwise at the same layout, within ``probe_rtol_reshard`` after resharding
+            (a different reduction order changes the last bits).
+
+A failure is returned as a reason; the checkpoint manager marks the checkpoint bad and falls
+back to the previous committed one. The fallback is bounded: a checkpoint deeper than
+``max_fallbacks`` below the newest one stops the run with ``RecoveryError``, and a run
+directory whose committed checkpoints are *all* marked bad refuses to start from scratch
+(a silent fresh start would throw the run away and loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Callable, Optional
+
+from checkpoint.discovery import list_committed
+from checkpoint.loader import any_rank
+from checkpoint.manager import ConfigMismatch
+from checkpoint.manifest import Manifest
+from recovery import faults
+from training.schedule import lr_at
+
+log = logging.getLogger("trainer")
+
+
+class RecoveryError(RuntimeError):
+    """Recovery cannot continue safely; the message says what was tried and what to do."""
+
+
+def schedule_lr(optim_cfg, total_steps: int, step: int) -> float:
+    """The LR the scheduler sets for 0-based step ``step``, computed as LambdaLR does."""
+    factor = lr_at(step, lr_max=optim_cfg.lr, lr_min=optim_cfg.lr_min, warmup_steps=optim_cfg.warmup_steps,
+                   total_steps=total_steps, schedule=optim_cfg.schedule) / optim_cfg.lr
+    return optim_cfg.lr * factor
+
+
+def probe_matches(saved: float, now: float, same_layout: bool, rtol: float) -> bool:
+    if not (math.isfinite(saved) and math.isfinite(now)):
+        return False
+    return now == saved if same_layout else abs(now - saved) <= rtol * abs(saved)
+
+
+def refuse_all_bad(root: Path) -> None:
+    """With resume=auto, a directory holding committed checkpoints that are all bad is an error."""
+    good = list_committed(root)
+    every = list_committed(root, include_bad=True)
+    if every and not good:
+        reasons = "; ".join(f"{c.checkpoint_id}: {c.bad}" for c in every)
+        raise RecoveryError(
+            f"every committed checkpoint in {root} is marked bad ({reasons}). Refusing to start from scratch "
+            "over them: inspect them (scripts/inspect_checkpoints.py), delete a BAD marker to retry one, or "
+            "set checkpoint.resume=never to start a new run deliberately.")
+
+
+class ResumeVerifier:
+    """The ``verify`` hook for ``CheckpointManager.resume``: called on every rank after a load."""
+
+    def __init__(self, cfg, state, probe: Optional[Callable[[], float]], layout: dict, world_size: int,
+                 device=None):
+        self.cfg, self.state, self.probe = cfg, state, probe
+        self.layout, self.world_size, self.device = dict(layout), world_size, device
+        self.root = Path(cfg.checkpoint.dir)
+        self.report: dict = {}
+
+    def __call__(self, manifest: Manifest, path: Path) -> Optional[str]:
+        faults.maybe_inject("checkpoint_load", manifest.step)
+        self._check_global_batch(manifest)
+        self._check_depth(path)
+        problems = []
+        if self.state.step != manifest.step:
+            problems.append(f"restored step {self.state.step} != manifest step {manifest.step}")
+        lr_now = self.state.optimizer.param_groups[0]["lr"]
+        lr_expected = schedule_lr(self.cfg.optim, self.cfg.training.steps, manifest.step)
+        if lr_now != lr_expected:
+            problems.append(f"optimizer LR {lr_now!r} != schedule LR {lr_expected!r} at step {manifest.step}")
+        same_layout = manifest.world_size == self.world_size and dict(manifest.layout) == self.layout
+        probe_now = None
+        if manifest.probe_loss is not None and self.probe is not None:
+            probe_now = self.probe()
+            if not probe_matches(manifest.probe_loss, probe_now, same_layout, self.cfg.recovery.probe_rtol_reshard):
+                rule = "bitwise (same layout)" if same_layout else f"rtol {self.cfg.recovery.probe_rtol_reshard}"
+                problems.append(f"probe loss {probe_now!r} != stored {manifest.probe_loss!r} ({rule})")
+        elif self.cfg.recovery.verify:
+            problems.append("the manifest has no probe loss to verify the weights with")
+        self.report = {"checkpoint": str(path), "step": manifest.step, "lr": lr_now, "probe_loss": probe_now,
+                       "stored_probe_loss": manifest.probe_loss, "same_layout": same_layout, "problems": problems}
+        if problems:
+            log.error("post-load verification of %s failed: %s", path, "; ".join(problems))
+            return "; ".join(problems)
+        log.info("post-load verification of %s passed: step %d, LR %.6e = schedule, probe loss %r %s stored",
+                 path.name, manifest.step, lr_now, probe_now, "== (bitwise)" if same_layout else "~= (resharded)")
+        return None
+
+    def _check_global_batch(self, manifest: Manifest) -> None:
+        saved, now = manifest.global_batch_size, self.cfg.training.global_batch_size
+        if saved == now:
+            return
+        msg = (f"{manifest.checkpoint_id} was trained with global_batch_size={saved}, this run has {now}: "
+               "the trajectory would change")
+        if not self.cfg.recovery.allow_global_batch_change:
+            raise ConfigMismatch(msg + ". Resume with training.global_batch_size=" + str(saved) +
+                                 ", or set recovery.allow_global_batch_change=true (and "
+                                 "checkpoint.allow_config_change=true) to accept it.")
+        log.warning("recovery.allow_global_batch_change=true: %s", msg)
+
+    def _check_depth(self, path: Path) -> None:
+        """Stop after ``max_fallbacks`` fallbacks: count the committed checkpoints newer than ``path``."""
+        try:
+            from checkpoint.layout import parse
+
+            step = parse(Path(path).name)[0]
+        except (TypeError, IndexError):
+            return
+        newer = [c for c in list_committed(self.root, include_bad=True) if c.step > step]
+        limit = self.cfg.recovery.max_fallbacks
+        if any_rank(len(newer) > limit, self.device) if self.device is not None else len(newer) > limit:
+            tried = ", ".join(f"{c.checkpoint_id} ({c.bad or 'failed'})" for c in newer)
+            raise RecoveryError(
+                f"verified resume gave up: {len(newer)} newer checkpoints failed ({tried}), more than "
+                f"recovery.max_fallbacks={limit}. Something is systematically wrong (storage, code or config); "
+                "inspect the checkpoints before restarting, or raise recovery.max_fallbacks.")

@@ -1,0 +1,115 @@
+"""Measure recovery on this machine: MTTR after a SIGKILL and after a hang, and watchdog latency.
+
+MTTR is from the failure to the first *completed* step after the resume: for a SIGKILL the
+failure instant is when the fault fired (its marker, recovery/faults.py); for a hang it is
+when the loop stopped beating. It includes torchrun noticing the death and restarting
+the group, Python and torch start-up, building the model, loading and verifying the
+checkpoint, and one step. Step completions are timed by tailing metrics.jsonl.
+
+    python scripts/bench_recovery.py --nproc 1 --repeats 3 --hang-timeout-s 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from recovery.rehearsal import faults_override, tiny_overrides  # noqa: E402
+from recovery.watchdog import read_records  # noqa: E402
+
+
+class MetricsTail(threading.Thread):
+    """Timestamps each line of metrics.jsonl as it appears (5 ms polling)."""
+
+    def __init__(self, path: Path):
+        super().__init__(daemon=True)
+        self.path, self.rows, self._stop = path, [], threading.Event()
+
+    def run(self) -> None:
+        offset, buf = 0, ""
+        while not self._stop.is_set():
+            if self.path.exists():
+                with open(self.path) as f:
+                    f.seek(offset)
+                    chunk = f.read()
+                    offset = f.tell()
+                buf += chunk
+                *lines, buf = buf.split("\n")
+                now = time.time()
+                self.rows += [(now, json.loads(line)) for line in lines if line.strip()]
+            time.sleep(0.005)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join()
+
+
+def run_once(kind: str, root: Path, data: Path, nproc: int, kill_step: int, hang_timeout_s: float) -> dict:
+    run_dir = root / f"{kind}-{time.strftime('%H%M%S')}-{os.getpid()}"
+    fault = {"kind": "sigkill" if kind == "sigkill" else "hang", "phase": "step", "step": kill_step}
+    overrides = tiny_overrides(run_dir, data, kill_step + 8, 5, async_mode="async", extra=[
+        faults_override([fault]), f"recovery.timeouts.step={hang_timeout_s}"])
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "--max-restarts=1", "--monitor-interval=0.1", str(ROOT / "train.py"), *overrides]
+    tail = MetricsTail(run_dir / "metrics.jsonl")
+    tail.start()
+    with open(root / "bench.log", "a") as log:
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900).returncode
+    time.sleep(0.05)
+    tail.stop()
+    resume = [(t, r) for t, r in tail.rows if r.get("kind") == "resume"]
+    if rc != 0 or not resume:
+        raise RuntimeError(f"{kind} run failed (rc {rc}, resumed: {bool(resume)}); see {root / 'bench.log'}")
+    t_resumed, ev = resume[0]
+    t_first = next(t for t, r in tail.rows if "kind" not in r and t >= t_resumed and r["step"] == ev["step"] + 1)
+    marker = next((run_dir / "faults").glob("fired-*")).read_text().split()
+    fired_at = float(marker[marker.index("time") + 1])
+    out = {"kind": kind, "resumed_from": ev["checkpoint_id"], "load_done_s": t_resumed - fired_at}
+    if kind == "hang":
+        rec = read_records(run_dir)[0]
+        out["detection_s"] = rec["detected_at"] - rec["last_beat_at"]
+        out["mttr_s"] = t_first - rec["last_beat_at"]
+    else:
+        out["mttr_s"] = t_first - fired_at
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--kill-step", type=int, default=12)
+    p.add_argument("--hang-timeout-s", type=float, default=5.0)
+    p.add_argument("--root", type=Path, default=ROOT / "outputs" / "bench_recovery")
+    p.add_argument("--data", type=Path, default=ROOT / "outputs" / "data" / "pydoc-byte")
+    a = p.parse_args(argv)
+    a.root.mkdir(parents=True, exist_ok=True)
+    results = []
+    for i in range(a.repeats):
+        for kind in ("sigkill", "hang"):
+            r = run_once(kind, a.root, a.data.resolve(), a.nproc, a.kill_step, a.hang_timeout_s)
+            results.append(r)
+            print(json.dumps(r), flush=True)
+    load = os.getloadavg()[0]
+    print(f"\n{a.nproc} rank(s), load average {load:.1f} on {os.cpu_count()} cores; {a.repeats} repeats")
+    for kind, key, what in (("sigkill", "mttr_s", "MTTR after SIGKILL (kill -> first resumed step)"),
+                            ("hang", "detection_s", f"watchdog detection (timeout {a.hang_timeout_s:g} s)"),
+                            ("hang", "mttr_s", "MTTR after a hang (last beat -> first resumed step)")):
+        xs = [r[key] for r in results if r["kind"] == kind]
+        print(f"  {what:<55} median {statistics.median(xs):6.2f} s  min {min(xs):6.2f}  max {max(xs):6.2f}")
+    (a.root / "results.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
