@@ -1,0 +1,106 @@
+"""Post-load verification rules, one at a time: step, LR against the schedule, probe loss
+(bitwise at the same layout, a tolerance after resharding), global batch, fallback depth."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from checkpoint.discovery import mark_bad
+from checkpoint.manager import ConfigMismatch
+from checkpoint.manifest import Manifest, write_manifest
+from recovery.verify import RecoveryError, ResumeVerifier, probe_matches, refuse_all_bad, schedule_lr
+from training.schedule import build_scheduler
+
+LAYOUT = {"dp_replicate": 1, "dp_shard": 1, "tp": 1}
+
+
+def _cfg(root, **recovery):
+    rc = {"verify": True, "probe_rtol_reshard": 1e-4, "max_fallbacks": 3, "allow_global_batch_change": False}
+    rc.update(recovery)
+    return OmegaConf.create({
+        "optim": {"lr": 3e-3, "lr_min": 3e-4, "warmup_steps": 2, "schedule": "cosine"},
+        "training": {"steps": 10, "global_batch_size": 8},
+        "checkpoint": {"dir": str(root)}, "recovery": rc})
+
+
+def _state(cfg, step):
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
+    sched = build_scheduler(opt, cfg.optim, cfg.training.steps)
+    for _ in range(step):
+        opt.step()
+        sched.step()
+    return SimpleNamespace(step=step, optimizer=opt, rank=0)
+
+
+def _manifest(step, probe=2.5, world=1, layout=LAYOUT, gbs=8):
+    return Manifest(checkpoint_id=f"step_{step:08d}", step=step, tokens=0, samples=0, created_at=0.0,
+                    config_hash="x", config={}, world_size=world, layout=dict(layout), global_batch_size=gbs,
+                    loss=None, probe_loss=probe, checksum_algorithm=None)
+
+
+def _committed(root, step):
+    d = root / f"step_{step:08d}"
+    d.mkdir(parents=True)
+    write_manifest(d, _manifest(step))
+    return d
+
+
+def test_a_good_checkpoint_passes(tmp_path):
+    cfg = _cfg(tmp_path)
+    path = _committed(tmp_path, 4)
+    v = ResumeVerifier(cfg, _state(cfg, 4), probe=lambda: 2.5, layout=LAYOUT, world_size=1)
+    assert v(_manifest(4), path) is None
+    assert v.report["lr"] == schedule_lr(cfg.optim, 10, 4)
+
+
+def test_step_lr_and_probe_mismatches_are_named(tmp_path):
+    cfg = _cfg(tmp_path)
+    path = _committed(tmp_path, 4)
+    state = _state(cfg, 3)  # restored one step short: the step and the LR are both wrong
+    problem = ResumeVerifier(cfg, state, probe=lambda: 2.5000001, layout=LAYOUT, world_size=1)(_manifest(4), path)
+    assert "restored step 3 != manifest step 4" in problem
+    assert "optimizer LR" in problem and "schedule LR" in problem
+    assert "probe loss 2.5000001 != stored 2.5 (bitwise (same layout))" in problem
+
+
+def test_probe_rule_is_bitwise_at_same_layout_and_tolerant_after_resharding():
+    assert probe_matches(2.5, 2.5, True, 1e-4) and not probe_matches(2.5, 2.5 + 1e-12, True, 1e-4)
+    assert probe_matches(2.5, 2.5 * (1 + 5e-5), False, 1e-4) and not probe_matches(2.5, 2.5 * 1.001, False, 1e-4)
+    assert not probe_matches(float("nan"), float("nan"), True, 1e-4)
+
+
+def test_resharded_resume_uses_the_tolerance(tmp_path):
+    cfg = _cfg(tmp_path)
+    path = _committed(tmp_path, 4)
+    v = ResumeVerifier(cfg, _state(cfg, 4), probe=lambda: 2.5 * (1 + 3e-7), layout=LAYOUT, world_size=1)
+    assert v(_manifest(4, world=2, layout={"dp_replicate": 1, "dp_shard": 2, "tp": 1}), path) is None
+
+
+def test_a_different_global_batch_is_refused_unless_allowed(tmp_path):
+    path = _committed(tmp_path, 4)
+    cfg = _cfg(tmp_path)
+    with pytest.raises(ConfigMismatch, match="global_batch_size=16, this run has 8"):
+        ResumeVerifier(cfg, _state(cfg, 4), lambda: 2.5, LAYOUT, 1)(_manifest(4, gbs=16), path)
+    cfg = _cfg(tmp_path, allow_global_batch_change=True)
+    assert ResumeVerifier(cfg, _state(cfg, 4), lambda: 2.5, LAYOUT, 1)(_manifest(4, gbs=16), path) is None
+
+
+def test_fallback_depth_is_bounded(tmp_path):
+    cfg = _cfg(tmp_path, max_fallbacks=1)
+    oldest = _committed(tmp_path, 2)
+    for s in (4, 6):
+        mark_bad(_committed(tmp_path, s), "test")
+    with pytest.raises(RecoveryError, match=r"2 newer checkpoints failed \(step_00000006 \(test\), step_00000004 \(test\)\), more than recovery.max_fallbacks=1"):
+        ResumeVerifier(cfg, _state(cfg, 2), lambda: 2.5, LAYOUT, 1)(_manifest(2), oldest)
+
+
+def test_all_bad_refuses_a_fresh_start(tmp_path):
+    refuse_all_bad(tmp_path)  # empty: a fresh start is fine
+    mark_bad(_committed(tmp_path, 2), "flipped byte")
+    with pytest.raises(RecoveryError, match=r"every committed checkpoint .* \(step_00000002: flipped byte\)"):
+        refuse_all_bad(tmp_path)
