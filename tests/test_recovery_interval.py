@@ -62,3 +62,24 @@ def test_simulator_without_failures_costs_only_the_checkpoints():
     sim = simulate(100.0, 1.0, 10.0, mtbf_s=1e12, total_s=10_000, trials=1)
     assert sim.failures_per_trial == 0
     assert sim.ratio == pytest.approx(10_000 / (10_000 + 99 * 1.0))
+
+
+def test_plan_checkpointing_table_and_plot(tmp_path, capsys):
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("plan_checkpointing", ROOT / "scripts" / "plan_checkpointing.py")
+    plan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plan)
+    plan.main(["--models", "1b", "--storage-gbps", "10", "--intervals-min", "30", "--devices", "1000",
+               "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    params = plan.model_params("1b")
+    c_sync = params * 12 / 10e9
+    row = next(line for line in out.splitlines() if "30 min" in line)
+    assert f"{100 * c_sync / (1800 + c_sync):.3f}%" in row  # sync overhead C / (T + C)
+    assert f"{1800 / 2 + 300:.0f} s" in row  # work lost per failure: T/2 + R
+    t_star = young_daly_interval_s(cluster_mtbf_s(50_000, 1000), c_sync)
+    assert any("T* sync" in line and f"{t_star:.0f}" in line for line in out.splitlines())
+    assert (tmp_path / "checkpoint_waste_1b.png").read_bytes()[:4] == b"\x89PNG"
