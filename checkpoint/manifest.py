@@ -9,7 +9,7 @@ step, losses (logged and probe), config hash, layout, counters, wall-clock.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -59,7 +59,8 @@ class Manifest:
     def from_json(cls, text: str) -> "Manifest":
         raw = json.loads(text)
         raw["files"] = {k: FileEntry(**v) for k, v in raw["files"].items()}
-        return cls(**raw)
+        known = {f.name for f in fields(cls)}  # a newer writer's extra fields are ignored
+        return cls(**{k: v for k, v in raw.items() if k in known})
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:

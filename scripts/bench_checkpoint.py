@@ -100,10 +100,14 @@ def manifest(step: int) -> Manifest:
 
 
 def timed_save(saver: CheckpointSaver, state: TrainingState, step: int):
+    """The save's record, with blocking_s measured around everything the training thread does."""
     state.step = step
+    t = time.perf_counter()
     saver.save(state.state_dict(), manifest(step))
+    blocking = time.perf_counter() - t
     saver.wait()
     (record,) = saver.finished()
+    record.blocking_s = blocking
     return record
 
 

@@ -31,15 +31,13 @@ def _die() -> None:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    split = argv.index("--") if "--" in argv else len(argv)
     p = argparse.ArgumentParser()
     p.add_argument("--drop", default=None)
     p.add_argument("--kill-after-save", type=int, default=None)
     p.add_argument("--kill-before-commit", type=int, default=None)
     p.add_argument("--scaler-growth-interval", type=int, default=None)
-    a = p.parse_args(argv[:split])
-    overrides = argv[split + 1:]
+    a, overrides = p.parse_known_args(sys.argv[1:])  # torchrun drops the "--" separator
+    overrides = [o for o in overrides if o != "--"]
 
     import checkpoint.manager as manager
     import checkpoint.saver as saver

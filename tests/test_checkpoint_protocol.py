@@ -175,3 +175,25 @@ def test_checksum_algorithms_agree_with_reference_implementations(tmp_path):
     assert checksum_file(tmp_path / "f", "crc32") == f"{zlib.crc32(data):08x}"
     xxhash = pytest.importorskip("xxhash")
     assert checksum_file(tmp_path / "f", "xxh3_64") == xxhash.xxh3_64(data).hexdigest()
+
+
+def test_inspect_lists_state_tier_and_verification(tmp_path):
+    sys_path_scripts = str(__import__("conftest").ROOT / "scripts")
+    import sys
+
+    sys.path.insert(0, sys_path_scripts)
+    from inspect_checkpoints import rows
+
+    for step in (10, 20, 30):
+        full_commit(tmp_path, step)
+    write_rank_files(uncommitted_dir(tmp_path, 40), 0)
+    (committed_dir(tmp_path, 10) / "__0_0.distcp").write_bytes(b"garbage")
+    mark_bad(committed_dir(tmp_path, 20), "probe loss mismatch")
+    table = {r["checkpoint_id"]: r for r in rows(tmp_path, verify=True, keep_last=1, keep_every=0,
+                                                 keep_best=0, best_metric="loss")}
+    assert table["step_00000040.uncommitted"]["state"] == "uncommitted"
+    assert table["step_00000030"]["state"] == "committed" and table["step_00000030"]["tier"] == "rolling"
+    assert table["step_00000030"]["verified"] == "ok"
+    assert table["step_00000020"]["state"] == "bad"
+    assert table["step_00000010"]["tier"] == "delete-next"
+    assert table["step_00000010"]["verified"].startswith("FAILED: __0_0.distcp: 7 bytes")
