@@ -66,6 +66,9 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
     from checkpoint.state import TrainingState
     from training.ema import EMA
     from recovery.faults import maybe_inject
+    from recovery.guards import RollbackRequested
+    from recovery.guards.guard import build_guards
+    from recovery.guards.rollback import roll_back
     from recovery.runtime import RecoveryRuntime
 
     world = init_distributed(cfg.parallel.device, cfg.parallel.collective_timeout_s)
@@ -109,9 +112,16 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
         data.order.fingerprint[:12], run_dir, resumed,
     )
 
+    guards = build_guards(cfg, model, world, parallel, ckpt, metrics)  # silent corruption, loss spikes
+
+    def allow_update(loss: float) -> bool:
+        maybe_inject("gradients", step + 1, model=model)
+        return guards.allow_update(step + 1, loss)
+
     model.train()
     recent: list[float] = []
-    for step in range(start_step, cfg.training.steps):
+    step, rollbacks = start_step, 0
+    while step < cfg.training.steps:
         t0 = time.perf_counter()
         rt.phase("data_wait", step + 1)
         micro_batches = data.next_micro_batches(step)
@@ -119,14 +129,19 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
         result = train_step(model, optimizer, scheduler, precision, micro_batches, cfg.training.grad_clip,
                             world.device, parallel.dp_group, data_seconds=time.perf_counter() - t0,
                             before_micro_batch=lambda last: parallel.before_micro_batch(model, last),
-                            loss_parallel=parallel.loss_parallel)
+                            loss_parallel=parallel.loss_parallel, allow_update=allow_update)
         if step == start_step:  # warm-up done: a hung peer should now fail fast
             set_collective_timeout(cfg.parallel.collective_timeout_after_first_step_s)
         if ema is not None:
             ema.update()
         state.record_step(result.target_tokens, plan.global_batch_size)
         step_s = time.perf_counter() - t0
-        if cfg.recovery.halt_on_nonfinite_loss and not math.isfinite(result.loss):
+        try:
+            guards.after_update(step + 1)
+        except RollbackRequested as request:
+            step, rollbacks = roll_back(request, guards, ckpt, data, cfg, world.rank, rollbacks), rollbacks + 1
+            continue
+        if cfg.recovery.halt_on_nonfinite_loss and not math.isfinite(result.loss) and not result.skipped:
             raise FloatingPointError(
                 f"loss is {result.loss} at step {step + 1} (grad norm {result.grad_norm}); stopping. "
                 "Lower optim.lr, enable grad clipping, or resume from an earlier checkpoint."
@@ -141,6 +156,7 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
         ckpt.after_step(step + 1, result.loss)
         if rt.after_step(step + 1, step_s, ckpt, result.loss):  # preempted: saved and committed
             break
+        step += 1
 
     rt.beat("shutdown", state.step)  # the last save may take a while: not a hang
     ckpt.close()

@@ -61,6 +61,8 @@ class CheckpointManager:
             commit_timeout_s=c.commit_timeout_s, pin_memory=device.type == "cuda",
             after_commit=self._after_commit, fault_hook=fault_hook)
         self.last_saved_step: Optional[int] = None
+        # Set by the guards (recovery/guards): why the next save must not be marked verified.
+        self.unverified_reason: Callable[[], Optional[str]] = lambda: None
 
     @property
     def enabled(self) -> bool:
@@ -120,6 +122,10 @@ class CheckpointManager:
         note = f" after skipping {', '.join(skipped)}" if skipped else ""
         return f"from {path} (step {manifest.step}, saved at world {manifest.world_size}){note}"
 
+    def load(self, path: Path) -> Manifest:
+        """Load one committed checkpoint into the live state (the guards' rollback); checks files."""
+        return self._load(Path(path), None)
+
     def _load(self, path: Path, verify: Optional[VerifyHook]) -> Manifest:
         from checkpoint.manifest import read_manifest
 
@@ -167,6 +173,10 @@ class CheckpointManager:
             world_size=self.world_size, layout=dict(self.layout),
             global_batch_size=self.cfg.training.global_batch_size, loss=loss, probe_loss=probe_loss,
             checksum_algorithm=None, components=s.components())
+        reason = self.unverified_reason()
+        if reason is not None:
+            manifest.verified, manifest.unverified_reason = False, reason
+            log.warning("checkpoint %s will not be marked verified: %s", manifest.checkpoint_id, reason)
         self.saver.save(s.state_dict(), manifest)
         self.last_saved_step = step
 

@@ -47,6 +47,10 @@ class Manifest:
     files: Dict[str, FileEntry] = field(default_factory=dict)
     components: List[str] = field(default_factory=list)  # model, optim, scheduler, rng, ...
     format_version: int = FORMAT_VERSION
+    # False when a guard (recovery/guards) raised an alarm since the previous save: the state
+    # may be corrupt, so rollback and retention do not count this checkpoint as a clean one.
+    verified: bool = True
+    unverified_reason: Optional[str] = None
 
     @property
     def total_bytes(self) -> int:

@@ -1,8 +1,9 @@
 """Which committed checkpoints to keep: a pure policy, and its application off the training thread.
 
 Tiers: ``rolling`` (the newest keep_last), ``permanent`` (step divisible by keep_every),
-``best`` (the keep_best lowest values of the tracked metric). The newest committed
-checkpoint is always kept. Only committed checkpoints are considered: an in-flight save
+``best`` (the keep_best lowest values of the tracked metric), and ``verified``: when every
+kept checkpoint was saved after a guard alarm, the newest clean one stays for rollback. The
+newest committed checkpoint is always kept. Only committed checkpoints are considered: an in-flight save
 never counts as kept, and retention only runs after a newer commit.
 """
 
@@ -25,6 +26,7 @@ log = logging.getLogger("trainer")
 class Candidate:
     step: int
     metric: Optional[float] = None  # lower is better; None never ranks as best
+    verified: bool = True  # False: saved after a guard alarm (recovery/guards)
 
 
 def retention_plan(candidates: Sequence[Candidate], keep_last: int, keep_every: int = 0,
@@ -46,6 +48,10 @@ def retention_plan(candidates: Sequence[Candidate], keep_last: int, keep_every: 
             tiers[c.step].append("best")
     if by_step and "rolling" not in tiers[by_step[0].step]:  # cannot happen with keep_last >= 1
         tiers[by_step[0].step].append("rolling")
+    newest_verified = next((c for c in by_step if c.verified), None)
+    if newest_verified is not None and not any(tiers[c.step] for c in by_step if c.verified):
+        # Every kept checkpoint was saved after a guard alarm: keep the last clean one to roll back to.
+        tiers[newest_verified.step].append("verified")
     return tiers
 
 
@@ -66,7 +72,7 @@ def apply_retention(root: Path, keep_last: int, keep_every: int, keep_best: int,
     from checkpoint.discovery import list_committed
 
     committed = list_committed(root)
-    cands = [Candidate(c.step, getattr(c.manifest, best_metric, None)) for c in committed]
+    cands = [Candidate(c.step, getattr(c.manifest, best_metric, None), c.manifest.verified) for c in committed]
     plan = retention_plan(cands, keep_last, keep_every, keep_best)
     deleted = []
     for c in committed:

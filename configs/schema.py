@@ -117,12 +117,34 @@ class CheckpointConfig:
 class FaultConfig:
     """One injected fault (recovery/faults.py): fires once per run directory."""
 
-    kind: str = "sigkill"  # sigkill | hang | exception | nan_loss | corrupt
-    phase: str = "step"  # step | data_wait | checkpoint_snapshot | checkpoint_write | checkpoint_commit | ...
+    kind: str = "sigkill"  # sigkill | hang | exception | nan_loss | corrupt | bitflip_param | bitflip_grad
+    phase: str = "step"  # step | data_wait | gradients | checkpoint_snapshot | checkpoint_write | checkpoint_commit | ...
     step: int = -1  # 1-based step (for checkpoint phases: the checkpoint's step); -1: any
     rank: int = 0  # -1: every rank
     corruption: str = "flip_byte"  # truncate | flip_byte | delete_file | delete_manifest
     hang_s: float = 3600.0
+    bit: int = 30  # bitflip_param | bitflip_grad: which bit of the fp32 word to flip
+
+
+@dataclass
+class GuardsConfig:
+    """Silent-corruption and loss-spike guards (recovery/guards/guard.py explains the actions)."""
+
+    enabled: bool = True
+    action: str = "skip_step"  # log | skip_step | block_verified | rollback
+    warmup_steps: int = 20  # no gradient or loss alarm before this many healthy steps
+    grad_norm_multiple: float = 10.0  # a layer's grad norm above this x its running mean alarms
+    loss_spike_k: float = 6.0  # loss above median + k x 1.4826 x MAD of the window alarms ...
+    loss_spike_rel: float = 0.5  # ... and above median x (1 + rel)
+    loss_window: int = 50
+    shadow_interval: int = 50  # steps between fixed-batch (probe) forward passes; 0 disables
+    shadow_rel: float = 0.25  # shadow loss above its recent median x (1 + rel) alarms
+    shadow_window: int = 8
+    replica_interval: int = 100  # steps between cross-replica weight fingerprints (dp_replicate > 1)
+    max_consecutive_skips: int = 3  # then skip_step escalates to rollback
+    max_rollbacks: int = 3  # per process; then stop with an error rather than loop
+    rollback_min_age_steps: int = 0  # roll back to a verified checkpoint at least this much older ...
+    rollback_prefer_permanent: bool = True  # ... preferring the permanent (keep_every) tier past that age
 
 
 @dataclass
@@ -148,6 +170,7 @@ class RecoveryConfig:
     device_mtbf_hours: float = 50000.0  # for checkpoint.interval=auto (recovery/interval.py)
     devices: int = 0  # devices in the job for the MTBF; 0: the world size
     faults: List[FaultConfig] = field(default_factory=list)  # fault injection; empty = off
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
 
 
 @dataclass

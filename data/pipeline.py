@@ -93,6 +93,15 @@ class DataPipeline:
         self.samples_consumed += self.plan.global_batch_size
         return micro_batches
 
+    def skip_samples(self, count: int) -> None:
+        """Jump ``count`` global samples ahead without a step (the guards' rollback skips the
+        data window that preceded an alarm); the next step reads from the new position."""
+        if count < 0 or count % self.plan.global_batch_size:
+            raise ValueError(f"skip_samples({count}): must be a non-negative multiple of the global batch "
+                             f"({self.plan.global_batch_size})")
+        self.close()
+        self.samples_consumed += count
+
     def upcoming_sample_ids(self) -> List[np.ndarray]:
         """Sequence ids of this rank's micro-batches in the next step (what it will load)."""
         return [self.order.sequence_ids(np.arange(r.start, r.start + r.count))

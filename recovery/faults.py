@@ -9,7 +9,8 @@ after resuming from an earlier checkpoint) does not fire it a second time.
 Kinds: ``sigkill`` (the process dies with no chance to clean up), ``hang`` (sleeps; the
 watchdog must notice), ``exception``, ``nan_loss`` (poisons a parameter so the next loss is
 NaN; needs ``model=``), ``corrupt`` (damages the checkpoint at ``path=``, see
-recovery/corrupt.py). Phases: the watchdog's (``step``, ``data_wait``, ...) plus the
+recovery/corrupt.py), ``bitflip_param`` / ``bitflip_grad`` (one flipped bit in a weight before
+the forward pass, or in a gradient after backward: silent corruption for recovery/guards). Phases: the watchdog's (``step``, ``data_wait``, ...) plus the
 checkpoint's internal ones (``checkpoint_snapshot``, ``checkpoint_write``,
 ``checkpoint_commit``, ``checkpoint_retention``, ``checkpoint_committed``,
 ``checkpoint_load``). ``step=-1`` matches any step; ``rank=-1`` every rank.
@@ -27,9 +28,9 @@ from typing import Iterable, List, Optional
 
 log = logging.getLogger("trainer")
 
-KINDS = ("sigkill", "hang", "exception", "nan_loss", "corrupt")
-INJECTION_PHASES = ("step", "data_wait", "checkpoint_snapshot", "checkpoint_write", "checkpoint_commit",
-                    "checkpoint_retention", "checkpoint_committed", "checkpoint_load")
+KINDS = ("sigkill", "hang", "exception", "nan_loss", "corrupt", "bitflip_param", "bitflip_grad")
+INJECTION_PHASES = ("step", "data_wait", "gradients", "checkpoint_snapshot", "checkpoint_write",
+                    "checkpoint_commit", "checkpoint_retention", "checkpoint_committed", "checkpoint_load")
 
 
 class InjectedFault(RuntimeError):
@@ -44,6 +45,7 @@ class Fault:
     rank: int = 0
     corruption: str = "flip_byte"
     hang_s: float = 3600.0
+    bit: int = 30  # bitflip_*: which bit of the fp32 word (30: top exponent bit, value x 2^128)
 
     @property
     def name(self) -> str:
@@ -59,6 +61,12 @@ class Fault:
             raise ValueError(f"recovery.faults: phase={self.phase!r}: choose one of {list(INJECTION_PHASES)}")
         if self.kind == "corrupt" and self.corruption not in CORRUPTIONS:
             raise ValueError(f"recovery.faults: corruption={self.corruption!r}: choose one of {list(CORRUPTIONS)}")
+        if self.kind == "bitflip_param" and self.phase != "step":
+            raise ValueError("recovery.faults: bitflip_param flips a weight before the forward pass: use phase=step")
+        if self.kind == "bitflip_grad" and self.phase != "gradients":
+            raise ValueError("recovery.faults: bitflip_grad flips a gradient after backward: use phase=gradients")
+        if self.kind.startswith("bitflip") and not 0 <= self.bit < 32:
+            raise ValueError(f"recovery.faults: bit={self.bit} must be in [0, 32) (an fp32 word)")
         if self.kind == "corrupt" and self.phase != "checkpoint_committed":
             raise ValueError("recovery.faults: a corrupt fault damages a committed checkpoint: "
                              "use phase=checkpoint_committed")
@@ -121,6 +129,12 @@ class FaultInjector:
             with torch.no_grad():
                 p = next(model.parameters())
                 p.copy_(torch.full_like(p, float("nan")))
+        elif fault.kind in ("bitflip_param", "bitflip_grad"):
+            if model is None:
+                raise ValueError(f"a {fault.kind} fault needs the model at its injection point ({fault.phase})")
+            name, value = flip_bit_in_model(model, fault.bit, grad=fault.kind == "bitflip_grad")
+            log.warning("fault injection: flipped bit %d of %s%s[0] on rank %d (now %r)", fault.bit, name,
+                        ".grad" if fault.kind == "bitflip_grad" else "", self.rank, value)
         elif fault.kind == "corrupt":
             from recovery.corrupt import corrupt_checkpoint
 
@@ -128,6 +142,23 @@ class FaultInjector:
                 raise ValueError(f"a corrupt fault needs the checkpoint path at its injection point ({fault.phase})")
             what = corrupt_checkpoint(Path(path), fault.corruption)
             log.warning("fault injection: corrupted %s (%s)", path, what)
+
+
+def flip_bit_in_model(model, bit: int, grad: bool = False):
+    """Flip ``bit`` of the first element of this rank's shard of the first matrix weight of a
+    transformer block (or its gradient), as a silent hardware fault would; returns (name, new value)."""
+    import torch
+
+    matrices = [(n, p) for n, p in model.named_parameters() if p.ndim >= 2]
+    name, param = next(((n, p) for n, p in matrices if n.startswith("layers.")), matrices[0])
+    target = param.grad if grad else param
+    if target is None:
+        raise ValueError(f"bitflip_grad: {name} has no gradient at this point")
+    local = target.to_local() if hasattr(target, "to_local") else target
+    with torch.no_grad():
+        words = local.detach().view(-1)[:1].view(torch.int32)
+        words ^= 1 << bit if bit < 31 else -(1 << 31)
+    return name, float(local.detach().reshape(-1)[0])
 
 
 _INJECTOR: Optional[FaultInjector] = None

@@ -127,3 +127,29 @@ def test_log_action_only_records():
 def test_unknown_action_is_named():
     with pytest.raises(ValueError, match="recovery.guards.action='ignore'"):
         TrainingGuards(guards_cfg(action="ignore"), build_model(ModelConfig(), seed=0), CPU, "/x", 0)
+
+
+def test_retention_keeps_the_newest_verified_checkpoint_for_rollback():
+    from checkpoint.retention import Candidate, retention_plan
+
+    cands = [Candidate(4), Candidate(8), Candidate(12, verified=False), Candidate(16, verified=False)]
+    plan = retention_plan(cands, keep_last=2)
+    assert plan[16] == ["rolling"] and plan[12] == ["rolling"]
+    assert plan[8] == ["verified"] and plan[4] == []
+    assert retention_plan(cands[:2], keep_last=1)[4] == []  # a kept verified one suffices
+
+
+def test_rollback_target_is_the_newest_verified_before_the_alarm():
+    from recovery.guards.rollback import RollbackCandidate as C, choose_rollback_target
+
+    found = [C(100, True, "a"), C(200, True, "b"), C(300, False, "c"), C(350, True, "d"), C(400, True, "e")]
+    assert choose_rollback_target(found, alarm_step=380).path == "d"
+    assert choose_rollback_target(found, alarm_step=400).path == "d"  # not the save of the alarm step
+    assert choose_rollback_target(found, alarm_step=380, min_age_steps=100).path == "b"
+    assert choose_rollback_target(found, alarm_step=380, min_age_steps=100, keep_every=100).path == "b"
+    assert choose_rollback_target(found, alarm_step=380, min_age_steps=50, keep_every=100,
+                                  prefer_permanent=True).path == "b"  # 200: permanent tier, past the age
+    assert choose_rollback_target(found, alarm_step=380, min_age_steps=50, keep_every=100,
+                                  prefer_permanent=False).path == "b"
+    assert choose_rollback_target(found, alarm_step=380, min_age_steps=10, keep_every=0).path == "d"
+    assert choose_rollback_target(found, alarm_step=90) is None

@@ -22,6 +22,8 @@ def test_debug_experiment_learns_real_text(tmp_path):
     assert last <= 0.7 * first, f"loss fell from {first:.3f} to {last:.3f}: less than 30%"
     for key in ("lr", "grad_norm", "tokens_per_s", "step_s", "memory_gib", "tokens"):
         assert key in rows[-1]
+    # The guards (recovery/guards) are on by default: a healthy run raises no alarm.
+    assert read_metrics(run_dir, "alarm") == [] and not (run_dir / "alarms").exists()
     log = proc.stderr
     assert "world 1 = dp_replicate 1 x dp_shard 1 x tp 1" in log and "resume: fresh start" in log
     assert "step 300/300 | loss" in log and "eta" in log

@@ -107,6 +107,12 @@ class TrainingGuards:
                                   f"replica(s) {bad} of this replicate group hold different weights")
                 self._escalate(step, "replica", [anomaly])
 
+    def after_rollback(self) -> None:
+        """The state is a verified checkpoint again: earlier alarms no longer taint the next save."""
+        self.block_reason = None
+        self.consecutive_skips = 0
+        self._rollback_after_skip = None
+
     # -- checkpoint side --------------------------------------------------------------------
     def take_verified_block(self) -> Optional[str]:
         """Why the checkpoint being saved now must not be marked verified (None: it may be)."""
@@ -132,3 +138,16 @@ class TrainingGuards:
         self.grad_norms.load_state_dict(state["grad_norms"])
         self.loss.load_state_dict(state["loss"])
         self.shadow.load_state_dict(state["shadow"])
+
+
+def build_guards(cfg, model: nn.Module, world, parallel, ckpt, metrics) -> TrainingGuards:
+    """The guards for this run: the shadow check reuses the checkpoint's probe batch, the
+    replica check the dp_replicate process group; alarms block the next verified save."""
+    replicate_group = None
+    if parallel.mesh is not None and "dp_replicate" in parallel.mesh.mesh_dim_names \
+            and parallel.mesh["dp_replicate"].size() > 1:
+        replicate_group = parallel.mesh["dp_replicate"].get_group()
+    guards = TrainingGuards(cfg.recovery.guards, model, world.device, cfg.run_dir, world.rank, metrics,
+                            shadow_loss=ckpt.probe, replicate_group=replicate_group)
+    ckpt.unverified_reason = guards.take_verified_block
+    return guards

@@ -1,0 +1,85 @@
+"""Rollback after an alarm: restore the newest *verified* checkpoint, skip the bad data window.
+
+The target is chosen among committed, not-bad checkpoints whose manifest says ``verified``
+(no guard alarm between the previous save and this one) and whose step is before the
+alarm. Corruption can be older than its detection, so ``rollback_min_age_steps`` asks for a
+target at least that many steps before the alarm, and ``rollback_prefer_permanent`` then
+prefers the permanent (keep_every) tier, whose checkpoints outlive the rolling window.
+
+After loading, the data position jumps past the window [target step, alarm step]: the
+steps replayed from the target see fresh samples, so a poisonous batch is not fed again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch.distributed as dist
+
+from recovery.guards.guard import RollbackRequested
+
+log = logging.getLogger("trainer")
+
+
+@dataclass(frozen=True)
+class RollbackCandidate:
+    step: int
+    verified: bool
+    path: str
+
+
+def choose_rollback_target(candidates: Sequence[RollbackCandidate], alarm_step: int, min_age_steps: int = 0,
+                           keep_every: int = 0, prefer_permanent: bool = True) -> Optional[RollbackCandidate]:
+    """Newest verified checkpoint at least ``min_age_steps`` before the alarm (permanent tier first)."""
+    clean = sorted((c for c in candidates if c.verified and c.step < alarm_step and c.step <= alarm_step - min_age_steps),
+                   key=lambda c: c.step, reverse=True)
+    if prefer_permanent and min_age_steps > 0 and keep_every > 0:
+        permanent = [c for c in clean if c.step % keep_every == 0]
+        if permanent:
+            return permanent[0]
+    return clean[0] if clean else None
+
+
+class RollbackError(RuntimeError):
+    """No clean checkpoint to roll back to, or too many rollbacks: a person must look."""
+
+
+def roll_back(request: RollbackRequested, guards, ckpt, data, cfg, rank: int, rollbacks_done: int) -> int:
+    """Load the chosen checkpoint into the live training state and move the data past the bad
+    window; returns the step to continue from."""
+    from checkpoint.discovery import list_committed
+
+    gcfg = cfg.recovery.guards
+    if rollbacks_done >= gcfg.max_rollbacks:
+        raise RollbackError(
+            f"{request}; already rolled back {rollbacks_done} times in this process "
+            f"(recovery.guards.max_rollbacks={gcfg.max_rollbacks}): stopping instead of looping. "
+            f"Inspect the alarms in {Path(cfg.run_dir) / 'alarms'}")
+    ckpt.saver.wait()  # an in-flight save must commit (or fail) before we choose
+    choice = [None]
+    if rank == 0:
+        found = [RollbackCandidate(c.step, c.manifest.verified, str(c.path)) for c in list_committed(ckpt.root)]
+        target = choose_rollback_target(found, request.step, gcfg.rollback_min_age_steps,
+                                        cfg.checkpoint.keep_every, gcfg.rollback_prefer_permanent)
+        choice = [target.path if target else None]
+    if dist.is_available() and dist.is_initialized():
+        dist.broadcast_object_list(choice, src=0)
+    if choice[0] is None:
+        raise RollbackError(
+            f"{request}, but {ckpt.root} holds no verified checkpoint before step {request.step}"
+            + (f" and at least {gcfg.rollback_min_age_steps} steps older" if gcfg.rollback_min_age_steps else "")
+            + ". Restart from a known-good checkpoint with checkpoint.resume=<path>.")
+    manifest = ckpt.load(Path(choice[0]))
+    skipped = (request.step - manifest.step) * cfg.training.global_batch_size
+    data.skip_samples(skipped)
+    guards.after_rollback()
+    log.warning("rolled back from step %d to verified checkpoint %s (step %d); skipping %d samples (the "
+                "data of steps %d..%d)", request.step, manifest.checkpoint_id, manifest.step, skipped,
+                manifest.step + 1, request.step)
+    if ckpt.metrics is not None:
+        ckpt.metrics.log_event(request.step, kind="rollback", to_step=manifest.step,
+                               checkpoint_id=manifest.checkpoint_id, skipped_samples=skipped, reason=request.reason)
+    return manifest.step
