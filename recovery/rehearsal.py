@@ -53,7 +53,7 @@ def phase_steps(phase: str, steps: int, interval: int, keep_last: int) -> List[i
 
 
 def plan_chains(n_kills: int, n_chains: int, seed: int, steps: int, interval: int, keep_last: int,
-                phases: Sequence[str] = ALL_PHASES, extra_kinds: Sequence[str] = ("exception", "nan_loss")) -> List[List[dict]]:
+                phases: Sequence[str] = ALL_PHASES, extra_kinds: Sequence[str] = ("exception",)) -> List[List[dict]]:
     """``n_kills`` distinct SIGKILL points (every phase covered) spread over ``n_chains`` chains."""
     rng = random.Random(seed)
     points: List[tuple] = []
@@ -74,7 +74,7 @@ def plan_chains(n_kills: int, n_chains: int, seed: int, steps: int, interval: in
             committed = [s for p, s in candidates if p == "checkpoint_committed" and s < steps]
             chains[c].append({"kind": "sigkill", "phase": "checkpoint_committed", "step": rng.choice(committed)})
         chains[c].append({"kind": "sigkill", "phase": "checkpoint_load", "step": -1})
-    for j, kind in enumerate(extra_kinds):  # crashes that are not kills: an exception, a NaN loss
+    for j, kind in enumerate(extra_kinds):  # a crash that is not a kill: an exception
         chains[(n_chains - 1 - j) % n_chains].append({"kind": kind, "phase": "step", "step": rng.randint(2, steps)})
     return chains
 

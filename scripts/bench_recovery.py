@@ -33,11 +33,11 @@ class MetricsTail(threading.Thread):
 
     def __init__(self, path: Path):
         super().__init__(daemon=True)
-        self.path, self.rows, self._stop = path, [], threading.Event()
+        self.path, self.rows, self._done = path, [], threading.Event()
 
     def run(self) -> None:
         offset, buf = 0, ""
-        while not self._stop.is_set():
+        while not self._done.is_set():
             if self.path.exists():
                 with open(self.path) as f:
                     f.seek(offset)
@@ -50,7 +50,7 @@ class MetricsTail(threading.Thread):
             time.sleep(0.005)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._done.set()
         self.join()
 
 

@@ -1,5 +1,5 @@
-"""Acceptance: SIGKILL at 24 seeded random points across every phase (plus an exception and
-a NaN loss); every restart resumes from the newest committed checkpoint and reproduces the
+"""Acceptance: SIGKILL at 24 seeded random points across every phase (plus an exception);
+every restart resumes from the newest committed checkpoint and reproduces the
 uninterrupted losses bit for bit.
 
 One driver process (python -m recovery.rehearsal) imports torch once and forks each attempt,
