@@ -131,7 +131,7 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
                             before_micro_batch=lambda last: parallel.before_micro_batch(model, last),
                             loss_parallel=parallel.loss_parallel, allow_update=allow_update)
         if step == start_step:  # warm-up done: a hung peer should now fail fast
-            set_collective_timeout(cfg.parallel.collective_timeout_after_first_step_s)
+            set_collective_timeout(cfg.parallel.collective_timeout_after_first_step_s, parallel.process_groups())
         if ema is not None:
             ema.update()
         state.record_step(result.target_tokens, plan.global_batch_size)

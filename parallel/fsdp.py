@@ -27,14 +27,10 @@ def _dtype(name: str, key: str) -> torch.dtype:
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: str, reduce_dtype: str,
                reshard_after_forward: bool, cpu_offload: bool) -> None:
     """Shard parameters, gradients and optimizer state over ``dp_mesh`` (1-D FSDP or 2-D HSDP)."""
-    common = dict(
-        mesh=dp_mesh,
-        mp_policy=MixedPrecisionPolicy(param_dtype=_dtype(param_dtype, "param_dtype"),
-                                       reduce_dtype=_dtype(reduce_dtype, "reduce_dtype")),
-        offload_policy=CPUOffloadPolicy() if cpu_offload else None,
-    )
-    if common["offload_policy"] is None:
-        del common["offload_policy"]
+    common = dict(mesh=dp_mesh, mp_policy=MixedPrecisionPolicy(param_dtype=_dtype(param_dtype, "param_dtype"),
+                                                              reduce_dtype=_dtype(reduce_dtype, "reduce_dtype")))
+    if cpu_offload:
+        common["offload_policy"] = CPUOffloadPolicy()
     blocks = list(model.layers.values())
     for i, block in enumerate(blocks):
         # The last block's parameters are needed again at once by backward: keep them gathered.

@@ -3,9 +3,9 @@
 The first step may legitimately be slow (compile, allocator warm-up, first all-gathers), so
 the process group starts with ``parallel.collective_timeout_s`` (minutes). After the first
 step a hung peer should be noticed in seconds to minutes, not NCCL's 30: train.py then calls
-``set_collective_timeout(parallel.collective_timeout_after_first_step_s)``, which applies
-the new value to every process group this process belongs to (the default group and the
-device mesh's sub-groups). Verified on gloo by tests/test_parallel_timeout.py.
+``set_collective_timeout(parallel.collective_timeout_after_first_step_s, groups)`` for the
+training groups (the default group and the device mesh's sub-groups). Verified on gloo by
+tests/test_parallel.py (a stalled peer on a mesh sub-group fails after the new timeout).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Iterable, Optional
 
 import torch
 import torch.distributed as dist
@@ -58,16 +59,20 @@ def init_distributed(device_choice: str, timeout_s: float) -> WorldInfo:
     return WorldInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
-def set_collective_timeout(timeout_s: float) -> int:
-    """Change the timeout of every process group this rank is in; returns how many groups."""
+def set_collective_timeout(timeout_s: float, groups: Optional[Iterable[dist.ProcessGroup]] = None) -> int:
+    """Change the timeout of ``groups`` (default: every process group this rank is in);
+    returns how many groups were changed. train.py passes the training groups only
+    (``Parallelized.process_groups``): a checkpoint writer's own group keeps its timeout."""
     if not dist.is_initialized():
         return 0
     timeout = datetime.timedelta(seconds=timeout_s)
-    groups = [dist.group.WORLD] + [pg for pg in dist.distributed_c10d._world.pg_map if pg is not dist.group.WORLD]
-    for group in groups:
+    if groups is None:
+        groups = [dist.group.WORLD] + [pg for pg in dist.distributed_c10d._world.pg_map if pg is not dist.group.WORLD]
+    unique = list({id(g): g for g in groups}.values())
+    for group in unique:
         # Private but stable since torch 2.2; applies to both gloo and nccl backends.
         dist.distributed_c10d._set_pg_timeout(timeout, group)
-    return len(groups)
+    return len(unique)
 
 
 def shutdown_distributed() -> None:

@@ -9,7 +9,7 @@ each block's forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,13 @@ class Parallelized:
     dp_mesh: Optional[DeviceMesh] = None  # all data-parallel ranks, flattened
     loss_parallel: bool = False  # logits are vocabulary-sharded DTensors: use loss_parallel()
     grad_sync_every_micro_batch: bool = True
+
+    def process_groups(self) -> List[dist.ProcessGroup]:
+        """The groups training collectives run on: the default group and the mesh's groups."""
+        if not dist.is_initialized():
+            return []
+        meshes = [m for m in (self.mesh, self.dp_mesh) if m is not None]
+        return [dist.group.WORLD] + [g for m in meshes for g in m.get_all_groups()]
 
     def before_micro_batch(self, model: nn.Module, last: bool) -> None:
         """Called by train_step before each micro-batch's backward: skip gradient syncs

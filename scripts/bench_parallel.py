@@ -157,10 +157,11 @@ def main() -> None:
         return
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     common = ["--model", args.model, "--model-set", *args.model_set, "--global-batch", str(args.global_batch),
-              "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len), "--warmup", str(args.warmup), "--steps", str(args.steps),
-              "--rounds", str(args.rounds)]
-    print(f"model {args.model} {' '.join(args.model_set)}, global batch {args.global_batch} x seq {args.seq_len}, micro {args.micro_batch}, "
-          f"fp32, gloo, OMP_NUM_THREADS=1; median of {args.rounds}x{args.steps} steps per variant")
+              "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len), "--warmup", str(args.warmup),
+              "--steps", str(args.steps), "--rounds", str(args.rounds)]
+    print(f"model {args.model} {' '.join(args.model_set)}, global batch {args.global_batch} x seq {args.seq_len}, "
+          f"micro {args.micro_batch}, fp32, gloo, OMP_NUM_THREADS=1; median of {args.rounds}x{args.steps} steps "
+          "per variant")
     print(f"{'layout':42s} {'ranks':>5s} {'tokens/s':>10s} {'bare tokens/s':>14s} {'overhead':>9s}")
     for layout in args.layouts:
         n = _nproc(layout)

@@ -59,13 +59,13 @@ def gathered(model: torch.nn.Module) -> dict:
 
 def check_timeout(out: Path, world, parallel) -> None:
     """Rank 3 stalls; its dp partner must fail after the tightened timeout, not hang."""
-    set_collective_timeout(1.5)
+    groups = set_collective_timeout(1.5, parallel.process_groups())
     group = parallel.dp_group
     if world.rank == 3:
         time.sleep(6)
         os._exit(0)
     t0 = time.perf_counter()
-    result = {"rank": world.rank, "raised": False}
+    result = {"rank": world.rank, "raised": False, "groups": groups}
     try:
         dist.all_reduce(torch.ones(1), group=group)
     except RuntimeError as exc:

@@ -77,6 +77,7 @@ def test_layout_matches_single_process(name, reference, tmp_path):
         assert results[1]["raised"] and "Timed out" in results[1]["error"], results[1]
         assert results[1]["seconds"] < 5.5, "the tightened timeout, not the 600 s start-up one, fired"
         assert not results[0]["raised"] and not results[2]["raised"]
+        assert results[1]["groups"] >= 3  # at least the default group, the dp group and the tp group
 
 
 def test_train_py_on_real_data_matches_one_process(pydoc_data, tmp_path):
