@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -50,12 +51,12 @@ def memcpy_bandwidth(nbytes: int) -> float:
     src = torch.ones(nbytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
     dst.copy_(src)  # touch
-    best = float("inf")
+    times = []
     for _ in range(3):
         t = time.perf_counter()
         dst.copy_(src)
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best
+        times.append(time.perf_counter() - t)
+    return nbytes / statistics.median(times)  # the median, like the timings it is compared with
 
 
 def write_read_bandwidth(directory: Path, nbytes: int) -> tuple:
@@ -147,14 +148,16 @@ def main() -> None:
 
     asaver = CheckpointSaver(a.dir / "async", "async", 0, 1)
     first = timed_save(asaver, state, 1)
-    rec = timed_save(asaver, state, 2)  # staging buffers reused from the first save
+    recs = [timed_save(asaver, state, step) for step in (2, 3, 4)]  # staging buffers reused
     asaver.close()
+    blocking = statistics.median(r.blocking_s for r in recs)
+    persist = statistics.median(r.background_s for r in recs)
     floor_block = nbytes / memcpy
-    persist_bw = nbytes / rec.background_s
-    print(f"async save: blocking {rec.blocking_s:.3f} s (first save, allocating buffers: {first.blocking_s:.3f} s); "
-          f"bytes/memcpy {floor_block:.3f} s -> {rec.blocking_s / floor_block:.2f}x (target <= 1.5x); "
-          f"{rec.blocking_s / t_sync:.3f} of sync (target <= 0.1)")
-    print(f"            background persist {rec.background_s:.2f} s = {persist_bw / GiB:.2f} GiB/s = "
+    persist_bw = nbytes / persist
+    print(f"async save (median of 3): blocking {blocking:.3f} s (first save, allocating buffers: "
+          f"{first.blocking_s:.3f} s); bytes/memcpy {floor_block:.3f} s -> {blocking / floor_block:.2f}x "
+          f"(target <= 1.5x); {blocking / t_sync:.3f} of sync (target <= 0.1)")
+    print(f"            background persist {persist:.2f} s = {persist_bw / GiB:.2f} GiB/s = "
           f"{persist_bw / write_bw:.2f}x write bandwidth (target >= 0.7)")
 
     path = committed_dir(a.dir / "sync", 1)
