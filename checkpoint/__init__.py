@@ -1,4 +1,22 @@
-"""Checkpointing: full training state, DCP save/load, commit protocol, retention."""
+"""Checkpointing: full training state, DCP save/load, commit protocol, retention.
+
+Module map (docs/checkpoint-format.md has the format and the protocol):
+  state.py       TrainingState: the one Stateful holding everything that changes the trajectory
+  rng.py         per-rank RNG capture/restore; reseed policy for a changed world size
+  staging.py     reusable host staging buffers for async saves (pinned on CUDA)
+  saver.py       sync / async saves (dedicated gloo group), phases with fault hooks
+  commit.py      acknowledge -> collect -> seal -> commit rename -> latest pointer
+  manifest.py    manifest.json (files, sizes, checksums, step, losses, config hash, layout)
+  integrity.py   checksums (xxh3-64 or crc32), fsync of files and directories, atomic writes
+  discovery.py   committed checkpoints newest first, resume choice, mark_bad, leftover cleanup
+  retention.py   keep_last / keep_every / keep_best as a pure function, applied off-thread
+  loader.py      verified, resharding load into a TrainingState
+  fingerprint.py config hash and the fields a resume may change
+  preflight.py   directory, write permission and free space before step 1
+  probe.py       the probe loss stored with each checkpoint
+  export.py      offline tensor reading (scripts/export.py)
+  manager.py     what train.py calls: preflight, resume, after_step, close
+"""
 
 import warnings
 
