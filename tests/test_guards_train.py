@@ -17,10 +17,11 @@ def _manifests(run_dir):
 
 
 def _overrides(run_dir, data, action, fault_kind, fault_phase, fault_step, steps=16, **extra):
-    return debug_overrides(run_dir, data, steps=steps, extra={**extra,
+    return debug_overrides(run_dir, data, steps=steps, extra={
         "checkpoint.interval": 4, "checkpoint.keep_last": 2, "recovery.guards.action": action,
         "recovery.guards.warmup_steps": 4, "recovery.guards.shadow_interval": 2,
         "+recovery.faults": f"[{{kind: {fault_kind}, phase: {fault_phase}, step: {fault_step}, rank: 0}}]",
+        **extra,
     })
 
 
@@ -61,3 +62,17 @@ def test_gradient_bit_flip_skips_one_update(pydoc_data, tmp_path):
     manifests = _manifests(run_dir)
     assert manifests[8]["verified"] is False and manifests[12]["verified"] is True
     assert all(math.isfinite(r["loss"]) for r in read_metrics(run_dir))
+
+
+def test_cross_replica_check_names_the_diverged_replicas(pydoc_data, tmp_path):
+    """A small flip (bit 20: the weight changes by a few percent, too little for the gradient
+    test) on one replica of dp_replicate=2 is caught by the weight fingerprint check."""
+    run_dir = tmp_path / "replica"
+    run_train(_overrides(run_dir, pydoc_data, "block_verified", "bitflip_param", "step", 5, steps=8, **{
+        "parallel.dp_replicate": 2, "parallel.dp_shard": 1, "recovery.guards.replica_interval": 2,
+        "+recovery.faults": "[{kind: bitflip_param, phase: step, step: 5, rank: 1, bit: 20}]"}), nproc=2)
+    alarms = read_metrics(run_dir, "alarm")
+    assert alarms and alarms[0]["step"] == 6 and alarms[0]["check"] == "replica", alarms
+    assert "all 2 replicas [0, 1] disagree" in alarms[0]["detail"]
+    manifests = _manifests(run_dir)
+    assert manifests[4]["verified"] is True and manifests[8]["verified"] is False

@@ -20,6 +20,7 @@ skipped steps in a row.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -32,6 +33,7 @@ from recovery.guards.detectors import Anomaly, RatioToRunningMean, RobustSpike
 from recovery.guards.norms import layer_grad_norms, layer_groups
 from recovery.guards.replica import check_replicas
 
+log = logging.getLogger("trainer")
 ACTIONS = ("log", "skip_step", "block_verified", "rollback")
 
 
@@ -103,8 +105,10 @@ class TrainingGuards:
         if self.replicate_group is not None and self.cfg.replica_interval > 0 and step % self.cfg.replica_interval == 0:
             bad = check_replicas(self.model, self.device, self.replicate_group)
             if bad:
-                anomaly = Anomaly("replica_fingerprint", float(len(bad)), 0.0,
-                                  f"replica(s) {bad} of this replicate group hold different weights")
+                size = dist.get_world_size(self.replicate_group)
+                who = f"replica(s) {bad} (dp_replicate index) differ from the majority" if len(bad) < size else \
+                    f"all {size} replicas {bad} disagree (no majority{' with 2 replicas' if size == 2 else ''})"
+                anomaly = Anomaly("replica_fingerprint", float(len(bad)), 0.0, f"weights differ across replicas: {who}")
                 self._escalate(step, "replica", [anomaly])
 
     def after_rollback(self) -> None:
@@ -150,4 +154,10 @@ def build_guards(cfg, model: nn.Module, world, parallel, ckpt, metrics) -> Train
     guards = TrainingGuards(cfg.recovery.guards, model, world.device, cfg.run_dir, world.rank, metrics,
                             shadow_loss=ckpt.probe, replicate_group=replicate_group)
     ckpt.unverified_reason = guards.take_verified_block
+    g = cfg.recovery.guards
+    if g.enabled:
+        log.info("guards: action %s, grad-norm x%g and loss spikes every step, shadow every %d steps, %s",
+                 g.action, g.grad_norm_multiple, g.shadow_interval,
+                 f"replica fingerprints over {dist.get_world_size(replicate_group)} replicas every "
+                 f"{g.replica_interval} steps" if replicate_group is not None else "no replica check (dp_replicate=1)")
     return guards
