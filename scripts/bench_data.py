@@ -6,8 +6,8 @@
 Resume: a fresh pipeline loads a state saved at step s and produces its first
 micro-batches (worker start-up included); the time must not grow with s, because the
 position is a number and the order an O(1) function (no replay). Throughput: tokens/s the
-loader delivers alone, next to the tokens/s a training step of the debug model consumes
-on this machine, so the ratio says whether data loading can keep the step fed.
+loader delivers alone, and a training loop of the debug model fed by it: its tokens/s and
+the share of its time spent waiting for data, measured under the same machine load.
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ def loader_tokens_per_s(args, num_workers: int) -> float:
     return args.steps * args.global_batch * args.seq_len / seconds
 
 
-def train_tokens_per_s(args) -> float:
-    """What one process training the debug model consumes (fp32, CPU), data excluded."""
+def training_loop(args, num_workers: int) -> tuple[float, float]:
+    """(tokens/s, share of the time waiting for data) of the debug model training on the pipeline."""
+    from configs.schema import register
     from configs.validate import model_config
     from hydra import compose, initialize_config_dir
 
@@ -73,8 +74,6 @@ def train_tokens_per_s(args) -> float:
     from training.optimizer import build_optimizer
     from training.schedule import build_scheduler
     from training.step import Precision, train_step
-
-    from configs.schema import register
 
     register()
     with initialize_config_dir(str(Path(__file__).resolve().parent.parent / "configs"), version_base="1.3"):
@@ -84,13 +83,18 @@ def train_tokens_per_s(args) -> float:
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, 10 ** 6)
     precision = Precision("fp32", torch.device("cpu"))
-    pipe = make_pipeline(args, 0)
-    batches = [pipe.next_micro_batches(s) for s in range(args.train_steps + 1)]
-    train_step(model, optimizer, scheduler, precision, batches[0], 1.0, torch.device("cpu"))  # warm-up
+    pipe = make_pipeline(args, num_workers)
+    train_step(model, optimizer, scheduler, precision, pipe.next_micro_batches(0), 1.0, torch.device("cpu"))
+    waited = 0.0
     start = time.perf_counter()
-    for micro in batches[1:]:
+    for step in range(1, args.train_steps + 1):
+        t0 = time.perf_counter()
+        micro = pipe.next_micro_batches(step)
+        waited += time.perf_counter() - t0
         train_step(model, optimizer, scheduler, precision, micro, 1.0, torch.device("cpu"))
-    return args.train_steps * args.global_batch * args.seq_len / (time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    pipe.close()
+    return args.train_steps * args.global_batch * args.seq_len / seconds, waited / seconds
 
 
 def main(argv=None) -> int:
@@ -100,7 +104,7 @@ def main(argv=None) -> int:
     parser.add_argument("--global-batch", type=int, default=16)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=300, help="steps timed for loader throughput")
-    parser.add_argument("--train-steps", type=int, default=10, help="steps timed for the training step")
+    parser.add_argument("--train-steps", type=int, default=20, help="training steps timed on the pipeline")
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     args = parser.parse_args(argv)
@@ -123,13 +127,14 @@ def main(argv=None) -> int:
               f"(ratio {locate[10 ** 6] / locate[10]:.2f}); until its data is loaded (loader start-up "
               f"included) {first[10] * 1e3:.1f} ms vs {first[10 ** 6] * 1e3:.1f} ms "
               f"(ratio {first[10 ** 6] / first[10]:.2f})")
-    train = train_tokens_per_s(args)
-    print(f"training step (debug model, fp32, 1 process): {train:,.0f} tokens/s")
     for workers in args.workers:
         tps = loader_tokens_per_s(args, workers)
-        print(f"loader, num_workers={workers}: {tps:,.0f} tokens/s over {args.steps} steps "
-              f"= {tps / train:.0f}x what the training step consumes; replaying 10^6 steps at this rate "
-              f"instead would take {10 ** 6 * args.global_batch * args.seq_len / tps / 60:.0f} min")
+        train, wait = training_loop(args, workers)
+        print(f"num_workers={workers}: loader alone {tps:,.0f} tokens/s over {args.steps} steps; training the "
+              f"debug model (fp32, 1 process) on it {train:,.0f} tokens/s over {args.train_steps} steps, "
+              f"{100 * wait:.1f}% of that time waiting for data: the loader delivers {tps / train:.0f}x what a "
+              f"step consumes. Replaying 10^6 steps instead of resuming would take "
+              f"{10 ** 6 * args.global_batch * args.seq_len / tps / 60:.0f} min at this rate.")
     return 0
 
 
