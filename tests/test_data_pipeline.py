@@ -214,3 +214,19 @@ def test_bad_data_settings_stop_at_start_up(pydoc_data):
     for text in ("data.num_workers=-1 must be >= 0", "data.prefetch_factor=0 must be >= 1",
                  f"data.mixture weights must be positive: {pydoc_data}: 0.0"):
         assert text in str(err.value)
+
+
+def test_skipping_samples_after_a_rollback_is_part_of_the_state(pydoc_data, reference):
+    """recovery/guards/rollback.py skips the data window that preceded an alarm."""
+    states = []
+    for rank in range(2):
+        pipe = pipeline(data_config(pydoc_data), dp=2, rank=rank)
+        for step in range(2):
+            pipe.next_micro_batches(step)
+        pipe.skip_samples(3 * 8)  # steps 2..4 of the data are never read
+        states.append(pipe.state_dict())
+    assert states[0] == states[1] and states[0]["step"] == 2 and states[0]["samples_consumed"] == 40
+    resumed = global_batches(data_config(pydoc_data), dp=1, steps=3, state=states[0])
+    assert_same_batches(resumed, reference[5:8])
+    with pytest.raises(ValueError, match=r"skip_samples\(12\): must be a non-negative multiple of the global batch \(8\)"):
+        pipe.skip_samples(12)
