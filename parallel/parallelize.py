@@ -32,6 +32,7 @@ class Parallelized:
     dp_mesh: Optional[DeviceMesh] = None  # all data-parallel ranks, flattened
     loss_parallel: bool = False  # logits are vocabulary-sharded DTensors: use loss_parallel()
     grad_sync_every_micro_batch: bool = True
+    cpu_offload: bool = False  # sharded state in host memory (parameters materialised there)
 
     def process_groups(self) -> List[dist.ProcessGroup]:
         """The groups training collectives run on: the default group and the mesh's groups."""
@@ -79,6 +80,7 @@ def parallelize_model(model: nn.Module, dims: ParallelDims, parallel_cfg, device
         dp_mesh=dp_mesh,
         loss_parallel=parallel_cfg.loss_parallel,
         grad_sync_every_micro_batch=parallel_cfg.grad_sync_every_micro_batch,
+        cpu_offload=parallel_cfg.cpu_offload,
     )
 
 
@@ -88,4 +90,4 @@ def materialize_parallel_model(model: nn.Module, parallel: Parallelized, device:
         from model.llama import materialize_model
         materialize_model(model, device, seed=seed)
     else:
-        materialize_sharded(model, device, seed)
+        materialize_sharded(model, device, seed, cpu_offload=parallel.cpu_offload)
