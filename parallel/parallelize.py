@@ -54,12 +54,12 @@ def parallelize_model(model: nn.Module, dims: ParallelDims, parallel_cfg, device
     check_tensor_parallel_fits(model.cfg, dims.tp, seq_len)
     if parallel_cfg.loss_parallel and not dims.tp_enabled:
         raise ValueError(f"parallel.loss_parallel=true needs parallel.tp > 1 (tp={dims.tp}); set it to false")
-    apply_activation_checkpointing(model, parallel_cfg.activation_checkpoint)
-    if parallel_cfg.compile:
-        apply_compile(model)
     if parallel_cfg.cpu_offload and device.type != "cuda":
         raise ValueError(f"parallel.cpu_offload=true moves state between GPU and host memory; on {device.type} "
                          "the state already lives in host memory: set it to false")
+    apply_activation_checkpointing(model, parallel_cfg.activation_checkpoint)
+    if parallel_cfg.compile:
+        apply_compile(model)
     if dims.world_size == 1:
         return Parallelized(dp_rank=0, dp_group=None)
     if model.cfg.tie_embeddings:
