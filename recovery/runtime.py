@@ -97,19 +97,22 @@ class RecoveryRuntime:
         return True
 
     def _watch_write(self, ckpt, step: int) -> None:
-        in_flight = ckpt.saver.in_flight
-        if in_flight and self._writing is None:
-            self._writing = step
-            if self.watchdog is not None:
-                self.watchdog.write_started(step)
-        elif not in_flight and self._writing is not None:
-            self._writing = None
-            if self.watchdog is not None:
-                self.watchdog.write_done()
-            if self.auto_interval is not None:
-                self.auto_interval.write_s = time.perf_counter() - self._write_started
-        if in_flight and self._writing == step:
+        """Give each background write its own timer. A new save collects the previous one first,
+        so back-to-back saves can stay "in flight" across steps: key the timer by the saved step."""
+        saving = ckpt.last_saved_step if ckpt.saver.in_flight else None
+        if saving == self._writing:
+            return
+        if self._writing is not None and saving is None and self.auto_interval is not None:
+            self.auto_interval.write_s = time.perf_counter() - self._write_started
+        self._writing = saving
+        if saving is not None:
             self._write_started = time.perf_counter()
+        if self.watchdog is not None:
+            if saving is None:
+                self.watchdog.write_done()
+            else:
+                future = getattr(ckpt.saver, "_in_flight", None)  # the saver's background Future
+                self.watchdog.write_started(saving, future.done if future is not None else None)
 
     def _save_before_exit(self, ckpt, step: int, loss: float) -> None:
         pre = self.preemption

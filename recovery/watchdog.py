@@ -100,7 +100,7 @@ class Watchdog:
         self._step = 0
         self._beat_mono = time.monotonic()
         self._beat_wall = time.time()
-        self._write: Optional[tuple] = None  # (step, monotonic start, wall start)
+        self._write: Optional[tuple] = None  # (step, monotonic start, wall start, is_done)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.fired: Optional[Expiry] = None
@@ -121,10 +121,12 @@ class Watchdog:
         if self._thread is not None and self.hard_margin_s > 0:
             faulthandler.dump_traceback_later(self.timeout_of(phase) + self.hard_margin_s, exit=True)
 
-    def write_started(self, step: int) -> None:
-        """A background checkpoint write for ``step`` began; it has ``write_timeout_s``."""
+    def write_started(self, step: int, is_done: Optional[Callable[[], bool]] = None) -> None:
+        """A background checkpoint write for ``step`` began; it has ``write_timeout_s``. ``is_done``
+        (thread-safe, e.g. the write's ``Future.done``) lets the watchdog see it finish even while
+        the training thread, which would call ``write_done``, is itself stuck."""
         with self._lock:
-            self._write = (step, time.monotonic(), time.time())
+            self._write = (step, time.monotonic(), time.time(), is_done)
 
     def write_done(self) -> None:
         with self._lock:
@@ -152,7 +154,7 @@ class Watchdog:
         timeout = self.timeout_of(phase)
         if since > timeout:
             return Expiry("heartbeat", self.rank, host, pid, phase, step, since, timeout, time.time(), beat_wall)
-        if write is not None and now - write[1] > self.write_timeout_s:
+        if write is not None and now - write[1] > self.write_timeout_s and not (write[3] and write[3]()):
             return Expiry("checkpoint_write", self.rank, host, pid, "checkpoint_write", write[0], now - write[1],
                           self.write_timeout_s, time.time(), write[2], {"training_phase": phase, "training_step": step})
         return None

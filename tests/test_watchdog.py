@@ -165,3 +165,18 @@ def test_straggler_report_over_ranks_names_slow_rank():
     assert "straggler: rank 1 took 0.300 s per step" in proc.stderr + proc.stdout
     reports = [line for line in proc.stdout.splitlines() if line.startswith("REPORT")]
     assert len(reports) == 3 and all("[1]" in r for r in reports)
+
+
+def test_a_finished_write_is_seen_even_when_the_loop_is_stuck(tmp_path):
+    """The loop hangs right after a save, so nobody calls write_done: the write's own
+    done() tells the watchdog; the alarm is the heartbeat's, not a false write alarm."""
+    fired = []
+    wd = Watchdog(tmp_path, timeouts={"step": 1.0}, write_timeout_s=0.3, hard_margin_s=0,
+                  on_expire=fired.append).start()
+    try:
+        wd.beat("step", 6)
+        wd.write_started(6, is_done=lambda: True)
+        assert _wait_for(lambda: fired, 1.0 + SLACK_S)
+        assert fired[0].kind == "heartbeat"
+    finally:
+        wd.stop()
