@@ -20,6 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 RESUME_MUTABLE = (
     "parallel", "checkpoint", "logging", "recovery", "run_name", "output_root", "run_dir", "dry_run",
     "training.micro_batch_size", "data.num_workers", "data.prefetch_factor", "data.prepare_if_missing",
+    # Where the data lives may change; what it is is checked by the data state's fingerprint.
+    "data.path", "data.allow_resume_changes",
 )
 
 

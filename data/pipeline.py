@@ -113,10 +113,13 @@ class DataPipeline:
 
     def _loader(self, start: int) -> StatefulDataLoader:
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata 0.11 noise
+        # A generator of its own: without one, starting an iterator draws the workers' base
+        # seed from the global torch RNG, which would shift dropout masks after a resume.
+        generator = torch.Generator().manual_seed(self.order.seed)
         return StatefulDataLoader(
             self.dataset, batch_size=None, sampler=RankSampler(self.plan, self.dp_rank, start),
             collate_fn=_as_is, num_workers=self.num_workers, pin_memory=self.pin_memory,
-            prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
+            prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None, generator=generator,
         )
 
     # -- the checkpoint's side (Stateful) -----------------------------------------------

@@ -150,11 +150,6 @@ def test_rng_is_needed_with_dropout(dropout_runs):
     assert [keep[s]["loss"] for s in (7, 8, 9)] != [drop[s]["loss"] for s in (7, 8, 9)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "data/pipeline.py creates its StatefulDataLoader iterator lazily at the first step after a resume, "
-    "and the DataLoader draws its base seed from the global torch RNG (no generator= passed), "
-    "so the resumed run's dropout masks are shifted by one draw. Fix in data/: pass a dedicated "
-    "torch.Generator to the loader; then remove this marker."))
 def test_dropout_resume_is_bitwise(dropout_runs):
     keep, ref = dropout_runs["keep"], dropout_runs["ref"]
     assert [keep[s]["loss"] for s in (7, 8, 9)] == [ref[s]["loss"] for s in (7, 8, 9)]
