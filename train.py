@@ -139,6 +139,7 @@ def train(cfg: DictConfig, overrides: list[str]) -> None:
         try:
             guards.after_update(step + 1)
         except RollbackRequested as request:
+            rt.beat("checkpoint_load", step + 1)  # a rollback load is not a hung step
             step, rollbacks = roll_back(request, guards, ckpt, data, cfg, world.rank, rollbacks), rollbacks + 1
             continue
         if cfg.recovery.halt_on_nonfinite_loss and not math.isfinite(result.loss) and not result.skipped:
