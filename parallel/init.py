@@ -52,11 +52,25 @@ def init_distributed(device_choice: str, timeout_s: float) -> WorldInfo:
     device = pick_device(device_choice, local_rank)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(
-            backend=backend, timeout=datetime.timedelta(seconds=timeout_s),
-            device_id=device if device.type == "cuda" else None,
+            backend=backend, timeout=timeout, device_id=device if device.type == "cuda" else None,
+            **_restart_store(rank, world_size, timeout),
         )
     return WorldInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def _restart_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dict:
+    """After a torchrun restart (``--max-restarts``) the agent's store still holds the previous
+    attempt's keys, and gloo ranks would read their peers' old addresses from it. Key this
+    attempt's process group under its restart count so every attempt starts clean."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is None or "MASTER_ADDR" not in os.environ:
+        return {}  # not under torchrun: the default env:// rendezvous
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=not agent_hosts_store and rank == 0, timeout=timeout)
+    return {"store": dist.PrefixStore(f"/trainer/attempt_{restart}", store), "rank": rank, "world_size": world_size}
 
 
 def set_collective_timeout(timeout_s: float, groups: Optional[Iterable[dist.ProcessGroup]] = None) -> int:

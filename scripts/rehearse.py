@@ -2,8 +2,8 @@
 
   1. baseline:  N steps at --nproc ranks, fixed seed, no faults;
   2. same layout: the same run with a SIGKILL on a seeded random rank at a seeded random
-     step; the job is relaunched (or, with --in-place-restart, torchrun --max-restarts 1
-     restarts the group), resume=auto picks the newest committed checkpoint; every logged
+     step; torchrun --max-restarts 1 restarts the group in place (or, with --relaunch, the
+     job is launched again), resume=auto picks the newest committed checkpoint; every logged
      step must equal the baseline bit for bit;
   3. smaller world: the same kill with no restart left (the job dies, as when a node is
      lost), then a relaunch at --small-nproc ranks: grad_accum_steps is recomputed so the
@@ -68,10 +68,9 @@ def main(argv=None) -> int:
     p.add_argument("--root", type=Path, default=ROOT / "outputs" / "rehearsal")
     p.add_argument("--data", type=Path, default=ROOT / "outputs" / "data" / "pydoc-byte")
     p.add_argument("--timeout-s", type=float, default=900)
-    p.add_argument("--in-place-restart", action="store_true",
-                   help="torchrun --max-restarts 1 instead of a relaunch (at >1 rank with gloo this needs a "
-                        "process-group store namespaced by TORCHELASTIC_RESTART_COUNT: torch 2.13 reuses stale "
-                        "peer addresses otherwise)")
+    p.add_argument("--relaunch", action="store_true",
+                   help="after the kill, launch the job again (a scheduler requeue) instead of letting "
+                        "torchrun --max-restarts 1 restart the group in place")
     a = p.parse_args(argv)
     small = a.nproc // 2 if a.small_nproc is None else a.small_nproc
     if not (a.data / "meta.json").exists():
@@ -98,7 +97,7 @@ def main(argv=None) -> int:
         return 2
     baseline = baseline_losses(root / "baseline")
 
-    if a.in_place_restart:
+    if not a.relaunch:
         rc, secs = torchrun(a.nproc, ov("same_layout", kill), 1, log, a.timeout_s)
     else:
         rc1, s1 = torchrun(a.nproc, ov("same_layout", kill), 0, log, a.timeout_s)
