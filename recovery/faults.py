@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,7 @@ class FaultInjector:
             f.validate()
         self.dir = Path(run_dir) / "faults"
         self.rank = rank
+        self._kill_lock = threading.Lock()
 
     def _marker(self, index: int, fault: Fault) -> Path:
         return self.dir / f"fired-{index}-{fault.name}-on-rank{self.rank}"
@@ -102,6 +104,14 @@ class FaultInjector:
     def maybe_inject(self, phase: str, step: int, model=None, path: Optional[Path] = None) -> None:
         for i, fault in enumerate(self.faults):
             if fault.phase != phase or fault.step not in (-1, step):
+                continue
+            if fault.kind == "sigkill":
+                # One death per process: while one thread kills the process, a sigkill due at the
+                # same moment in another thread (the background checkpoint writer) must not claim
+                # its marker too, or it would be recorded as fired without ever killing anything.
+                with self._kill_lock:
+                    if self._claim(i, fault, step):
+                        self._fire(fault, step, model, path)
                 continue
             if not self._claim(i, fault, step):
                 continue
