@@ -124,7 +124,8 @@ def test_preemption_is_agreed_by_all_ranks():
             if rank == 1 and step == 4:
                 os.kill(os.getpid(), signal.SIGUSR1)
             if pre.should_stop():
-                print("STOP", rank, step, pre.signal_name, flush=True)
+                # one write() per line: two ranks share the pipe, print() may interleave them
+                os.write(1, f"STOP {rank} {step} {pre.signal_name}\\n".encode())
                 break
         dist.destroy_process_group()
     """)
