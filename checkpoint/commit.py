@@ -1,7 +1,8 @@
 """The commit protocol (contract 3), as separate phases so faults can be injected between them.
 
 1. every rank writes its files into ``step_N.uncommitted/`` (DCP, fsync per file);
-2. every rank checksums its own files and writes an acknowledgement ``acks/rank_R.json``;
+2. every rank records its files' sizes and checksums (computed by the writer as it wrote them,
+   checkpoint/storage.py) in an acknowledgement ``acks/rank_R.json``;
 3. the coordinator waits for all acknowledgements (with a timeout: a failed or late rank
    leaves the checkpoint uncommitted and the previous one current), writes the manifest
    and fsyncs files and directory;
@@ -17,7 +18,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from checkpoint.integrity import atomic_write_text, checksum_files, fsync_dir, fsync_file
 from checkpoint.layout import ACKS, LATEST, MANIFEST
@@ -33,11 +34,24 @@ def rank_files(directory: Path, rank: int) -> List[Path]:
     return sorted(Path(directory).glob(f"__{rank}_*.distcp"))
 
 
-def acknowledge(directory: Path, rank: int, algorithm: str | None) -> Dict[str, FileEntry]:
-    """Phase 2: checksum this rank's files and record them durably in ``acks/rank_R.json``."""
+def acknowledge(directory: Path, rank: int, algorithm: str | None,
+                known: Optional[Dict[str, FileEntry]] = None) -> Dict[str, FileEntry]:
+    """Phase 2: record this rank's files durably in ``acks/rank_R.json``. Checksums come from
+    ``known`` (what the writer hashed while writing; a file whose size has changed since is
+    refused); files the writer did not report are read back and checksummed here."""
     files = rank_files(directory, rank)
-    sums = checksum_files(files, algorithm) if algorithm else {}
-    entries = {p.name: FileEntry(size=p.stat().st_size, checksum=sums.get(p.name)) for p in files}
+    known = known or {}
+    entries: Dict[str, FileEntry] = {}
+    for p in files:
+        size, k = p.stat().st_size, known.get(p.name)
+        if k is not None and k.size != size:
+            raise CheckpointError(f"{p}: {size} bytes on disk after its writer wrote and fsynced {k.size}; "
+                                  "not acknowledged, the checkpoint stays uncommitted")
+        if k is not None and (k.checksum is not None or not algorithm):
+            entries[p.name] = FileEntry(size=size, checksum=k.checksum)
+    rest = [p for p in files if p.name not in entries]
+    sums = checksum_files(rest, algorithm) if algorithm else {}
+    entries.update({p.name: FileEntry(size=p.stat().st_size, checksum=sums.get(p.name)) for p in rest})
     ack_dir = Path(directory) / ACKS
     ack_dir.mkdir(exist_ok=True)
     payload = {"rank": rank, "files": {k: vars(v) for k, v in entries.items()}}

@@ -16,6 +16,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from checkpoint.manifest import verify_checkpoint
+from checkpoint.storage import RawFileReader
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
@@ -31,5 +32,5 @@ def load_tensors(path: Path, prefix: str = "model.", verify: bool = True) -> Dic
     if not sd:
         kinds = sorted({k.split(".")[0] for k in meta})
         raise KeyError(f"{path} has no tensors under '{prefix}' (components: {kinds})")
-    dcp.load(sd, checkpoint_id=str(path), no_dist=True)
+    dcp.load(sd, storage_reader=RawFileReader(path), no_dist=True)
     return {k[len(prefix):]: v for k, v in sd.items()}

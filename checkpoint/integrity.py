@@ -36,7 +36,7 @@ class _Crc32:
         return f"{self.value:08x}"
 
 
-def _hasher(algorithm: str):
+def hasher(algorithm: str):
     if algorithm == "xxh3_64":
         if xxhash is None:
             raise RuntimeError("this checkpoint was checksummed with xxh3_64 but the xxhash package is not "
@@ -49,7 +49,7 @@ def _hasher(algorithm: str):
 
 def checksum_file(path: Path, algorithm: str) -> str:
     """Checksum of a file's bytes, read in large chunks into one reused buffer."""
-    h = _hasher(algorithm)
+    h = hasher(algorithm)
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:

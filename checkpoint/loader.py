@@ -1,25 +1,34 @@
 """Loading a committed checkpoint into a TrainingState, at any world layout.
 
 DCP reshards on load: each rank asks for the shards its current layout needs (model,
-optimizer and EMA tensors are DTensors or plain tensors; DCP maps saved chunks to them).
-Files are verified against the manifest first (size and checksum; each rank checks a share
-of the files and all ranks agree on the verdict).
+optimizer and EMA tensors are DTensors or plain tensors; DCP maps saved chunks to them), and
+checkpoint/storage.py reads the bytes straight into them.
+
+Verification against the manifest, in two parts (all ranks agree on every verdict):
+- before anything is touched: ``.metadata``'s checksum and every data file's size;
+- while loading: rank r checksums the data files of saved ranks k with k % world_size == r
+  (at an unchanged layout, its own file) as it streams them, so the disk is read once. When
+  that fails the live state is partly overwritten: ``CheckpointError`` says so, and the caller
+  loads another checkpoint or stops (checkpoint/manager.py falls back to an older one).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from checkpoint.manifest import CheckpointError, Manifest, check_files, read_manifest
+from checkpoint.manifest import CheckpointError, FileEntry, Manifest, check_files, read_manifest
 from checkpoint.rng import reseed_rng
 from checkpoint.state import TrainingState, rng_key
+from checkpoint.storage import RAW, RawFileReader
 
 log = logging.getLogger("trainer")
 
@@ -33,20 +42,34 @@ def any_rank(flag: bool, device: torch.device = torch.device("cpu")) -> bool:
     return bool(t.item())
 
 
-def verify_files(path: Path, manifest: Manifest, rank: int, world_size: int, checksums: bool,
-                 device: torch.device = torch.device("cpu")) -> None:
-    """Every rank checks files i with i % world_size == rank; all raise if any file is bad."""
-    names = sorted(manifest.files)[rank::world_size]
-    problems = check_files(path, manifest, names, checksums=checksums)
+def _agree(path: Path, problems: List[str], device: torch.device, what: str) -> None:
     for p in problems:
         log.error("checkpoint %s: %s", path, p)
     if any_rank(bool(problems), device):
-        raise CheckpointError(f"{path} failed verification" + (f": {'; '.join(problems)}" if problems else
-                                                                " on another rank (see its log)"))
+        raise CheckpointError(f"{path} failed verification{what}"
+                              + (f": {'; '.join(problems)}" if problems else " on another rank (see its log)"))
 
 
-def saved_keys(path: Path) -> List[str]:
-    return list(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+def _saved_rank(name: str) -> int | None:
+    m = re.match(r"__(\d+)_\d+\.distcp$", name)
+    return int(m.group(1)) if m else None
+
+
+def verification_shares(manifest: Manifest, rank: int, world_size: int) -> Tuple[List[str], Dict[str, FileEntry]]:
+    """(other files this rank checks up front, data files it checksums while loading)."""
+    data = {n: e for n, e in manifest.files.items() if _saved_rank(n) is not None and _saved_rank(n) % world_size == rank}
+    others = sorted(n for n in manifest.files if _saved_rank(n) is None)[rank::world_size]
+    return others, data
+
+
+def saved_metadata(path: Path) -> Metadata:
+    return FileSystemReader(str(path)).read_metadata()
+
+
+def _all_raw(meta: Metadata) -> bool:
+    """True when every tensor was written by checkpoint/storage.py (else: stock DCP's format)."""
+    return all(list(info.transform_descriptors or ()) == [RAW] for idx, info in meta.storage_data.items()
+               if isinstance(meta.state_dict_metadata[idx.fqn], TensorStorageMetadata))
 
 
 def _has(keys: List[str], component: str) -> bool:
@@ -58,10 +81,16 @@ def load_checkpoint(state: TrainingState, path: Path, *, seed: int, verify: bool
     """Verify ``path`` and restore ``state`` from it; returns the manifest."""
     path = Path(path)
     manifest = read_manifest(path)
-    if verify:
-        verify_files(path, manifest, state.rank, state.world_size, checksums=manifest.checksum_algorithm is not None,
-                     device=device)
-    keys = saved_keys(path)
+    checksums = manifest.checksum_algorithm is not None
+    others, data = verification_shares(manifest, state.rank, state.world_size)
+    if verify:  # before anything is touched: .metadata completely, data files by size
+        _agree(path, check_files(path, manifest, others, checksums=checksums)
+               + check_files(path, manifest, sorted(data), checksums=False), device, "")
+    meta = saved_metadata(path)
+    fused = verify and _all_raw(meta)
+    if verify and not fused:  # stock DCP's format deserialises: check the bytes before it does
+        _agree(path, check_files(path, manifest, sorted(data), checksums=checksums), device, "")
+    keys = list(meta.state_dict_metadata)
     sd = state.state_dict()
     same_world = manifest.world_size == state.world_size
     rng_saved = _has(keys, f"rng.{rng_key(state.rank)}")
@@ -78,7 +107,10 @@ def load_checkpoint(state: TrainingState, path: Path, *, seed: int, verify: bool
         raise CheckpointError(f"{path} has no '{component}' state (it holds: "
                               f"{sorted({k.split('.')[0] for k in keys})}); it was saved by a run without it")
     no_dist = not (dist.is_available() and dist.is_initialized())
-    dcp.load(sd, checkpoint_id=str(path), process_group=process_group, no_dist=no_dist)
+    reader = RawFileReader(path, verify=data if fused else None, algorithm=manifest.checksum_algorithm)
+    dcp.load(sd, storage_reader=reader, process_group=process_group, no_dist=no_dist)
+    _agree(path, reader.problems, device, " while loading (the live training state is now partly overwritten: "
+           "load another checkpoint before training)")
     state.load_state_dict(sd)
     if reinit_ema:
         log.warning("the checkpoint has no EMA weights: EMA starts from the loaded weights")

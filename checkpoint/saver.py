@@ -22,13 +22,13 @@ from typing import Callable, Dict, List, Optional
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
 
 from checkpoint.commit import acknowledge, collect_acknowledgements, commit_checkpoint, seal, update_latest
 from checkpoint.integrity import checksum_file
 from checkpoint.layout import committed_dir, uncommitted_dir
 from checkpoint.manifest import FileEntry, Manifest
 from checkpoint.staging import HostStager
+from checkpoint.storage import RawFileWriter
 
 log = logging.getLogger("trainer")
 
@@ -55,7 +55,7 @@ class CheckpointSaver:
     def __init__(self, root: Path, mode: str, rank: int, world_size: int, process_group=None,
                  checksum_algorithm: Optional[str] = "xxh3_64", commit_timeout_s: float = 600.0,
                  pin_memory: bool = False, after_commit: Optional[Callable[[Manifest], None]] = None,
-                 fault_hook: Optional[FaultHook] = None, writer_threads: int = 1):
+                 fault_hook: Optional[FaultHook] = None):
         if mode not in ("sync", "async"):
             raise ValueError(f"checkpoint.async_mode={mode!r}: choose sync or async")
         self.root, self.mode, self.rank, self.world_size = Path(root), mode, rank, world_size
@@ -64,7 +64,6 @@ class CheckpointSaver:
         self.commit_timeout_s = commit_timeout_s
         self.after_commit = after_commit  # runs on the coordinator after each commit (retention)
         self.fault_hook = fault_hook or (lambda phase, step, path=None: None)
-        self.writer_threads = writer_threads
         self.stager = HostStager(pin_memory) if mode == "async" else None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-persist") if mode == "async" else None
         self._in_flight: Optional[Future] = None
@@ -84,19 +83,19 @@ class CheckpointSaver:
         step = manifest.step
         staging = uncommitted_dir(self.root, step)
         staging.mkdir(parents=True, exist_ok=True)
-        writer = FileSystemWriter(staging, single_file_per_rank=True, sync_files=True,
-                                  thread_count=self.writer_threads, overwrite=True)
+        writer = RawFileWriter(staging, self.checksum_algorithm)
         self.fault_hook("checkpoint_snapshot", step)
         if self.mode == "sync":
             dcp.save(state_dict, storage_writer=writer, process_group=self.process_group, no_dist=_no_dist())
-            size, committed = self._finish(staging, manifest)
+            size, committed = self._finish(staging, manifest, writer)
             self._finished.append(SaveRecord(step, manifest.checkpoint_id, "sync", time.perf_counter() - t0,
                                              waited, 0.0, size, committed))
             return
         upload = dcp.async_save(state_dict, storage_writer=writer, process_group=self.process_group,
                                 async_stager=self.stager, no_dist=_no_dist())
         blocking = time.perf_counter() - t0
-        self._in_flight = self._executor.submit(self._persist, upload, staging, manifest, blocking, waited)
+        self._in_flight = self._executor.submit(self._persist, upload, writer, staging, manifest, blocking,
+                                               waited)
 
     @property
     def in_flight(self) -> bool:
@@ -128,19 +127,19 @@ class CheckpointSaver:
                 self.stager.close()
 
     # -- background (async) or inline (sync) ------------------------------------------------
-    def _persist(self, upload: Future, staging: Path, manifest: Manifest, blocking: float,
-                 waited: float) -> SaveRecord:
+    def _persist(self, upload: Future, writer: RawFileWriter, staging: Path, manifest: Manifest,
+                 blocking: float, waited: float) -> SaveRecord:
         t0 = time.perf_counter()
         upload.result()  # DCP write done on every rank (its final gather), .metadata written
-        size, committed = self._finish(staging, manifest)
+        size, committed = self._finish(staging, manifest, writer)
         return SaveRecord(manifest.step, manifest.checkpoint_id, "async", blocking, waited,
                           time.perf_counter() - t0, size, committed)
 
-    def _finish(self, staging: Path, manifest: Manifest) -> tuple:
+    def _finish(self, staging: Path, manifest: Manifest, writer: RawFileWriter) -> tuple:
         """Acknowledge (every rank), then collect, seal, commit and move ``latest`` (coordinator)."""
         step = manifest.step
         self.fault_hook("checkpoint_write", step, path=staging)
-        acknowledge(staging, self.rank, self.checksum_algorithm)
+        acknowledge(staging, self.rank, self.checksum_algorithm, known=writer.written)
         if not self.is_coordinator:
             return 0, False
         files = collect_acknowledgements(staging, self.world_size, self.commit_timeout_s)

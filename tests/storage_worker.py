@@ -1,0 +1,74 @@
+"""Raw-bytes chunk reads across layouts (run by tests/test_checkpoint_storage.py under torchrun).
+
+  torchrun --nproc-per-node 2 tests/storage_worker.py DIR
+
+Rank 0 first saves full tensors with no process group (DIR/full). Then both ranks:
+1. load DIR/full into DTensors sharded on dim 0 (whole rows: read straight into the shard)
+   and on dim 1 (a column block of each saved row: read aside, then copied);
+2. save those DTensors (DIR/sharded) and rank 0 loads them back into full tensors with no
+   process group (each saved chunk lands in a column block or row block of the destination).
+Every comparison is bitwise; the worker exits non-zero on the first difference.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.tensor import Shard, distribute_tensor  # noqa: E402
+
+from checkpoint.storage import RawFileReader, RawFileWriter  # noqa: E402
+
+
+def full_tensors() -> dict:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "w_f32": torch.randn(6, 10, generator=g),
+        "w_bf16": torch.randn(4, 6, generator=g).to(torch.bfloat16),
+        "w_i64": torch.randint(0, 1 << 40, (8, 3), generator=g),
+        "b_1d": torch.randn(12, generator=g),
+    }
+
+
+def check(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    if got.dtype != want.dtype or not torch.equal(got, want):
+        raise SystemExit(f"rank {dist.get_rank()}: {name} differs:\n{got}\n{want}")
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    full = full_tensors()
+    if rank == 0:
+        dcp.save({k: v.clone() for k, v in full.items()}, storage_writer=RawFileWriter(out / "full", "xxh3_64"),
+                 no_dist=True)
+    dist.barrier()
+
+    for dim in (0, 1):
+        dest = {k: distribute_tensor(torch.zeros_like(v), mesh, [Shard(min(dim, v.dim() - 1))])
+                for k, v in full.items()}
+        dcp.load(dest, storage_reader=RawFileReader(out / "full"))
+        for k, v in dest.items():
+            check(f"{k} sharded on dim {dim}", v.full_tensor(), full[k])
+        dcp.save(dest, storage_writer=RawFileWriter(out / f"sharded{dim}", "xxh3_64"))
+        dist.barrier()
+        if rank == 0:
+            back = {k: torch.zeros_like(v) for k, v in full.items()}
+            dcp.load(back, storage_reader=RawFileReader(out / f"sharded{dim}"), no_dist=True)
+            for k, v in back.items():
+                check(f"{k} saved sharded on dim {dim}, loaded whole", v, full[k])
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
