@@ -5,12 +5,13 @@ Module map (docs/checkpoint-format.md has the format and the protocol):
   rng.py         per-rank RNG capture/restore; reseed policy for a changed world size
   staging.py     reusable host staging buffers for async saves (pinned on CUDA)
   saver.py       sync / async saves (dedicated gloo group), phases with fault hooks
+  storage.py     data files: raw tensor bytes read straight into the destination, checksums on the fly
   commit.py      acknowledge -> collect -> seal -> commit rename -> latest pointer
   manifest.py    manifest.json (files, sizes, checksums, step, losses, config hash, layout)
   integrity.py   checksums (xxh3-64 or crc32), fsync of files and directories, atomic writes
   discovery.py   committed checkpoints newest first, resume choice, mark_bad, leftover cleanup
   retention.py   keep_last / keep_every / keep_best as a pure function, applied off-thread
-  loader.py      verified, resharding load into a TrainingState
+  loader.py      verified (while reading), resharding load into a TrainingState
   fingerprint.py config hash and the fields a resume may change
   preflight.py   directory, write permission and free space before step 1
   probe.py       the probe loss stored with each checkpoint

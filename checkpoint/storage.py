@@ -111,10 +111,18 @@ class RawFileWriter(FileSystemWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> torch.futures.Future:
         name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
-        h = hasher(self.checksum_algorithm) if self.checksum_algorithm else None
+        with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-hash") as pool:
+            h = _Hashing(self.checksum_algorithm, pool) if self.checksum_algorithm else None
+            results, size = self._write_file(Path(self.path) / name, name, plan, planner, h)
+            self.written[name] = FileEntry(size=size, checksum=h.hexdigest() if h is not None else None)
+        return _done(results)
+
+    def _write_file(self, path: Path, name: str, plan: SavePlan, planner: SavePlanner,
+                    h: Optional[_Hashing]) -> Tuple[List[WriteResult], int]:
+        """Write every item back to back (hashing each while the next is written); fsync."""
         results: List[WriteResult] = []
         offset = 0
-        with open(Path(self.path) / name, "wb", buffering=8 << 20) as f:
+        with open(path, "wb", buffering=8 << 20) as f:
             for item in plan.items:
                 data = planner.resolve_data(item)
                 if item.type == WriteItemType.BYTE_IO:
@@ -133,8 +141,7 @@ class RawFileWriter(FileSystemWriter):
             f.flush()
             if self.sync_files:
                 os.fsync(f.fileno())
-        self.written[name] = FileEntry(size=offset, checksum=h.hexdigest() if h is not None else None)
-        return _done(results)
+        return results, offset
 
 
 @dataclasses.dataclass
@@ -157,7 +164,6 @@ class RawFileReader(FileSystemReader):
         self.verify = dict(verify or {})
         self.algorithm = algorithm
         self.problems: List[str] = []
-        self.bytes_read = 0
         self._chunks: Dict[MetadataIndex, Tuple[Tuple[int, ...], torch.dtype]] = {}
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args, **kwargs) -> None:
@@ -287,7 +293,6 @@ class RawFileReader(FileSystemReader):
             dest = tensor_bytes(buf)
         if not _read_exact(f, dest):
             return False
-        self.bytes_read += len(dest)
         if h is not None:
             h.update(dest)
         if not direct:

@@ -1,12 +1,16 @@
 """Checkpoint benchmark (not a test): save, async blocking, background persist and load times of a
 >= 1 GB training state, each next to the floor measured in the same run on the same directory.
 
-  python scripts/bench_checkpoint.py --dir /tmp/ckpt-bench            # ~1.1 GB: 94M params + AdamW
+  python scripts/bench_checkpoint.py --dir /tmp/ckpt-bench            # 1.5 GiB: 134M params + AdamW
   python scripts/bench_checkpoint.py --dir /tmp/ckpt-bench --dim 1024 --layers 16
 
-Floors: host memcpy bandwidth (copy into an already-touched buffer, as staging does), write
-bandwidth of a file written and fsynced in --dir, read bandwidth of that file (cold when the page
-cache can be dropped, i.e. as root; warm otherwise; both are printed). Targets (docs/checkpoint-format.md):
+Floors, each measured in turn with what it bounds, --reps times, compared by medians (a
+shared VM's disk moves by 2x from one second to the next; its memory bandwidth by 1.5x):
+memcpy (one copy of the state's size into an already-touched buffer, as staging does) right
+before each async save; write+fsync of a file of that size in --dir before each async save;
+a plain sequential read of each saved checkpoint's data files, taking turns with its two cold
+loads (cold when the page cache can be dropped, i.e. as root; warm otherwise).
+Targets (docs/checkpoint-format.md):
 async blocking <= 1.5 x bytes / memcpy and <= 1/10 of the sync save; persist >= 0.7 x write
 bandwidth; load >= 0.7 x read bandwidth.
 """
@@ -20,6 +24,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import List
 
 import torch
 
@@ -47,19 +52,26 @@ def drop_caches() -> bool:
         return False
 
 
-def memcpy_bandwidth(nbytes: int) -> float:
-    src = torch.ones(nbytes // 4, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # touch
-    times = []
-    for _ in range(3):
-        t = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t)
-    return nbytes / statistics.median(times)  # the median, like the timings it is compared with
+class Memcpy:
+    """The copy floor: one copy of ``nbytes`` into an already-touched buffer (median of 3)."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.src = torch.ones(nbytes // 4, dtype=torch.float32)
+        self.dst = torch.empty_like(self.src)
+        self.dst.copy_(self.src)  # touch
+
+    def bandwidth(self) -> float:
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            self.dst.copy_(self.src)
+            times.append(time.perf_counter() - t)
+        return self.nbytes / statistics.median(times)
 
 
-def write_read_bandwidth(directory: Path, nbytes: int) -> tuple:
+def write_floor_file(directory: Path, nbytes: int) -> tuple:
+    """(path, write+fsync bandwidth) of a file of ``nbytes`` random bytes written in ``directory``."""
     path = directory / "floor.bin"
     chunk = bytearray(os.urandom(1 << 20)) * 64  # 64 MiB
     t = time.perf_counter()
@@ -68,19 +80,20 @@ def write_read_bandwidth(directory: Path, nbytes: int) -> tuple:
         while written < nbytes:
             written += f.write(chunk)
         os.fsync(f.fileno())
-    write_bw = written / (time.perf_counter() - t)
-    reads = {}
-    for kind in ("cold", "warm"):
-        if kind == "cold" and not drop_caches():
-            continue
-        buf = bytearray(64 << 20)
-        t = time.perf_counter()
+    return path, written / (time.perf_counter() - t)
+
+
+def read_bandwidth(paths: List[Path], cold: bool) -> float:
+    """One sequential pass over ``paths`` in 64 MiB reads (what ``cat`` achieves)."""
+    if cold:
+        drop_caches()
+    buf = bytearray(64 << 20)
+    t = time.perf_counter()
+    for path in paths:
         with open(path, "rb", buffering=0) as f:
             while f.readinto(buf):
                 pass
-        reads[kind] = written / (time.perf_counter() - t)
-    path.unlink()
-    return write_bw, reads
+    return sum(p.stat().st_size for p in paths) / (time.perf_counter() - t)
 
 
 def make_state(dim: int, layers: int, vocab: int) -> TrainingState:
@@ -112,12 +125,20 @@ def timed_save(saver: CheckpointSaver, state: TrainingState, step: int):
     return record
 
 
+def load_warm(state: TrainingState, path: Path) -> float:
+    load_checkpoint(state, path, seed=0)  # fills the page cache
+    t = time.perf_counter()
+    load_checkpoint(state, path, seed=0)
+    return time.perf_counter() - t
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", type=Path, default=Path("/tmp/ckpt-bench"))
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--reps", type=int, default=3, help="cold read floor / cold load pairs")
     a = p.parse_args()
     shutil.rmtree(a.dir, ignore_errors=True)
     a.dir.mkdir(parents=True)
@@ -127,52 +148,77 @@ def main() -> None:
     print(f"state: {sum(p.numel() for p in state.model.parameters()) / 1e6:.1f} M params + AdamW = "
           f"{nbytes / GiB:.2f} GiB; torch threads {torch.get_num_threads()}; dir {a.dir}")
 
-    memcpy = memcpy_bandwidth(nbytes)
-    write_bw, reads = write_read_bandwidth(a.dir, nbytes)
-    read_kind = "cold" if "cold" in reads else "warm"
-    read_bw = reads[read_kind]
-    print(f"floors: memcpy {memcpy / GiB:.2f} GiB/s | write+fsync {write_bw / GiB:.2f} GiB/s | read "
-          + " / ".join(f"{k} {v / GiB:.2f} GiB/s" for k, v in reads.items()))
+    memcpy = Memcpy(nbytes)
+    cold = drop_caches()
+    print(f"floors are measured in turns with what they bound (see the docstring); reads are "
+          f"{'cold' if cold else 'WARM (cannot drop the page cache: run as root for cold reads)'}")
 
-    sync_plain = CheckpointSaver(a.dir / "nosum", "sync", 0, 1, checksum_algorithm=None)
-    t_nosum = timed_save(sync_plain, state, 1).blocking_s
-    sync = CheckpointSaver(a.dir / "sync", "sync", 0, 1)
-    t_sync = timed_save(sync, state, 1).blocking_s
-    files = sorted(committed_dir(a.dir / "sync", 1).glob("*.distcp"))
+    sums, nosums = [], []
+    for i in range(2):  # in turns; the first save of a process is slower (page cache, allocator)
+        nosums.append(timed_save(CheckpointSaver(a.dir / f"nosum{i}", "sync", 0, 1, checksum_algorithm=None),
+                                 state, 1).blocking_s)
+        shutil.rmtree(a.dir / f"nosum{i}")
+        sums.append(timed_save(CheckpointSaver(a.dir / f"sync{i}", "sync", 0, 1), state, 1).blocking_s)
+    t_sync, t_nosum = statistics.median(sums), statistics.median(nosums)
+    path = committed_dir(a.dir / "sync1", 1)
+    files = sorted(path.glob("*.distcp"))
+    checksum_files(files, default_algorithm())  # into the page cache
     t = time.perf_counter()
     checksum_files(files, default_algorithm())
     t_sum = time.perf_counter() - t
-    print(f"sync save:  {t_sync:.2f} s = {nbytes / t_sync / GiB:.2f} GiB/s; without checksums {t_nosum:.2f} s. "
+    print(f"sync save (with checksums): " + ", ".join(f"{t:.2f}" for t in sums) + f" s; without: "
+          + ", ".join(f"{t:.2f}" for t in nosums) + f" s; medians {t_sync:.2f} / {t_nosum:.2f} s. "
           f"Checksumming the files alone ({default_algorithm()}, page cache): {t_sum:.2f} s = "
-          f"{nbytes / t_sum / GiB:.2f} GiB/s = {t_sum / t_sync:.0%} of the sync save")
+          f"{nbytes / t_sum / GiB:.2f} GiB/s")
+
+    def load(path: Path, verify: bool) -> float:
+        if cold:
+            drop_caches()
+        t = time.perf_counter()
+        load_checkpoint(state, path, seed=0, verify=verify)
+        return time.perf_counter() - t
 
     asaver = CheckpointSaver(a.dir / "async", "async", 0, 1)
-    first = timed_save(asaver, state, 1)
-    recs = [timed_save(asaver, state, step) for step in (2, 3, 4)]  # staging buffers reused
+    first = timed_save(asaver, state, 1)  # allocates the staging buffers; later saves reuse them
+    rows = []
+    print(f"{'rep':>3} | {'memcpy GiB/s':>12} | {'async block s':>13} | {'block/copy':>10} | {'write GiB/s':>11} | "
+          f"{'persist s':>9} | {'persist/write':>13} | "
+          f"{'read GiB/s':>10} | {'load s':>6} | {'load/read':>9} | {'unverified s':>12}")
+    for i in range(a.reps):  # in turns: a slow moment of the disk hits a floor and what it is compared with
+        # On a thin-provisioned virtual disk, writing never-used blocks measured 2x slower than
+        # writing freed ones: the floor file is deleted before the save and the checkpoint after
+        # its loads, so both writes land in blocks freed by the rep before.
+        floor_file, write_bw = write_floor_file(a.dir, nbytes)
+        floor_file.unlink()
+        copy_bw = memcpy.bandwidth()  # right before the save it bounds
+        rec = timed_save(asaver, state, 2 + i)
+        # The read floor is a plain sequential read of this checkpoint's own data files: the
+        # same blocks the loads read. The three reads take turns going first.
+        ckpt = committed_dir(a.dir / "async", 2 + i)
+        files = sorted(ckpt.glob("*.distcp"))
+        reads = {"read": lambda: read_bandwidth(files, cold), "load": lambda: load(ckpt, True),
+                 "unverified": lambda: load(ckpt, False)}
+        order = list(reads)[i % 3:] + list(reads)[:i % 3]
+        row = {k: reads[k]() for k in order}
+        row.update(memcpy=copy_bw, write=write_bw, block=rec.blocking_s, persist=rec.background_s)
+        shutil.rmtree(ckpt)
+        read_bw = row["read"]
+        rows.append(row)
+        print(f"{i + 1:>3} | {copy_bw / GiB:>12.2f} | {row['block']:>13.3f} | {row['block'] * copy_bw / nbytes:>10.2f} | "
+              f"{write_bw / GiB:>11.2f} | {row['persist']:>9.2f} | "
+              f"{nbytes / row['persist'] / write_bw:>13.2f} | {read_bw / GiB:>10.2f} | {row['load']:>6.2f} | "
+              f"{nbytes / row['load'] / read_bw:>9.2f} | {row['unverified']:>12.2f}")
     asaver.close()
-    blocking = statistics.median(r.blocking_s for r in recs)
-    persist = statistics.median(r.background_s for r in recs)
-    floor_block = nbytes / memcpy
-    persist_bw = nbytes / persist
-    print(f"async save (median of 3): blocking {blocking:.3f} s (first save, allocating buffers: "
-          f"{first.blocking_s:.3f} s); bytes/memcpy {floor_block:.3f} s -> {blocking / floor_block:.2f}x "
-          f"(target <= 1.5x); {blocking / t_sync:.3f} of sync (target <= 0.1)")
-    print(f"            background persist {persist:.2f} s = {persist_bw / GiB:.2f} GiB/s = "
-          f"{persist_bw / write_bw:.2f}x write bandwidth (target >= 0.7)")
-
-    path = committed_dir(a.dir / "sync", 1)
-    loads = {}
-    for verify in (True, False):
-        for kind in ("cold", "warm"):
-            if kind == "cold" and not drop_caches():
-                continue
-            t = time.perf_counter()
-            load_checkpoint(state, path, seed=0, verify=verify)
-            loads[(kind, verify)] = time.perf_counter() - t
-    t_load = loads[(read_kind, True)]
-    print(f"load ({read_kind}, checksums verified): {t_load:.2f} s = {nbytes / t_load / GiB:.2f} GiB/s = "
-          f"{nbytes / t_load / read_bw:.2f}x {read_kind} read bandwidth (target >= 0.7)")
-    print("load times: " + ", ".join(f"{k} {'verified' if v else 'unverified'} {t:.2f} s" for (k, v), t in loads.items()))
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    print(f"medians of {a.reps} (the reads take turns going first: read floor, verified load, unverified load):")
+    print(f"  async blocking {med['block']:.3f} s = {med['block'] * med['memcpy'] / nbytes:.2f}x bytes/memcpy "
+          f"(target <= 1.5x) = {med['block'] / t_sync:.3f} of the sync save (target <= 0.1); first save "
+          f"(allocating buffers) {first.blocking_s:.3f} s")
+    print(f"  persist {med['persist']:.2f} s = {nbytes / med['persist'] / GiB:.2f} GiB/s = "
+          f"{nbytes / med['persist'] / med['write']:.2f}x write+fsync bandwidth (target >= 0.7)")
+    print(f"  load, checksums verified, {'cold' if cold else 'warm'}: {med['load']:.2f} s = "
+          f"{nbytes / med['load'] / GiB:.2f} GiB/s = {nbytes / med['load'] / med['read']:.2f}x read bandwidth "
+          f"(target >= 0.7); unverified {med['unverified']:.2f} s; from the page cache {load_warm(state, path):.2f} s")
     shutil.rmtree(a.dir, ignore_errors=True)
 
 
