@@ -97,6 +97,7 @@ class CheckpointManager:
             return "fresh start (resume=never)" if spec == "never" else f"fresh start (no committed checkpoint in {self.root})"
         path = Path(choice[0])
         skipped: List[str] = []
+        t0 = time.perf_counter()
         while True:
             try:
                 manifest = self._load(path, verify)
@@ -118,7 +119,8 @@ class CheckpointManager:
                 log.warning("falling back from %s to %s: %s", path.name, Path(nxt[0]).name, exc)
                 path = Path(nxt[0])
         self._log_event(manifest.step, kind="resume", checkpoint_id=manifest.checkpoint_id, path=str(path),
-                        skipped=skipped, saved_world_size=manifest.world_size, saved_layout=manifest.layout)
+                        load_s=round(time.perf_counter() - t0, 3), skipped=skipped,
+                        saved_world_size=manifest.world_size, saved_layout=manifest.layout)
         note = f" after skipping {', '.join(skipped)}" if skipped else ""
         return f"from {path} (step {manifest.step}, saved at world {manifest.world_size}){note}"
 

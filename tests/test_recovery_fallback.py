@@ -81,6 +81,7 @@ def test_corruption_is_detected_and_recovered_by_fallback(scenarios, how):
     log = (root / f"{how}.log").read_text()
     resumed = resume_events(root / how)
     assert [e["checkpoint_id"] for e in resumed] == ["step_00000002"]  # step 4 was not used
+    assert resumed[0]["load_s"] > 0  # timed across the failed attempt and the fallback
     # the re-run saves step 4 again; the old directory is moved aside (step_00000004.replaced-*)
     marks = list((root / how / "checkpoints").glob("step_00000004*/BAD"))
     if how == "delete_manifest":
