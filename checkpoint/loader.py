@@ -76,7 +76,7 @@ def _has(keys: List[str], component: str) -> bool:
     return any(k == component or k.startswith(component + ".") for k in keys)
 
 
-def load_checkpoint(state: TrainingState, path: Path, *, seed: int, verify: bool = True,
+def load_checkpoint(state: TrainingState, path: Path, *, seed: int, verify: bool = True, threads: int = 2,
                     process_group=None, device: torch.device = torch.device("cpu")) -> Manifest:
     """Verify ``path`` and restore ``state`` from it; returns the manifest."""
     path = Path(path)
@@ -107,7 +107,8 @@ def load_checkpoint(state: TrainingState, path: Path, *, seed: int, verify: bool
         raise CheckpointError(f"{path} has no '{component}' state (it holds: "
                               f"{sorted({k.split('.')[0] for k in keys})}); it was saved by a run without it")
     no_dist = not (dist.is_available() and dist.is_initialized())
-    reader = RawFileReader(path, verify=data if fused else None, algorithm=manifest.checksum_algorithm)
+    reader = RawFileReader(path, verify=data if fused else None, algorithm=manifest.checksum_algorithm,
+                           threads=threads)
     dcp.load(sd, storage_reader=reader, process_group=process_group, no_dist=no_dist)
     _agree(path, reader.problems, device, " while loading (the live training state is now partly overwritten: "
            "load another checkpoint before training)")

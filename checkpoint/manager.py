@@ -142,7 +142,7 @@ class CheckpointManager:
             log.warning("checkpoint.allow_config_change=true: %s", msg)
         t0 = time.perf_counter()
         manifest = load_checkpoint(self.state, path, seed=self.cfg.seed, verify=self.ckpt_cfg.verify_on_load,
-                                   device=self.device)
+                                   threads=self.ckpt_cfg.load_threads, device=self.device)
         log.info("loaded %s in %.2f s", path, time.perf_counter() - t0)
         problem = verify(manifest, path) if verify is not None else None
         if any_rank(problem is not None, self.device):

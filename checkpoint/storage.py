@@ -155,14 +155,33 @@ class _Request:
     dtype: Optional[torch.dtype]  # None for BYTE_IO
 
 
-class RawFileReader(FileSystemReader):
-    """Reads raw-bytes tensors into their destinations; verifies the files in ``verify``
-    (name -> expected size and checksum, all with ``algorithm``) while reading them."""
+@dataclasses.dataclass
+class _Segment:
+    """A byte span read as one unit: a request, or a gap (bytes read only to be hashed)."""
 
-    def __init__(self, path, verify: Optional[Dict[str, FileEntry]] = None, algorithm: Optional[str] = None):
+    start: int
+    end: int
+    request: Optional[_Request] = None
+    target: Optional[torch.Tensor] = None  # the resolved destination of a tensor request
+    blob: Optional[bytearray] = None  # the bytes of a pickled request
+    staging: Optional[torch.Tensor] = None  # rows read aside, when they cannot land in the target
+    read: Future = dataclasses.field(default_factory=Future)  # -> memoryview of its bytes; None: file too short
+    hashed: Future = dataclasses.field(default_factory=Future)
+
+
+class RawFileReader(FileSystemReader):
+    """Reads raw-bytes tensors into their destinations with ``threads`` read streams per file;
+    verifies the files in ``verify`` (name -> expected size and checksum, all with
+    ``algorithm``) while reading them."""
+
+    def __init__(self, path, verify: Optional[Dict[str, FileEntry]] = None, algorithm: Optional[str] = None,
+                 threads: int = 2):
         super().__init__(path)
+        if threads < 1:
+            raise ValueError(f"checkpoint.load_threads={threads}: need at least 1 read stream")
         self.verify = dict(verify or {})
         self.algorithm = algorithm
+        self.threads = threads
         self.problems: List[str] = []
         self._chunks: Dict[MetadataIndex, Tuple[Tuple[int, ...], torch.dtype]] = {}
 
@@ -188,10 +207,11 @@ class RawFileReader(FileSystemReader):
         if legacy:  # written by stock DCP: its own deserialising path
             super().read_data(dataclasses.replace(plan, items=legacy), planner)
         pickled: List[Tuple[ReadItem, bytes]] = []
-        with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-hash") as pool:
+        with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-hash") as hash_pool, \
+                ThreadPoolExecutor(self.threads, thread_name_prefix="checkpoint-read") as read_pool:
             for name in sorted(set(raw) | set(self.verify)):
-                self._read_file(name, sorted(raw.get(name, []), key=lambda r: (r.start, r.end)), planner,
-                                pickled, pool)
+                requests = sorted(raw.get(name, []), key=lambda r: (r.start, r.end))
+                self._read_file(name, requests, planner, pickled, hash_pool, read_pool)
         for req, blob in pickled:
             if self.problems:
                 break  # never unpickle from a checkpoint that failed verification
@@ -201,7 +221,6 @@ class RawFileReader(FileSystemReader):
                 self.problems.append(f"{req.storage_index.fqn}: cannot unpickle ({type(exc).__name__}: {exc})")
         return _done(None)
 
-    # -- one file ------------------------------------------------------------------------------
     def _tensor_request(self, req: ReadItem, info: _StorageInfo) -> _Request:
         sizes, dtype = self._chunks[MetadataIndex(req.storage_index.fqn, req.storage_index.offset)]
         if not sizes:  # 0-dim
@@ -211,94 +230,176 @@ class RawFileReader(FileSystemReader):
         start = info.offset + first * row
         return _Request(req, start, start + rows * row, (rows, *sizes[1:]), dtype)
 
+    # -- one file ------------------------------------------------------------------------------
     def _read_file(self, name: str, requests: List[_Request], planner: LoadPlanner,
-                   pickled: List[Tuple[ReadItem, bytes]], pool: ThreadPoolExecutor) -> None:
-        expected = self.verify.get(name)
-        h = _Hashing(self.algorithm, pool) if expected is not None and expected.checksum else None
+                   pickled: List[Tuple[ReadItem, bytes]], hash_pool: ThreadPoolExecutor,
+                   read_pool: ThreadPoolExecutor) -> None:
+        """Read ``requests`` from ``name``, hashing the whole file in order when it is ours to
+        verify. The segments are split into contiguous byte ranges, one per read stream (a
+        virtual disk measured 1.6-2.3x faster with two streams than with one). Gaps (bytes
+        this rank reads only to hash them) are bounded: past GAP_LIMIT a single stream reads
+        them through two recycled buffers."""
         path = Path(self.path) / name
         try:
-            f = open(path, "rb", buffering=0)
+            size = path.stat().st_size
         except OSError as exc:
             self.problems.append(f"{name}: {exc}")
             return
-        with f:
+        expected = self.verify.get(name)
+        if expected is not None and size != expected.size:
+            self.problems.append(f"{name}: {size} bytes, the manifest says {expected.size}")
+        hashing = expected is not None and expected.checksum is not None and size == expected.size
+        segments, aside = _plan_segments(requests, size if hashing else None)
+        gaps = sum(s.end - s.start for s in segments if s.request is None)
+        streams = self.threads if gaps <= GAP_LIMIT else 1
+        for seg in segments + aside:  # the planner is DCP's: only this thread talks to it
+            r = seg.request
+            if r is not None and r.dtype is not None:
+                seg.target = planner.resolve_tensor(r.req).detach()
+                if tuple(seg.target.shape) != tuple(r.req.lengths):
+                    raise AssertionError(f"{r.req.storage_index.fqn}: destination {tuple(seg.target.shape)} for "
+                                         f"a read of {tuple(r.req.lengths)}")
+        digest = hash_pool.submit(_hash_in_order, segments, self.algorithm) if hashing else None
+        reads = [read_pool.submit(_read_segments, path, group, recycle=streams == 1)
+                 for group in _split(segments, streams)]
+        errors = [e for e in (r.result() for r in reads) if e]
+        if aside:  # requests overlapping bytes already hashed: read on their own
+            errors += [e for e in [_read_segments(path, aside, recycle=False)] if e]
+        for e in errors:
+            self.problems.append(f"{name}: {e}")
+        if digest is not None:
+            got = digest.result()
+            if not errors and got != expected.checksum:
+                self.problems.append(f"{name}: {self.algorithm} checksum {got}, the manifest says {expected.checksum}")
+        for seg in sorted(segments + aside, key=lambda x: x.start):
+            r = seg.request
+            if r is None or not seg.read.result():
+                continue
+            if r.dtype is None:
+                pickled.append((r.req, bytes(seg.blob)))
+            else:
+                planner.commit_tensor(r.req, seg.target)
+
+
+GAP_LIMIT = 64 << 20  # gap bytes per file that parallel streams may hold until they are hashed
+
+
+def _plan_segments(requests: List[_Request], hashed_size: Optional[int]) -> Tuple[List[_Segment], List[_Segment]]:
+    """Segments in file order; with ``hashed_size``, gaps too (in pieces of at most SCRATCH),
+    so that the segments cover [0, hashed_size). Requests overlapping one before go aside."""
+    segments: List[_Segment] = []
+    aside: List[_Segment] = []
+    pos = 0
+
+    def gap(start: int, end: int) -> None:
+        for a in range(start, end, SCRATCH):
+            segments.append(_Segment(a, min(end, a + SCRATCH)))
+
+    for r in requests:
+        if r.start < pos:
+            if hashed_size is not None:
+                aside.append(_Segment(r.start, r.end, r))
+                continue
+        elif hashed_size is not None:
+            gap(pos, r.start)
+        segments.append(_Segment(r.start, r.end, r))
+        pos = max(pos, r.end)
+    if hashed_size is not None:
+        gap(pos, hashed_size)
+    return segments, aside
+
+
+def _split(segments: List[_Segment], streams: int) -> List[List[_Segment]]:
+    """``streams`` runs of consecutive segments with about equal bytes each."""
+    total = sum(s.end - s.start for s in segments)
+    groups: List[List[_Segment]] = [[] for _ in range(streams)]
+    done = 0
+    for seg in segments:
+        groups[min(streams - 1, done * streams // max(total, 1))].append(seg)
+        done += seg.end - seg.start
+    return [g for g in groups if g]
+
+
+def _read_segments(path: Path, segments: List[_Segment], recycle: bool) -> Optional[str]:
+    """Read ``segments`` in order through one file handle (its own readahead); None, or what
+    went wrong. Every segment's ``read`` future is resolved, whatever happens."""
+    gaps = _GapBuffers(recycle)
+    try:
+        with open(path, "rb", buffering=0) as f:
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            pos = 0  # with a checksum: every byte before pos has been hashed, in order
-            scratch = None
-            for r in requests:
-                if h is not None and r.start < pos:  # overlaps what was hashed: read it aside
-                    self._deliver(f, r, planner, pickled, None)
-                    continue
-                if h is not None and r.start > pos:
-                    scratch = self._skip(f, pos, r.start, h, scratch)
-                if not self._deliver(f, r, planner, pickled, h):
-                    self.problems.append(f"{name}: ends before byte {r.end} (truncated)")
-                    return
-                pos = max(pos, r.end)
-            if expected is None:
-                return
-            size = os.fstat(f.fileno()).st_size
-            if size != expected.size:
-                self.problems.append(f"{name}: {size} bytes, the manifest says {expected.size}")
-            elif h is not None:
-                self._skip(f, pos, size, h, scratch)
-                got = h.hexdigest()
-                if got != expected.checksum:
-                    self.problems.append(f"{name}: {self.algorithm} checksum {got}, the manifest says "
-                                         f"{expected.checksum}")
+            for seg in segments:
+                mv = gaps.get(seg) if seg.request is None else _request_memory(seg)
+                f.seek(seg.start)
+                if not _read_exact(f, mv):
+                    return f"ends before byte {seg.end} (truncated)"
+                if seg.staging is not None:
+                    _place(seg)
+                seg.read.set_result(mv)
+        return None
+    except OSError as exc:
+        return str(exc)
+    finally:
+        for seg in segments:
+            if not seg.read.done():
+                seg.read.set_result(None)
 
-    def _skip(self, f, start: int, end: int, h: _Hashing, scratch: Optional[List[bytearray]]):
-        """Read and hash [start, end): bytes this rank does not need but must verify. Two
-        alternating buffers, so one is hashed while the other is filled."""
-        scratch = scratch or [bytearray(SCRATCH), bytearray(SCRATCH)]
-        pending: List[Optional[Future]] = [None, None]
-        f.seek(start)
-        i = 0
-        while start < end:
-            if pending[i] is not None:
-                pending[i].result()  # this buffer's previous contents are hashed: refill it
-            buf = memoryview(scratch[i])[: min(SCRATCH, end - start)]
-            if not _read_exact(f, buf):
-                break
-            pending[i] = h.update(buf)
-            start += len(buf)
-            i = 1 - i
-        h.wait()
-        return scratch
 
-    def _deliver(self, f, r: _Request, planner: LoadPlanner, pickled: List[Tuple[ReadItem, bytes]],
-                 h: Optional[_Hashing]) -> bool:
-        """Read one request's bytes (hashing them when ``h``) and place them; False if the file is short."""
-        f.seek(r.start)
-        req = r.req
-        if r.dtype is None:
-            blob = bytearray(r.end - r.start)
-            if not _read_exact(f, memoryview(blob)):
-                return False
-            if h is not None:
-                h.update(memoryview(blob))
-            pickled.append((req, bytes(blob)))
-            return True
-        target = planner.resolve_tensor(req).detach()
-        if tuple(target.shape) != tuple(req.lengths):
-            raise AssertionError(f"{req.storage_index.fqn}: destination {tuple(target.shape)} for a read of "
-                                 f"{tuple(req.lengths)}")
-        whole_rows = tuple(req.lengths[1:]) == r.slab[1:] and all(o == 0 for o in req.storage_offsets[1:])
-        direct = (whole_rows and target.device.type == "cpu" and target.dtype == r.dtype
-                  and target.is_contiguous())
-        if direct:
-            dest = tensor_bytes(target)
+class _GapBuffers:
+    """Memory for gaps: fresh for each (parallel streams, bounded by GAP_LIMIT), or two
+    buffers used in turn, each refilled only once its previous contents are hashed."""
+
+    def __init__(self, recycle: bool):
+        self.recycle = recycle
+        self.slots: List[list] = []  # [segment last read into it, buffer]
+        self.turn = 0
+
+    def get(self, seg: _Segment) -> memoryview:
+        n = seg.end - seg.start
+        if not self.recycle:
+            return memoryview(bytearray(n))
+        if len(self.slots) < 2:
+            self.slots.append([seg, bytearray(SCRATCH)])
+            return memoryview(self.slots[-1][1])[:n]
+        slot = self.slots[self.turn]
+        self.turn = 1 - self.turn
+        slot[0].hashed.result()
+        slot[0] = seg
+        return memoryview(slot[1])[:n]
+
+
+def _request_memory(seg: _Segment) -> memoryview:
+    """Where a request's bytes go: the destination tensor itself when the read covers whole
+    rows of the saved chunk and the destination is a contiguous CPU tensor of its dtype; else
+    a staging buffer that ``_place`` copies from."""
+    r, n, t = seg.request, seg.end - seg.start, seg.target
+    if r.dtype is None:
+        seg.blob = bytearray(n)
+        return memoryview(seg.blob)
+    whole_rows = tuple(r.req.lengths[1:]) == r.slab[1:] and all(o == 0 for o in r.req.storage_offsets[1:])
+    if whole_rows and t.device.type == "cpu" and t.dtype == r.dtype and t.is_contiguous():
+        return tensor_bytes(t)
+    seg.staging = torch.empty(n, dtype=torch.uint8)
+    return tensor_bytes(seg.staging)
+
+
+def _place(seg: _Segment) -> None:
+    """Copy the part of the rows read that the destination wants into it."""
+    r, buf = seg.request, seg.staging
+    src = buf.view(r.dtype).reshape(r.slab) if r.slab else buf.view(r.dtype).reshape(())
+    for dim in range(1, len(r.slab)):
+        src = src.narrow(dim, r.req.storage_offsets[dim], r.req.lengths[dim])
+    seg.target.copy_(src)
+
+
+def _hash_in_order(segments: List[_Segment], algorithm: str) -> Optional[str]:
+    """The file's checksum from its segments in file order, each as soon as it is read."""
+    h = hasher(algorithm)
+    ok = True
+    for seg in segments:
+        mv = seg.read.result() if ok else None
+        if mv is None:
+            ok = False
         else:
-            buf = torch.empty(r.end - r.start, dtype=torch.uint8)
-            dest = tensor_bytes(buf)
-        if not _read_exact(f, dest):
-            return False
-        if h is not None:
-            h.update(dest)
-        if not direct:
-            src = buf.view(r.dtype).reshape(r.slab) if r.slab else buf.view(r.dtype).reshape(())
-            for dim in range(1, len(r.slab)):
-                src = src.narrow(dim, req.storage_offsets[dim], req.lengths[dim])
-            target.copy_(src)
-        planner.commit_tensor(req, target)
-        return True
+            h.update(mv)
+        seg.hashed.set_result(None)
+    return h.hexdigest() if ok else None

@@ -109,7 +109,8 @@ class CheckpointConfig:
     resume: str = "auto"  # auto | never | must | <path or step>
     allow_config_change: bool = False  # resume although the config hash differs (logged)
     checksum: bool = True  # checksum every file at save (xxh3-64, or crc32 without xxhash)
-    verify_on_load: bool = True  # check sizes and checksums before loading
+    verify_on_load: bool = True  # check sizes first, checksums while loading (checkpoint/loader.py)
+    load_threads: int = 2  # read streams per rank and file while loading (1: one sequential stream)
     commit_timeout_s: float = 600.0  # a rank that has not acknowledged by then: not committed
 
 

@@ -47,6 +47,9 @@ def validate_config(cfg: DictConfig) -> None:
         problems.append(f"training.mixed_precision={t.mixed_precision!r}: choose one of {list(PRECISIONS)}")
     if t.grad_clip < 0:
         problems.append(f"training.grad_clip={t.grad_clip} must be >= 0 (0 disables clipping)")
+    if cfg.checkpoint.load_threads < 1:
+        problems.append(f"checkpoint.load_threads={cfg.checkpoint.load_threads} must be >= 1 (read streams per "
+                        f"rank while loading; 1 reads each file in one sequential stream)")
     if o.schedule not in ("cosine", "constant"):
         problems.append(f"optim.schedule={o.schedule!r}: choose cosine or constant")
     if not 0 <= o.lr_min <= o.lr:

@@ -65,6 +65,7 @@ def test_wrong_type_fails_at_compose_time():
     (["training.seq_len=4096"], "training.seq_len=4096 is above the model's maximum model.max_seq_len=512"),
     (["data.tokenizer=sentencepiece"], "unknown tokenizer 'sentencepiece'"),
     (["training.mixed_precision=fp8"], "training.mixed_precision='fp8'"),
+    (["checkpoint.load_threads=0"], "checkpoint.load_threads=0 must be >= 1"),
 ])
 def test_bad_values_are_named(overrides, message):
     cfg = compose_cfg("+experiment=debug", *overrides)
