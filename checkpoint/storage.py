@@ -8,10 +8,11 @@ a fraction of disk speed. Here a tensor chunk is its C-order bytes, so a load is
 ``readinto`` into the destination tensor's own memory when the request covers whole rows of
 the saved chunk and the destination is a contiguous CPU tensor (every same-layout resume,
 and dim-0 resharding); anything else goes through a scratch buffer and one ``copy_``.
+Each file is read by several streams (``threads``), each a contiguous byte range.
 
 Checksums ride along with the bytes: the writer hashes what it writes (no read-back to
-acknowledge a file), and the reader hashes the files it was asked to verify while it streams
-them in order, so verification costs no extra pass over the disk. A file that fails is
+acknowledge a file), and the reader hashes the files it was asked to verify, in file order,
+as the streams deliver the bytes, so verification costs no extra pass over the disk. A file that fails is
 reported in ``RawFileReader.problems`` after the load; the destination tensors then hold
 a mix of old and new bytes and the caller must load another checkpoint or stop
 (checkpoint/loader.py does). Pickled (BYTE_IO) items are small; they are unpickled only after
