@@ -12,7 +12,6 @@ from typing import Dict
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from checkpoint.manifest import verify_checkpoint
@@ -26,11 +25,12 @@ def load_tensors(path: Path, prefix: str = "model.", verify: bool = True) -> Dic
     path = Path(path)
     if verify:
         verify_checkpoint(path)
-    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    reader = RawFileReader(path)
+    meta = reader.read_metadata().state_dict_metadata
     sd = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype) for k, m in meta.items()
           if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
     if not sd:
         kinds = sorted({k.split(".")[0] for k in meta})
         raise KeyError(f"{path} has no tensors under '{prefix}' (components: {kinds})")
-    dcp.load(sd, storage_reader=RawFileReader(path), no_dist=True)
+    dcp.load(sd, storage_reader=reader, no_dist=True)
     return {k[len(prefix):]: v for k, v in sd.items()}

@@ -22,7 +22,6 @@ from typing import Dict, List, Tuple
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from checkpoint.manifest import CheckpointError, FileEntry, Manifest, check_files, read_manifest
@@ -57,13 +56,10 @@ def _saved_rank(name: str) -> int | None:
 
 def verification_shares(manifest: Manifest, rank: int, world_size: int) -> Tuple[List[str], Dict[str, FileEntry]]:
     """(other files this rank checks up front, data files it checksums while loading)."""
-    data = {n: e for n, e in manifest.files.items() if _saved_rank(n) is not None and _saved_rank(n) % world_size == rank}
-    others = sorted(n for n in manifest.files if _saved_rank(n) is None)[rank::world_size]
+    saved = {n: _saved_rank(n) for n in manifest.files}
+    data = {n: manifest.files[n] for n, k in saved.items() if k is not None and k % world_size == rank}
+    others = sorted(n for n, k in saved.items() if k is None)[rank::world_size]
     return others, data
-
-
-def saved_metadata(path: Path) -> Metadata:
-    return FileSystemReader(str(path)).read_metadata()
 
 
 def _all_raw(meta: Metadata) -> bool:
@@ -86,9 +82,11 @@ def load_checkpoint(state: TrainingState, path: Path, *, seed: int, verify: bool
     if verify:  # before anything is touched: .metadata completely, data files by size
         _agree(path, check_files(path, manifest, others, checksums=checksums)
                + check_files(path, manifest, sorted(data), checksums=False), device, "")
-    meta = saved_metadata(path)
-    fused = verify and _all_raw(meta)
-    if verify and not fused:  # stock DCP's format deserialises: check the bytes before it does
+    reader = RawFileReader(path, algorithm=manifest.checksum_algorithm, threads=threads)
+    meta = reader.read_metadata()
+    if verify and _all_raw(meta):
+        reader.verify = data  # checksummed while reading
+    elif verify:  # stock DCP's format deserialises: check the bytes before it does
         _agree(path, check_files(path, manifest, sorted(data), checksums=checksums), device, "")
     keys = list(meta.state_dict_metadata)
     sd = state.state_dict()
@@ -107,8 +105,6 @@ def load_checkpoint(state: TrainingState, path: Path, *, seed: int, verify: bool
         raise CheckpointError(f"{path} has no '{component}' state (it holds: "
                               f"{sorted({k.split('.')[0] for k in keys})}); it was saved by a run without it")
     no_dist = not (dist.is_available() and dist.is_initialized())
-    reader = RawFileReader(path, verify=data if fused else None, algorithm=manifest.checksum_algorithm,
-                           threads=threads)
     dcp.load(sd, storage_reader=reader, process_group=process_group, no_dist=no_dist)
     _agree(path, reader.problems, device, " while loading (the live training state is now partly overwritten: "
            "load another checkpoint before training)")

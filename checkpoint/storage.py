@@ -76,29 +76,20 @@ def _read_exact(f, mv: memoryview) -> bool:
 
 
 class _Hashing:
-    """A file's running checksum, computed on a helper thread (xxhash releases the GIL), so
-    hashing block i overlaps reading block i+1. Updates are applied in submission order."""
+    """A file's running checksum, computed on a one-thread pool (xxhash releases the GIL), so
+    hashing item i overlaps writing item i+1; the pool applies updates in submission order."""
 
     def __init__(self, algorithm: str, pool: ThreadPoolExecutor):
         self._h, self._pool = hasher(algorithm), pool
         self._last: Optional[Future] = None
 
-    def update(self, mv: memoryview) -> Future:
-        """Queue ``mv``; it must not change until the returned future is done."""
-        self._last = self._pool.submit(self._apply, self._last, mv)
-        return self._last
-
-    def _apply(self, prev: Optional[Future], mv: memoryview) -> None:
-        if prev is not None:
-            prev.result()
-        self._h.update(mv)
-
-    def wait(self) -> None:
-        if self._last is not None:
-            self._last.result()
+    def update(self, mv: memoryview) -> None:
+        """Queue ``mv``; it must not change until ``hexdigest`` returns."""
+        self._last = self._pool.submit(self._h.update, mv)
 
     def hexdigest(self) -> str:
-        self.wait()
+        if self._last is not None:
+            self._last.result()
         return self._h.hexdigest()
 
 
@@ -185,6 +176,16 @@ class RawFileReader(FileSystemReader):
         self.threads = threads
         self.problems: List[str] = []
         self._chunks: Dict[MetadataIndex, Tuple[Tuple[int, ...], torch.dtype]] = {}
+        self._metadata: Optional[Metadata] = None
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        """DCP's index, read once: the loader inspects it before ``dcp.load`` asks again."""
+        if kwargs.get("rank") is not None:  # a per-rank index (no collectives): not cached
+            return super().read_metadata(*args, **kwargs)
+        if self._metadata is None:
+            self._metadata = super().read_metadata(*args, **kwargs)
+        self._metadata.storage_meta.load_id = self.load_id  # DCP's reset() draws a new one
+        return self._metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args, **kwargs) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
