@@ -150,7 +150,8 @@ def test_straggler_report_over_ranks_names_slow_rank():
         slow = []
         for step in (1, 2):
             slow = mon.record(step, 0.3 if rank == 1 else 0.1)
-        print("REPORT", rank, slow, mon.last_report, flush=True)
+        sys.stdout.write(f"REPORT {rank} {slow} {mon.last_report}\\n")  # one write: ranks share the pipe
+        sys.stdout.flush()
         dist.destroy_process_group()
     """)
     path = ROOT / "outputs" / "_straggler_test.py"
