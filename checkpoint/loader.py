@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -39,6 +39,24 @@ def any_rank(flag: bool, device: torch.device = torch.device("cpu")) -> bool:
     t = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def from_rank0(decide: Callable[[], Optional[Path]]) -> Optional[Path]:
+    """Run ``decide`` on rank 0 only and give every rank its answer (a path or None); a
+    CheckpointError it raises is raised on every rank. One rank reads the directory, so all
+    ranks act on the same choice even while files change under them."""
+    choice: list = [None, None]
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+        try:
+            found = decide()
+            choice = [str(found) if found is not None else None, None]
+        except CheckpointError as exc:
+            choice = [None, str(exc)]
+    if dist.is_available() and dist.is_initialized():
+        dist.broadcast_object_list(choice, src=0)
+    if choice[1]:
+        raise CheckpointError(choice[1])
+    return Path(choice[0]) if choice[0] is not None else None
 
 
 def _agree(path: Path, problems: List[str], device: torch.device, what: str) -> None:

@@ -1,7 +1,8 @@
-"""What train.py calls: preflight, resume, save when due, log timings, close.
+"""What the training run calls: preflight, resume, save when due, log timings, close.
 
 Ties the modules together: TrainingState (what), CheckpointSaver (how, sync or async, with
-the commit protocol), loader (resume, resharding), discovery and retention (which).
+the commit protocol), loader (resume, resharding), discovery and retention (which). Recovery
+(recovery/runtime.py) drives it through the public methods below; nothing else reaches in.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -20,8 +21,8 @@ from checkpoint.discovery import clean_uncommitted, list_committed, mark_bad, re
 from checkpoint.fingerprint import config_differences, config_hash, hashed_config
 from checkpoint.integrity import default_algorithm
 from checkpoint.layout import checkpoint_id, parse
-from checkpoint.loader import any_rank, load_checkpoint
-from checkpoint.manifest import CheckpointError, Manifest
+from checkpoint.loader import any_rank, from_rank0, load_checkpoint
+from checkpoint.manifest import CheckpointError, ConfigMismatch, Manifest, read_manifest
 from checkpoint.preflight import expected_checkpoint_bytes, preflight_checkpoint_dir
 from checkpoint.retention import apply_retention
 from checkpoint.saver import CheckpointSaver, FaultHook, SaveRecord
@@ -44,7 +45,7 @@ class CheckpointManager:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.layout = {k: getattr(dims, k) for k in ("dp_replicate", "dp_shard", "tp")}
         self.root = Path(c.dir)
-        # "auto": recovery/runtime.py measures a first save, then sets the Young/Daly interval here
+        # "auto": recovery/runtime.py measures a first save, then calls set_interval (Young/Daly)
         self.interval = AUTO_MEASURE_STEPS if str(c.interval).strip() == "auto" else int(c.interval)
         self.metrics, self.probe = metrics, probe
         self.hashed = hashed_config(cfg)
@@ -61,12 +62,16 @@ class CheckpointManager:
             commit_timeout_s=c.commit_timeout_s, pin_memory=device.type == "cuda",
             after_commit=self._after_commit, fault_hook=fault_hook)
         self.last_saved_step: Optional[int] = None
-        # Set by the guards (recovery/guards): why the next save must not be marked verified.
-        self.unverified_reason: Callable[[], Optional[str]] = lambda: None
 
     @property
     def enabled(self) -> bool:
         return self.interval > 0
+
+    def set_interval(self, steps: int) -> None:
+        """Save every ``steps`` steps from now on (checkpoint.interval=auto decides it at run time)."""
+        if steps < 1:
+            raise ValueError(f"checkpoint interval {steps} must be >= 1")
+        self.interval = int(steps)
 
     # -- before step 1 -------------------------------------------------------------------
     def preflight(self) -> None:
@@ -81,56 +86,64 @@ class CheckpointManager:
         marked bad and the next older committed one is tried.
         """
         spec = str(self.ckpt_cfg.resume)
-        choice = [None, None]
-        if self.rank == 0:
-            try:
-                clean_uncommitted(self.root)
-                path = resolve_resume(self.root, spec)
-                choice = [str(path) if path else None, None]
-            except CheckpointError as exc:
-                choice = [None, str(exc)]
-        if dist.is_available() and dist.is_initialized():
-            dist.broadcast_object_list(choice, src=0)
-        if choice[1]:
-            raise CheckpointError(choice[1])
-        if choice[0] is None:
-            return "fresh start (resume=never)" if spec == "never" else f"fresh start (no committed checkpoint in {self.root})"
-        path = Path(choice[0])
-        skipped: List[str] = []
+
+        def first() -> Optional[Path]:
+            clean_uncommitted(self.root)
+            return resolve_resume(self.root, spec)
+
+        def older(failed: Path) -> Optional[Path]:
+            found = [c.path for c in list_committed(self.root) if c.step < parse(failed.name)[0]]
+            return found[0] if found else None
+
         t0 = time.perf_counter()
-        while True:
-            try:
-                manifest = self._load(path, verify)
-                break
-            except ConfigMismatch:
-                raise
-            except CheckpointError as exc:
-                if spec != "auto":
-                    raise
-                if self.rank == 0:
-                    mark_bad(path, str(exc))
-                    skipped.append(path.name)
-                older = [c.path for c in list_committed(self.root) if c.step < parse(path.name)[0]]
-                nxt = [str(older[0]) if older else None]
-                if dist.is_available() and dist.is_initialized():
-                    dist.broadcast_object_list(nxt, src=0)
-                if nxt[0] is None:
-                    raise CheckpointError(f"no usable checkpoint left in {self.root} after {skipped}: {exc}") from exc
-                log.warning("falling back from %s to %s: %s", path.name, Path(nxt[0]).name, exc)
-                path = Path(nxt[0])
-        self._log_event(manifest.step, kind="resume", checkpoint_id=manifest.checkpoint_id, path=str(path),
-                        load_s=round(time.perf_counter() - t0, 3), skipped=skipped,
-                        saved_world_size=manifest.world_size, saved_layout=manifest.layout)
+        loaded = self.load_with_fallback(first, older, verify, fallback=spec == "auto")
+        if loaded is None:
+            return "fresh start (resume=never)" if spec == "never" else f"fresh start (no committed checkpoint in {self.root})"
+        manifest, path, skipped = loaded
+        self.log_event(manifest.step, kind="resume", checkpoint_id=manifest.checkpoint_id, path=str(path),
+                       load_s=round(time.perf_counter() - t0, 3), skipped=skipped,
+                       saved_world_size=manifest.world_size, saved_layout=manifest.layout)
         note = f" after skipping {', '.join(skipped)}" if skipped else ""
         return f"from {path} (step {manifest.step}, saved at world {manifest.world_size}){note}"
 
-    def load(self, path: Path) -> Manifest:
-        """Load one committed checkpoint into the live state (the guards' rollback); checks files."""
-        return self._load(Path(path), None)
+    def load_with_fallback(self, first: Callable[[], Optional[Path]], next_after: Callable[[Path], Optional[Path]],
+                           verify: Optional[VerifyHook] = None,
+                           fallback: bool = True) -> Optional[Tuple[Manifest, Path, List[str]]]:
+        """Load the checkpoint ``first()`` picks; while one fails (checksums, ``verify``), mark it
+        bad and load ``next_after(failed)`` instead. Rank 0 picks, every rank loads the same one.
+        Returns (manifest, path, skipped checkpoint ids), or None when ``first()`` picks nothing."""
+        path = from_rank0(first)
+        if path is None:
+            return None
+        skipped: List[str] = []
+        while True:
+            try:
+                return self._load(path, verify), path, skipped
+            except ConfigMismatch:
+                raise
+            except CheckpointError as exc:
+                if not fallback:
+                    raise
+                if self.rank == 0:
+                    mark_bad(path, str(exc))
+                skipped.append(path.name)
+                failed = path
+                path = from_rank0(lambda: next_after(failed))
+                if path is None:
+                    raise CheckpointError(f"no usable checkpoint left in {self.root} after {skipped}: {exc}") from exc
+                log.warning("falling back from %s to %s: %s", failed.name, path.name, exc)
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is done on this rank, and report it."""
+        self.saver.wait()
+        self._report()
+
+    @property
+    def writing(self) -> Optional[Tuple[int, Callable[[], bool]]]:
+        """(step, is_done) of the background write in flight, or None. ``is_done`` is thread-safe."""
+        return self.saver.in_flight
 
     def _load(self, path: Path, verify: Optional[VerifyHook]) -> Manifest:
-        from checkpoint.manifest import read_manifest
-
         manifest = read_manifest(path)
         if manifest.config_hash != self.config_hash:
             diffs = config_differences(manifest.config, self.hashed)
@@ -155,15 +168,19 @@ class CheckpointManager:
             return False
         return step % self.interval == 0 or (self.ckpt_cfg.save_final and step == self.cfg.training.steps)
 
-    def after_step(self, step: int, loss: float) -> None:
-        """Call after every optimizer step (1-based ``step``): saves when due, reports finished saves."""
+    def after_step(self, step: int, loss: float,
+                   verified_gate: Optional[Callable[[], Optional[str]]] = None) -> List[SaveRecord]:
+        """Call after every optimizer step (1-based ``step``): saves when due; returns the records
+        of the saves that finished since the last call. ``verified_gate()``, asked only when a
+        save happens, gives the reason this save must not be marked verified (or None)."""
         if self.due(step):
-            self.save(step, loss)
+            self.save(step, loss, verified_gate() if verified_gate is not None else None)
         else:
             self.saver.poll()
-        self._report()
+        return self._report()
 
-    def save(self, step: int, loss: Optional[float]) -> None:
+    def save(self, step: int, loss: Optional[float], unverified_reason: Optional[str] = None) -> None:
+        """Save now (preemption, the loop's due saves); ``unverified_reason``: not marked verified."""
         probe_loss = self.probe() if self.probe is not None else None
         s = self.state
         s.meta = {"wall_clock": time.time(), "config_hash": self.config_hash, "world_size": self.world_size,
@@ -175,10 +192,9 @@ class CheckpointManager:
             world_size=self.world_size, layout=dict(self.layout),
             global_batch_size=self.cfg.training.global_batch_size, loss=loss, probe_loss=probe_loss,
             checksum_algorithm=None, components=s.components())
-        reason = self.unverified_reason()
-        if reason is not None:
-            manifest.verified, manifest.unverified_reason = False, reason
-            log.warning("checkpoint %s will not be marked verified: %s", manifest.checkpoint_id, reason)
+        if unverified_reason is not None:
+            manifest.verified, manifest.unverified_reason = False, unverified_reason
+            log.warning("checkpoint %s will not be marked verified: %s", manifest.checkpoint_id, unverified_reason)
         self.saver.save(s.state_dict(), manifest)
         self.last_saved_step = step
 
@@ -200,22 +216,21 @@ class CheckpointManager:
         except Exception:  # retention must never stop training; the next commit retries
             log.exception("retention after step %d failed", step)
 
-    def _report(self) -> None:
-        for r in self.saver.finished():
+    def _report(self) -> List[SaveRecord]:
+        records = self.saver.finished()
+        for r in records:
             self._record(r)
+        return records
 
     def _record(self, r: SaveRecord) -> None:
         log.info("checkpoint %s (%s): blocked training %.3f s (%.3f s waiting for the previous save), "
                  "background %.3f s, %.1f MiB%s", r.checkpoint_id, r.mode, r.blocking_s, r.waited_s,
                  r.background_s, r.bytes / 2**20, ", committed" if r.committed else "")
-        self._log_event(r.step, kind="checkpoint", checkpoint_id=r.checkpoint_id, mode=r.mode,
+        self.log_event(r.step, kind="checkpoint", checkpoint_id=r.checkpoint_id, mode=r.mode,
                         blocking_s=r.blocking_s, waited_s=r.waited_s, background_s=r.background_s,
                         bytes=r.bytes, committed=r.committed)
 
-    def _log_event(self, step: int, **fields) -> None:
+    def log_event(self, step: int, **fields) -> None:
+        """A record in metrics.jsonl (rank 0), e.g. a resume or a rollback."""
         if self.metrics is not None:
             self.metrics.log_event(step, **fields)
-
-
-class ConfigMismatch(CheckpointError):
-    """The checkpoint was written with settings a resume must not change."""

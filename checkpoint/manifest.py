@@ -23,6 +23,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt; the message names the path and the problem."""
 
 
+class ConfigMismatch(CheckpointError):
+    """The checkpoint was written with settings a resume must not change."""
+
+
 @dataclass
 class FileEntry:
     size: int

@@ -11,7 +11,8 @@ from typing import Callable
 
 import torch
 
-from training.step import IGNORE_INDEX, token_loss_sum
+from configs.constants import IGNORE_INDEX
+from training.step import token_loss_sum
 
 PROBE_SEQUENCES = 4
 

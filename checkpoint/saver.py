@@ -18,11 +18,12 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from configs.constants import ASYNC_MODES
 from checkpoint.commit import acknowledge, collect_acknowledgements, commit_checkpoint, seal, update_latest
 from checkpoint.integrity import checksum_file
 from checkpoint.layout import committed_dir, uncommitted_dir
@@ -56,8 +57,8 @@ class CheckpointSaver:
                  checksum_algorithm: Optional[str] = "xxh3_64", commit_timeout_s: float = 600.0,
                  pin_memory: bool = False, after_commit: Optional[Callable[[Manifest], None]] = None,
                  fault_hook: Optional[FaultHook] = None):
-        if mode not in ("sync", "async"):
-            raise ValueError(f"checkpoint.async_mode={mode!r}: choose sync or async")
+        if mode not in ASYNC_MODES:
+            raise ValueError(f"checkpoint.async_mode={mode!r}: choose one of {list(ASYNC_MODES)}")
         self.root, self.mode, self.rank, self.world_size = Path(root), mode, rank, world_size
         self.process_group = process_group
         self.checksum_algorithm = checksum_algorithm
@@ -67,6 +68,7 @@ class CheckpointSaver:
         self.stager = HostStager(pin_memory) if mode == "async" else None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-persist") if mode == "async" else None
         self._in_flight: Optional[Future] = None
+        self._in_flight_step: Optional[int] = None
         self._finished: List[SaveRecord] = []
 
     @property
@@ -96,10 +98,14 @@ class CheckpointSaver:
         blocking = time.perf_counter() - t0
         self._in_flight = self._executor.submit(self._persist, upload, writer, staging, manifest, blocking,
                                                waited)
+        self._in_flight_step = step
 
     @property
-    def in_flight(self) -> bool:
-        return self._in_flight is not None
+    def in_flight(self) -> Optional[Tuple[int, Callable[[], bool]]]:
+        """(step, is_done) of the background save not yet collected, or None. ``is_done`` may be
+        called from any thread (the watchdog's)."""
+        fut = self._in_flight
+        return (self._in_flight_step, fut.done) if fut is not None else None
 
     def poll(self) -> None:
         """Collect the in-flight save if it is done on this rank (raises its failure)."""
@@ -108,7 +114,7 @@ class CheckpointSaver:
 
     def wait(self) -> None:
         """Block until the in-flight save (if any) is done on this rank; re-raise its failure."""
-        fut, self._in_flight = self._in_flight, None
+        fut, self._in_flight, self._in_flight_step = self._in_flight, None, None
         if fut is not None:
             self._finished.append(fut.result())
 

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from configs.constants import DEFAULT_TIMEOUTS, DEFAULT_WRITE_TIMEOUT_S
 from model.config import ModelConfig
 
 
@@ -154,10 +155,8 @@ class RecoveryConfig:
     # Watchdog (recovery/watchdog.py): seconds without a heartbeat, per phase, before the
     # rank dumps its stacks and aborts so the launcher restarts the group.
     watchdog: bool = True
-    timeouts: Dict[str, float] = field(default_factory=lambda: {
-        "first_step": 600.0, "step": 120.0, "data_wait": 120.0, "checkpoint_snapshot": 300.0,
-        "checkpoint_load": 600.0, "eval": 600.0, "shutdown": 300.0})
-    checkpoint_write_timeout_s: float = 900.0  # a background write stuck longer aborts the rank
+    timeouts: Dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TIMEOUTS))
+    checkpoint_write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S  # a background write stuck longer aborts the rank
     straggler_interval: int = 50  # steps between straggler reports; 0 disables
     straggler_factor: float = 1.5  # a rank slower than factor x the median is named
     # Preemption (recovery/preemption.py): these signals save at the next step boundary and exit.

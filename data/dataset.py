@@ -15,9 +15,9 @@ from typing import Tuple
 import numpy as np
 import torch
 
+from configs.constants import IGNORE_INDEX
 from data.batching import SampleRange
 from data.order import SampleOrder
-from training.step import IGNORE_INDEX
 
 
 class MicroBatchDataset(torch.utils.data.Dataset):

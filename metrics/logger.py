@@ -13,6 +13,8 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from metrics.records import METRICS_FILE
+
 log = logging.getLogger("trainer")
 
 
@@ -47,7 +49,7 @@ class MetricsLogger:
         if not is_main:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = (run_dir / "metrics.jsonl").open("a", buffering=1)
+        self._jsonl = (run_dir / METRICS_FILE).open("a", buffering=1)
         if cfg.logging.wandb.mode != "disabled":
             self._wandb = _start_wandb(run_dir, cfg)
         if cfg.logging.tensorboard:

@@ -1,8 +1,3 @@
-"""Llama-style decoder, its presets' shape, and parameter / FLOP counters."""
-
-from model.config import ModelConfig, ffn_hidden_dim
-from model.counting import count_params, flops_per_token
-from model.llama import Transformer, build_model, materialize_model
-
-__all__ = ["ModelConfig", "Transformer", "build_model", "materialize_model", "count_params",
-           "flops_per_token", "ffn_hidden_dim"]
+"""Llama-style decoder (llama.py), its presets' shape (config.py), parameter and FLOP counters
+(counting.py). Import from the modules: config.py and counting.py do not import torch, so
+config checks stay torch-free."""

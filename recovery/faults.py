@@ -8,12 +8,18 @@ after resuming from an earlier checkpoint) does not fire it a second time.
 
 Kinds: ``sigkill`` (the process dies with no chance to clean up), ``hang`` (sleeps; the
 watchdog must notice), ``exception``, ``nan_loss`` (poisons a parameter so the next loss is
-NaN; needs ``model=``), ``corrupt`` (damages the checkpoint at ``path=``, see
-recovery/corrupt.py), ``bitflip_param`` / ``bitflip_grad`` (one flipped bit in a weight before
+NaN; needs ``model=``), ``corrupt`` (damages the committed checkpoint at ``path=`` the way
+real storage does, see ``corrupt_checkpoint``), ``bitflip_param`` / ``bitflip_grad`` (one flipped bit in a weight before
 the forward pass, or in a gradient after backward: silent corruption for recovery/guards). Phases: the watchdog's (``step``, ``data_wait``, ...) plus the
 checkpoint's internal ones (``checkpoint_snapshot``, ``checkpoint_write``,
 ``checkpoint_commit``, ``checkpoint_retention``, ``checkpoint_committed``,
-``checkpoint_load``). ``step=-1`` matches any step; ``rank=-1`` every rank.
+``checkpoint_load``). ``step=-1`` matches any step; ``rank=-1`` every rank. The valid values
+are in configs/constants.py; a fault is a ``FaultConfig`` (configs/schema.py), checked by
+``fault_problems`` (configs/validate.py) at start-up.
+
+One injector per process, owned by recovery/runtime.py, is the only way faults fire: the
+loop's phases, the checkpoint saver's phases (its ``fault_hook``) and the post-load check all
+call its ``maybe_inject``.
 """
 
 from __future__ import annotations
@@ -23,69 +29,42 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Optional
 
-log = logging.getLogger("trainer")
+from checkpoint.layout import MANIFEST
+from configs.constants import CORRUPTIONS
+from configs.schema import FaultConfig
+from configs.validate import fault_problems
 
-KINDS = ("sigkill", "hang", "exception", "nan_loss", "corrupt", "bitflip_param", "bitflip_grad")
-INJECTION_PHASES = ("step", "data_wait", "gradients", "checkpoint_snapshot", "checkpoint_write",
-                    "checkpoint_commit", "checkpoint_retention", "checkpoint_committed", "checkpoint_load")
+log = logging.getLogger("trainer")
 
 
 class InjectedFault(RuntimeError):
     """Raised by an ``exception`` fault; its message says it was injected."""
 
 
-@dataclass(frozen=True)
-class Fault:
-    kind: str
-    phase: str
-    step: int = -1
-    rank: int = 0
-    corruption: str = "flip_byte"
-    hang_s: float = 3600.0
-    bit: int = 30  # bitflip_*: which bit of the fp32 word (30: top exponent bit, value x 2^128)
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind}-{self.phase}-step{self.step}-rank{self.rank}" + (
-            f"-{self.corruption}" if self.kind == "corrupt" else "")
-
-    def validate(self) -> None:
-        from recovery.corrupt import CORRUPTIONS
-
-        if self.kind not in KINDS:
-            raise ValueError(f"recovery.faults: kind={self.kind!r}: choose one of {list(KINDS)}")
-        if self.phase not in INJECTION_PHASES:
-            raise ValueError(f"recovery.faults: phase={self.phase!r}: choose one of {list(INJECTION_PHASES)}")
-        if self.kind == "corrupt" and self.corruption not in CORRUPTIONS:
-            raise ValueError(f"recovery.faults: corruption={self.corruption!r}: choose one of {list(CORRUPTIONS)}")
-        if self.kind == "bitflip_param" and self.phase != "step":
-            raise ValueError("recovery.faults: bitflip_param flips a weight before the forward pass: use phase=step")
-        if self.kind == "bitflip_grad" and self.phase != "gradients":
-            raise ValueError("recovery.faults: bitflip_grad flips a gradient after backward: use phase=gradients")
-        if self.kind.startswith("bitflip") and not 0 <= self.bit < 32:
-            raise ValueError(f"recovery.faults: bit={self.bit} must be in [0, 32) (an fp32 word)")
-        if self.kind == "corrupt" and self.phase != "checkpoint_committed":
-            raise ValueError("recovery.faults: a corrupt fault damages a committed checkpoint: "
-                             "use phase=checkpoint_committed")
+def fault_name(fault: FaultConfig) -> str:
+    return f"{fault.kind}-{fault.phase}-step{fault.step}-rank{fault.rank}" + (
+        f"-{fault.corruption}" if fault.kind == "corrupt" else "")
 
 
 class FaultInjector:
-    def __init__(self, faults: Iterable[Fault], run_dir: Path | str, rank: int):
-        self.faults: List[Fault] = [f for f in faults if f.rank in (-1, rank)]
-        for f in self.faults:
-            f.validate()
+    def __init__(self, faults: Iterable, run_dir: Path | str, rank: int):
+        """``faults``: FaultConfig objects or dicts of their fields (``cfg.recovery.faults``)."""
+        parsed = [f if isinstance(f, FaultConfig) else FaultConfig(**dict(f)) for f in faults]
+        problems = [p for f in parsed for p in fault_problems(f)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.faults: List[FaultConfig] = [f for f in parsed if f.rank in (-1, rank)]
         self.dir = Path(run_dir) / "faults"
         self.rank = rank
         self._kill_lock = threading.Lock()
 
-    def _marker(self, index: int, fault: Fault) -> Path:
-        return self.dir / f"fired-{index}-{fault.name}-on-rank{self.rank}"
+    def _marker(self, index: int, fault: FaultConfig) -> Path:
+        return self.dir / f"fired-{index}-{fault_name(fault)}-on-rank{self.rank}"
 
-    def _claim(self, index: int, fault: Fault, step: int) -> bool:
+    def _claim(self, index: int, fault: FaultConfig, step: int) -> bool:
         """Durably record that the fault fires now; False if it already fired in this run."""
         self.dir.mkdir(parents=True, exist_ok=True)
         marker = self._marker(index, fault)
@@ -117,7 +96,7 @@ class FaultInjector:
                 continue
             self._fire(fault, step, model, path)
 
-    def _fire(self, fault: Fault, step: int, model, path: Optional[Path]) -> None:
+    def _fire(self, fault: FaultConfig, step: int, model, path: Optional[Path]) -> None:
         log.warning("fault injection: %s at step %d (phase %s, rank %d, pid %d)", fault.kind, step, fault.phase,
                     self.rank, os.getpid())
         for h in logging.getLogger().handlers:
@@ -146,8 +125,6 @@ class FaultInjector:
             log.warning("fault injection: flipped bit %d of %s%s[0] on rank %d (now %r)", fault.bit, name,
                         ".grad" if fault.kind == "bitflip_grad" else "", self.rank, value)
         elif fault.kind == "corrupt":
-            from recovery.corrupt import corrupt_checkpoint
-
             if path is None:
                 raise ValueError(f"a corrupt fault needs the checkpoint path at its injection point ({fault.phase})")
             what = corrupt_checkpoint(Path(path), fault.corruption)
@@ -171,20 +148,37 @@ def flip_bit_in_model(model, bit: int, grad: bool = False):
     return name, float(local.detach().reshape(-1)[0])
 
 
-_INJECTOR: Optional[FaultInjector] = None
+def _largest_data_file(path: Path) -> Path:
+    files = [p for p in path.rglob("*") if p.is_file() and p.name != MANIFEST]
+    if not files:
+        raise FileNotFoundError(f"no data files to corrupt in {path}")
+    return max(files, key=lambda p: (p.stat().st_size, str(p)))
 
 
-def configure(faults: Iterable, run_dir: Path | str, rank: int) -> Optional[FaultInjector]:
-    """Install the process's injector from ``cfg.recovery.faults`` (dicts or Fault objects)."""
-    global _INJECTOR
-    parsed = [f if isinstance(f, Fault) else Fault(**dict(f)) for f in faults]
-    _INJECTOR = FaultInjector(parsed, run_dir, rank) if parsed else None
-    if _INJECTOR is not None and _INJECTOR.faults:
-        log.warning("fault injection armed on rank %d: %s", rank, ", ".join(f.name for f in _INJECTOR.faults))
-    return _INJECTOR
+def corrupt_checkpoint(path: Path, how: str) -> str:
+    """Damage the checkpoint directory ``path`` as real storage does; return what was done.
 
-
-def maybe_inject(phase: str, step: int, model=None, path: Optional[Path] = None) -> None:
-    """Fire a configured fault matching (phase, step) on this rank; a no-op by default."""
-    if _INJECTOR is not None:
-        _INJECTOR.maybe_inject(phase, step, model=model, path=path)
+    Deterministic (the largest data file, the byte in its middle), so a test knows exactly
+    what the loader must catch."""
+    path = Path(path)
+    if how == "delete_manifest":
+        if not (path / MANIFEST).exists():
+            raise FileNotFoundError(f"no {MANIFEST} in {path}")
+        (path / MANIFEST).unlink()
+        return f"deleted {MANIFEST}"
+    target = _largest_data_file(path)
+    size = target.stat().st_size
+    if how == "truncate":
+        os.truncate(target, size // 2)
+        return f"truncated {target.relative_to(path)} from {size} to {size // 2} bytes"
+    if how == "flip_byte":
+        with open(target, "r+b") as f:
+            f.seek(size // 2)
+            b = f.read(1)
+            f.seek(size // 2)
+            f.write(bytes([b[0] ^ 0xFF]))
+        return f"flipped byte {size // 2} of {target.relative_to(path)}"
+    if how == "delete_file":
+        target.unlink()
+        return f"deleted {target.relative_to(path)}"
+    raise ValueError(f"corruption {how!r}: choose one of {list(CORRUPTIONS)}")

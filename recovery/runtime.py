@@ -1,50 +1,57 @@
-"""Recovery around the training loop, behind a handful of calls so train.py stays a recipe.
+"""Recovery around the training loop, behind a handful of calls so the loop stays a recipe.
 
-    rt = RecoveryRuntime(cfg, run_dir, world)           # faults armed, watchdog and signals on
-    resumed = rt.resume(ckpt, state, probe, dims, plan)  # verified resume with bounded fallback
-    rt.phase("data_wait", step)                          # heartbeat + fault injection point
-    if rt.after_step(step, seconds, ckpt, loss): break   # stragglers, write watch, preemption
+    rt = RecoveryRuntime(cfg, run_dir, world, ckpt, guards, injector)  # watchdog and signals on
+    resumed = rt.resume(state, probe, dims, plan)    # verified resume with bounded fallback
+    rt.phase("data_wait", step)                      # heartbeat + fault injection point
+    rt.allow_update(step, loss, model)               # the guards' veto, after a gradients fault point
+    step = rt.roll_back(request, data, rollbacks)    # a guard asked for a verified checkpoint
+    if rt.end_of_step(step, seconds, loss): break    # save when due, write watch, stragglers, preemption
     rt.close()
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
-from omegaconf import OmegaConf
-
-from recovery import faults
+from checkpoint.saver import SaveRecord
+from recovery.faults import FaultInjector
+from recovery.guards.rollback import roll_back
+from recovery.interval import choose_interval_steps, cluster_mtbf_s
 from recovery.preemption import Preemption
 from recovery.stragglers import StragglerMonitor
+from recovery.verify import ResumeVerifier, refuse_all_bad
 from recovery.watchdog import Watchdog
 
 log = logging.getLogger("trainer")
 
 
 class RecoveryRuntime:
-    def __init__(self, cfg, run_dir: Path, world):
+    def __init__(self, cfg, run_dir: Path, world, ckpt, guards=None, injector: Optional[FaultInjector] = None):
         rc = cfg.recovery
-        self.cfg, self.world = cfg, world
-        faults.configure(OmegaConf.to_container(rc.faults, resolve=True), run_dir, world.rank)
+        self.cfg, self.world, self.ckpt, self.guards = cfg, world, ckpt, guards
+        self.faults = injector if injector is not None else FaultInjector([], run_dir, world.rank)
         self.watchdog: Optional[Watchdog] = None
         if rc.watchdog:
             self.watchdog = Watchdog(run_dir, world.rank, dict(rc.timeouts), rc.checkpoint_write_timeout_s).start()
         self.preemption = Preemption(list(rc.preemption_signals), rc.preemption_grace_s).install()
         self.stragglers = StragglerMonitor(rc.straggler_interval, rc.straggler_factor)
         self._first_step_done = False
-        self._writing: Optional[int] = None  # step of the background write in flight
-        self._write_started = 0.0
+        self._writing: Optional[int] = None  # step of the background write the watchdog times
         self.auto_interval = AutoInterval(cfg, world.world_size) if str(cfg.checkpoint.interval).strip() == "auto" \
             else None
-        self._save_started: Optional[float] = None
 
     # -- heartbeats and injection points ---------------------------------------------------
     def beat(self, phase: str, step: int) -> None:
         if self.watchdog is not None:
             self.watchdog.beat(phase, step)
+
+    def inject(self, phase: str, step: int, model=None, path=None) -> None:
+        """The run's one fault-injection point (also the checkpoint saver's ``fault_hook``)."""
+        self.faults.maybe_inject(phase, step, model=model, path=path)
 
     def phase(self, phase: str, step: int, model=None) -> None:
         """Enter ``phase`` of 1-based ``step``: beat, then let a configured fault fire."""
@@ -52,80 +59,83 @@ class RecoveryRuntime:
             self.beat("first_step", step)
         else:
             self.beat(phase, step)
-        faults.maybe_inject(phase, step, model=model)
+        self.inject(phase, step, model=model)
 
-    # -- resume --------------------------------------------------------------------------
-    def resume(self, ckpt, state, probe, dims, plan) -> str:
+    def allow_update(self, step: int, loss: float, model) -> bool:
+        """Between backward and the update of 1-based ``step``: False skips the update (guards)."""
+        self.inject("gradients", step, model=model)
+        return self.guards.allow_update(step, loss) if self.guards is not None else True
+
+    # -- resume and rollback ------------------------------------------------------------
+    def resume(self, state, probe, dims, plan) -> str:
         """checkpoint.resume with post-load verification, bounded fallback, elastic batch log."""
-        from recovery.verify import ResumeVerifier, refuse_all_bad
-
         self.beat("checkpoint_load", state.step)
         if str(self.cfg.checkpoint.resume) == "auto":
             refuse_all_bad(Path(self.cfg.checkpoint.dir))
         verifier = None
         if self.cfg.recovery.verify:
             verifier = ResumeVerifier(self.cfg, state, probe, {k: getattr(dims, k) for k in
-                                      ("dp_replicate", "dp_shard", "tp")}, self.world.world_size, self.world.device)
+                                      ("dp_replicate", "dp_shard", "tp")}, self.world.world_size, self.world.device,
+                                      inject=self.inject)
         t0 = time.perf_counter()
-        resumed = ckpt.resume(verify=verifier)
+        resumed = self.ckpt.resume(verify=verifier)
         if state.step > 0:
-            log_elastic(ckpt, state, plan, self.world.world_size)
+            log_elastic(state, plan, self.world.world_size)
             log.info("resume took %.2f s (load + verification)", time.perf_counter() - t0)
         return resumed
 
+    def roll_back(self, request, data, rollbacks_done: int) -> int:
+        """A guard asked for a rollback at ``request.step``: load a verified checkpoint; the step to go on from."""
+        self.beat("checkpoint_load", request.step)  # a rollback load is not a hung step
+        return roll_back(request, self.guards, self.ckpt, data, self.cfg, rollbacks_done)
+
     # -- after every step ----------------------------------------------------------------
-    def before_checkpoint(self, ckpt, step: int) -> None:
+    def end_of_step(self, step: int, step_s: float, loss: float) -> bool:
+        """After 1-based ``step``: save when due, then the bookkeeping; True: stop now (preempted,
+        the save committed)."""
+        ckpt = self.ckpt
         if ckpt.due(step):
             self.beat("checkpoint_snapshot", step)
-            self._save_started = time.perf_counter()
-
-    def after_step(self, step: int, step_s: float, ckpt, loss: float) -> bool:
-        """Bookkeeping after step ``step`` (1-based) and its checkpoint; True: stop now (preempted)."""
+        gate = self.guards.take_verified_block if self.guards is not None else None
+        records = ckpt.after_step(step, loss, verified_gate=gate)
         if self.auto_interval is not None:
-            blocking = time.perf_counter() - self._save_started if self._save_started is not None else None
-            self.auto_interval.record(step, step_s, blocking, first=not self._first_step_done)
-        self._save_started = None
+            self.auto_interval.record(step_s, records, first=not self._first_step_done)
+            self.auto_interval.maybe_choose(ckpt, step)
         self._first_step_done = True
         self.beat("step", step)
-        self._watch_write(ckpt, step)
-        if self.auto_interval is not None:
-            self.auto_interval.maybe_choose(ckpt, step, self._writing is not None)
+        self._watch_write()
         self.stragglers.record(step, step_s)
         if not self.preemption.should_stop():
             return False
-        self._save_before_exit(ckpt, step, loss)
+        self._save_before_exit(step, loss)
         return True
 
-    def _watch_write(self, ckpt, step: int) -> None:
+    def _watch_write(self) -> None:
         """Give each background write its own timer. A new save collects the previous one first,
         so back-to-back saves can stay "in flight" across steps: key the timer by the saved step."""
-        saving = ckpt.last_saved_step if ckpt.saver.in_flight else None
-        if saving == self._writing:
+        writing = self.ckpt.writing
+        step = writing[0] if writing is not None else None
+        if step == self._writing:
             return
-        if self._writing is not None and saving is None and self.auto_interval is not None:
-            self.auto_interval.write_s = time.perf_counter() - self._write_started
-        self._writing = saving
-        if saving is not None:
-            self._write_started = time.perf_counter()
+        self._writing = step
         if self.watchdog is not None:
-            if saving is None:
+            if writing is None:
                 self.watchdog.write_done()
             else:
-                future = getattr(ckpt.saver, "_in_flight", None)  # the saver's background Future
-                self.watchdog.write_started(saving, future.done if future is not None else None)
+                self.watchdog.write_started(step, writing[1])
 
-    def _save_before_exit(self, ckpt, step: int, loss: float) -> None:
-        pre = self.preemption
+    def _save_before_exit(self, step: int, loss: float) -> None:
+        pre, ckpt = self.preemption, self.ckpt
         left = pre.seconds_left()
         log.warning("preemption (%s): saving step %d, %.0f s of the %.0f s grace period left", pre.signal_name,
                     step, left, pre.grace_s)
         if self.watchdog is not None:  # a save that cannot commit within the grace period is abandoned
-            self.watchdog.timeouts["shutdown"] = max(1.0, left)
+            self.watchdog.set_timeout("shutdown", max(1.0, left))
             self.beat("shutdown", step)
         t0 = time.perf_counter()
         if ckpt.last_saved_step != step:
             ckpt.save(step, loss)
-        ckpt.saver.wait()  # committed (coordinator) before anyone exits
+        ckpt.wait()  # committed (coordinator) before anyone exits
         self._writing = None
         if self.watchdog is not None:
             self.watchdog.write_done()
@@ -144,50 +154,40 @@ class RecoveryRuntime:
 class AutoInterval:
     """checkpoint.interval=auto: measure, then set the Young/Daly interval once (logged).
 
-    The manager takes a first save after AUTO_MEASURE_STEPS steps; its blocking time C is
-    what the training thread waited, its write time W (async) lasts until the background
-    write is collected. With the median step time (first step excluded) and the job's MTBF
-    (recovery.device_mtbf_hours / devices) the interval is chosen and never revisited.
+    The manager takes a first save after AUTO_MEASURE_STEPS steps. Its SaveRecord gives the
+    blocking time C (what the training thread waited) and, for an async save, the write time W
+    (the background part). With the median step time (first step excluded) and the job's
+    MTBF (recovery.device_mtbf_hours / devices) the interval is chosen and never revisited.
     """
 
     def __init__(self, cfg, world_size: int):
-        from recovery.interval import cluster_mtbf_s
-
         self.cfg = cfg
         self.mtbf_s = cluster_mtbf_s(cfg.recovery.device_mtbf_hours, cfg.recovery.devices or world_size)
         self.step_times: list = []
-        self.blocking_s: Optional[float] = None
-        self.write_s: Optional[float] = None
-        self.sync = cfg.checkpoint.async_mode == "sync"
+        self.first_save: Optional[SaveRecord] = None
         self.chosen = None
 
-    def record(self, step: int, step_s: float, blocking_s: Optional[float], first: bool) -> None:
+    def record(self, step_s: float, saves: List[SaveRecord], first: bool) -> None:
         if not first:
             self.step_times.append(step_s)
-        if blocking_s is not None and self.blocking_s is None:
-            self.blocking_s = blocking_s
-            if self.sync:
-                self.write_s = 0.0
+        if saves and self.first_save is None:
+            self.first_save = saves[0]
 
-    def maybe_choose(self, ckpt, step: int, writing: bool) -> None:
-        import statistics
-
-        from recovery.interval import choose_interval_steps
-
-        if self.chosen is not None or self.blocking_s is None or self.write_s is None or writing or not self.step_times:
+    def maybe_choose(self, ckpt, step: int) -> None:
+        if self.chosen is not None or self.first_save is None or not self.step_times:
             return
         step_s = statistics.median(self.step_times)
-        self.chosen = choose_interval_steps(step_s, self.blocking_s, self.write_s, self.mtbf_s,
+        save = self.first_save
+        self.chosen = choose_interval_steps(step_s, save.blocking_s, save.background_s, self.mtbf_s,
                                             max_steps=self.cfg.training.steps)
-        ckpt.interval = self.chosen.steps
+        ckpt.set_interval(self.chosen.steps)
         log.info("checkpoint.interval=auto: every %d steps (%s)", self.chosen.steps, self.chosen.reason)
-        if ckpt.metrics is not None:
-            ckpt.metrics.log_event(step, kind="checkpoint_interval", interval_steps=self.chosen.steps,
-                                   step_s=step_s, blocking_s=self.blocking_s, write_s=self.write_s,
-                                   mtbf_s=self.mtbf_s, optimum_s=self.chosen.optimum_s)
+        ckpt.log_event(step, kind="checkpoint_interval", interval_steps=self.chosen.steps, step_s=step_s,
+                       blocking_s=save.blocking_s, write_s=save.background_s, mtbf_s=self.mtbf_s,
+                       optimum_s=self.chosen.optimum_s)
 
 
-def log_elastic(ckpt, state, plan, world_size: int) -> None:
+def log_elastic(state, plan, world_size: int) -> None:
     """Say how a resume at another world size keeps the global batch (contract 5)."""
     meta = state.meta or {}
     saved_world = meta.get("world_size", world_size)

@@ -27,9 +27,7 @@ from typing import Callable, Optional
 
 from checkpoint.discovery import list_committed
 from checkpoint.loader import any_rank
-from checkpoint.manager import ConfigMismatch
-from checkpoint.manifest import Manifest
-from recovery import faults
+from checkpoint.manifest import ConfigMismatch, Manifest
 from training.schedule import lr_at
 
 log = logging.getLogger("trainer")
@@ -68,14 +66,15 @@ class ResumeVerifier:
     """The ``verify`` hook for ``CheckpointManager.resume``: called on every rank after a load."""
 
     def __init__(self, cfg, state, probe: Optional[Callable[[], float]], layout: dict, world_size: int,
-                 device=None):
+                 device=None, inject: Optional[Callable[..., None]] = None):
         self.cfg, self.state, self.probe = cfg, state, probe
+        self.inject = inject or (lambda phase, step: None)  # the run's fault injector (recovery/faults.py)
         self.layout, self.world_size, self.device = dict(layout), world_size, device
         self.root = Path(cfg.checkpoint.dir)
         self.report: dict = {}
 
     def __call__(self, manifest: Manifest, path: Path) -> Optional[str]:
-        faults.maybe_inject("checkpoint_load", manifest.step)
+        self.inject("checkpoint_load", manifest.step)
         self._check_global_batch(manifest)
         self._check_depth(path)
         problems = []

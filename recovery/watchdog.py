@@ -32,21 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
+from configs.constants import DEFAULT_TIMEOUTS, DEFAULT_WRITE_TIMEOUT_S
+
 log = logging.getLogger("trainer")
 
-# Phases the training loop reports. Timeouts are seconds; a phase absent from the map uses
-# the "step" timeout.
-PHASES = ("first_step", "step", "data_wait", "checkpoint_snapshot", "checkpoint_load", "eval", "shutdown")
-DEFAULT_TIMEOUTS: Dict[str, float] = {
-    "first_step": 600.0,  # compilation, allocator warm-up, first collectives
-    "step": 120.0,
-    "data_wait": 120.0,
-    "checkpoint_snapshot": 300.0,
-    "checkpoint_load": 600.0,
-    "eval": 600.0,
-    "shutdown": 300.0,
-}
-DEFAULT_WRITE_TIMEOUT_S = 900.0
 
 
 @dataclass
@@ -138,6 +127,13 @@ class Watchdog:
             self._thread.join(timeout=5)
             self._thread = None
         faulthandler.cancel_dump_traceback_later()
+
+    def set_timeout(self, phase: str, seconds: float) -> None:
+        """Change ``phase``'s timeout from now on (preemption: the grace period left bounds the save)."""
+        if seconds <= 0:
+            raise ValueError(f"watchdog timeout for {phase!r} must be positive, got {seconds}")
+        with self._lock:
+            self.timeouts[phase] = float(seconds)
 
     def timeout_of(self, phase: str) -> float:
         return self.timeouts.get(phase, self.timeouts["step"])

@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from recovery.rehearsal import faults_override, tiny_overrides  # noqa: E402
+from tools.rehearsal import faults_override  # noqa: E402
+from tools.runs import tiny_overrides  # noqa: E402
 from recovery.watchdog import read_records  # noqa: E402
 
 

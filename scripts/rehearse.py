@@ -29,7 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from recovery.rehearsal import baseline_losses, faults_override, resume_events, step_rows, tiny_overrides  # noqa: E402
+from metrics.records import read_metrics, step_losses  # noqa: E402
+from tools.rehearsal import faults_override  # noqa: E402
+from tools.runs import tiny_overrides  # noqa: E402
 
 
 def torchrun(nproc: int, overrides, max_restarts: int, log: Path, timeout_s: float) -> tuple:
@@ -44,7 +46,7 @@ def torchrun(nproc: int, overrides, max_restarts: int, log: Path, timeout_s: flo
 
 def compare(baseline: dict, run_dir: Path, after_step: int, rtol: float) -> dict:
     """Worst relative difference over the steps after ``after_step`` and whether it is allowed."""
-    rows = [r for r in step_rows(run_dir) if r["step"] > after_step]
+    rows = [r for r in read_metrics(run_dir) if r["step"] > after_step]
     worst, bad = 0.0, []
     for r in rows:
         ref = baseline[r["step"]]
@@ -95,7 +97,7 @@ def main(argv=None) -> int:
     if rc != 0:
         print(f"baseline failed ({rc}); see {log}")
         return 2
-    baseline = baseline_losses(root / "baseline")
+    baseline = step_losses(root / "baseline")
 
     if not a.relaunch:
         rc, secs = torchrun(a.nproc, ov("same_layout", kill), 1, log, a.timeout_s)
@@ -103,7 +105,7 @@ def main(argv=None) -> int:
         rc1, s1 = torchrun(a.nproc, ov("same_layout", kill), 0, log, a.timeout_s)
         rc, s2 = torchrun(a.nproc, ov("same_layout", kill), 0, log, a.timeout_s)
         rc, secs = (rc if rc1 != 0 else -1), s1 + s2  # the first launch must have died
-    resumed = resume_events(root / "same_layout")
+    resumed = read_metrics(root / "same_layout", "resume")
     res = compare(baseline, root / "same_layout", 0, 0.0)
     res.update(ok=res["ok"] and rc == 0 and bool(resumed))
     rows.append(("same layout", f"{a.nproc}->{a.nproc}", resumed[0]["checkpoint_id"] if resumed else "-", rc, secs,
@@ -113,7 +115,7 @@ def main(argv=None) -> int:
         run = root / "smaller_world"
         rc1, s1 = torchrun(a.nproc, ov("smaller_world", kill), 0, log, a.timeout_s)
         rc2, s2 = torchrun(small, ov("smaller_world", kill), 0, log, a.timeout_s)
-        resumed = resume_events(run)
+        resumed = read_metrics(run, "resume")
         after = resumed[0]["step"] if resumed else 0
         res = compare(baseline, run, after, a.rtol)
         res.update(ok=res["ok"] and rc1 != 0 and rc2 == 0 and bool(resumed))

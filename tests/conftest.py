@@ -11,6 +11,9 @@ from typing import Dict, List, Sequence
 
 import pytest
 
+from metrics.records import read_metrics  # noqa: F401  (tests import it from here)
+from tools.runs import debug_overrides  # noqa: F401
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -47,30 +50,3 @@ def run_train(overrides: Sequence[str], nproc: int = 1, timeout: float = 600, ch
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     return proc
-
-
-def read_metrics(run_dir: Path, kind: str | None = None) -> List[dict]:
-    """Per-step rows of metrics.jsonl (rows without a "kind"), or the rows of one kind."""
-    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r.get("kind") == kind]
-
-
-def debug_overrides(run_dir: Path, data_dir: Path, steps: int = 8, extra: Dict[str, object] | None = None) -> List[str]:
-    """A fast debug run writing into ``run_dir`` (absolute) on the prepared test data; ``extra``
-    adds or replaces overrides, e.g. {"model.dropout": 0.1}."""
-    base = {
-        "+experiment": "debug",
-        "output_root": str(run_dir.parent),
-        "run_name": run_dir.name,
-        "data.path": str(data_dir),
-        "data.prepare_if_missing": "false",
-        "training.steps": str(steps),
-        "training.global_batch_size": "8",
-        "training.micro_batch_size": "4",
-        "training.seq_len": "64",
-        "optim.warmup_steps": "2",
-        "checkpoint.interval": "0",
-        "logging.log_interval": "1",
-    }
-    base.update({k: str(v) for k, v in (extra or {}).items()})
-    return [f"{k}={v}" for k, v in base.items()]

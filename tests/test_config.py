@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from configs.schema import register
 from configs.validate import ConfigError, model_config, validate_config
-from model import count_params
+from model.counting import count_params
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from conftest import ROOT, _env
-from recovery import faults
-from recovery.corrupt import corrupt_checkpoint
-from recovery.faults import Fault, FaultInjector, InjectedFault
+from recovery.faults import corrupt_checkpoint
+from configs.schema import FaultConfig as Fault
+from recovery.faults import FaultInjector, InjectedFault
 from recovery.preemption import Preemption
 
 
@@ -33,8 +33,7 @@ def test_exception_fires_once_at_its_step_and_phase(tmp_path):
 
 def test_other_rank_and_defaults_do_nothing(tmp_path):
     FaultInjector([Fault("exception", "step", step=1, rank=1)], tmp_path, rank=0).maybe_inject("step", 1)
-    faults.configure([], tmp_path, 0)
-    faults.maybe_inject("step", 1)
+    FaultInjector([], tmp_path, 0).maybe_inject("step", 1)
     assert not (tmp_path / "faults").exists()
 
 
@@ -49,18 +48,14 @@ def test_invalid_fault_is_refused(tmp_path):
 
 def test_nan_loss_poisons_the_forward(tmp_path):
     model = torch.nn.Linear(4, 2)
-    faults.configure([{"kind": "nan_loss", "phase": "step", "step": 2}], tmp_path, 0)
-    try:
-        faults.maybe_inject("step", 2, model=model)
-    finally:
-        faults.configure([], tmp_path, 0)
+    FaultInjector([{"kind": "nan_loss", "phase": "step", "step": 2}], tmp_path, 0).maybe_inject("step", 2, model=model)
     assert math.isnan(model(torch.ones(1, 4)).sum().item())
 
 
 def test_sigkill_kills_the_real_process_and_stays_fired(tmp_path):
     code = textwrap.dedent(f"""
-        from recovery import faults
-        faults.configure([{{"kind": "sigkill", "phase": "checkpoint_write", "step": 4}}], {str(tmp_path)!r}, 0)
+        from recovery.faults import FaultInjector
+        faults = FaultInjector([{{"kind": "sigkill", "phase": "checkpoint_write", "step": 4}}], {str(tmp_path)!r}, 0)
         for step in range(1, 7):
             faults.maybe_inject("checkpoint_write", step)
             print("survived", step, flush=True)

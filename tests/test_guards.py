@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from model import ModelConfig, build_model
+from model.config import ModelConfig
+from model.llama import build_model
 from recovery.guards import RollbackRequested, TrainingGuards
 from recovery.guards.detectors import RatioToRunningMean, RobustSpike
 from recovery.guards.norms import layer_grad_norms, layer_groups

@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
-from model import ModelConfig, build_model, count_params, ffn_hidden_dim, flops_per_token
+from model.config import ModelConfig, ffn_hidden_dim
+from model.counting import count_params, flops_per_token
+from model.llama import build_model
 from model.llama import apply_rope, rope_tables
 
 LLAMA3_8B = dict(name="8b", dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256,

@@ -17,7 +17,9 @@ import time
 import pytest
 
 from conftest import ROOT, _env
-from recovery.rehearsal import baseline_losses, faults_override, resume_events, tiny_overrides
+from metrics.records import read_metrics, step_losses
+from tools.rehearsal import faults_override
+from tools.runs import tiny_overrides
 
 STEPS, INTERVAL = 16, 2
 RTOL = 1e-5  # parallel/ measured FSDP2 at 2 ranks vs 1 to ~5e-7
@@ -64,7 +66,7 @@ def test_losing_a_node_reforms_smaller_group_with_same_global_batch(tmp_path, py
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                     str(ROOT / "train.py"), *tiny_overrides(base_dir, pydoc_data, STEPS, 0)],
                    cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=600)
-    baseline = baseline_losses(base_dir)
+    baseline = step_losses(base_dir)
 
     run_dir = tmp_path / "elastic"
     # every rank stalls 8 s at step 9 (after the step-8 save): the moment to lose a node
@@ -96,7 +98,7 @@ def test_losing_a_node_reforms_smaller_group_with_same_global_batch(tmp_path, py
             f.close()
 
     log = (tmp_path / "agent0.log").read_text()
-    resumes = resume_events(run_dir)
+    resumes = read_metrics(run_dir, "resume")
     assert resumes and resumes[-1]["saved_world_size"] == 2, log[-4000:]
     assert "elastic resume: checkpoint saved at world 2" in log and "grad_accum_steps recomputed to 2" in log
     assert "global batch stays 4" in log

@@ -2,7 +2,7 @@
 the previous committed checkpoint; a chain of bad checkpoints ends in a clear error, and a
 restart after it refuses to start from scratch instead of looping.
 
-All scenarios run in one driver process (python -m recovery.supervisor), which forks each
+All scenarios run in one driver process (python -m tools.supervisor), which forks each
 attempt from a warm parent. Saves are synchronous here so that "corrupt the checkpoint of
 step 4, then SIGKILL at step 5" is deterministic.
 """
@@ -16,7 +16,9 @@ import sys
 import pytest
 
 from conftest import ROOT, _env
-from recovery.rehearsal import baseline_losses, divergences, faults_override, resume_events, tiny_overrides
+from metrics.records import read_metrics, step_losses
+from tools.rehearsal import divergences, faults_override
+from tools.runs import tiny_overrides
 
 STEPS = 8
 CORRUPTIONS = ("truncate", "flip_byte", "delete_file", "delete_manifest")
@@ -62,7 +64,7 @@ def scenarios(tmp_path_factory, pydoc_data):
         "        d['probe_loss'] = d['probe_loss'] * (1 + 1e-6); m.write_text(json.dumps(d))\n"
         "    return orig(self, phase, step, model=model, path=path)\n"
         "f.FaultInjector.maybe_inject = hooked\n"
-        "from recovery.supervisor import main\n"
+        "from tools.supervisor import main\n"
         "main(sys.argv[1:])\n")
     proc = subprocess.run([sys.executable, "-c", probe_hack, str(spec_path), str(out)], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=900)
@@ -79,7 +81,7 @@ def test_corruption_is_detected_and_recovered_by_fallback(scenarios, how):
     root, results = scenarios
     assert _codes(results, how) == [-9, 0]
     log = (root / f"{how}.log").read_text()
-    resumed = resume_events(root / how)
+    resumed = read_metrics(root / how, "resume")
     assert [e["checkpoint_id"] for e in resumed] == ["step_00000002"]  # step 4 was not used
     assert resumed[0]["load_s"] > 0  # timed across the failed attempt and the fallback
     # the re-run saves step 4 again; the old directory is moved aside (step_00000004.replaced-*)
@@ -92,7 +94,7 @@ def test_corruption_is_detected_and_recovered_by_fallback(scenarios, how):
         reason = marks[0].read_text()
         assert ("probe loss" in reason) if how == "probe" else ("failed verification" in reason)
         assert "falling back from step_00000004 to step_00000002" in log
-    assert divergences(baseline_losses(root / "baseline"), root / how) == []  # and it trains on exactly
+    assert divergences(step_losses(root / "baseline"), root / how) == []  # and it trains on exactly
 
 
 def test_chain_of_bad_checkpoints_ends_in_a_clear_error_not_a_loop(scenarios):

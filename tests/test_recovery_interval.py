@@ -9,7 +9,7 @@ import pytest
 
 from recovery.interval import (choose_interval_steps, cluster_mtbf_s, parse_interval, waste_fraction,
                                young_daly_interval_s)
-from recovery.simulate import simulate
+from tools.simulate import simulate
 
 
 def test_young_daly_minimises_the_first_order_waste():

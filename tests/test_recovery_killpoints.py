@@ -2,7 +2,7 @@
 every restart resumes from the newest committed checkpoint and reproduces the
 uninterrupted losses bit for bit.
 
-One driver process (python -m recovery.rehearsal) imports torch once and forks each attempt,
+One driver process (python -m tools.rehearsal) imports torch once and forks each attempt,
 so 30+ real processes cost about a second each (recovery/supervisor.py).
 """
 
@@ -13,7 +13,8 @@ import subprocess
 import sys
 
 from conftest import ROOT, _env
-from recovery.rehearsal import ALL_PHASES, baseline_losses, divergences, resume_problems
+from metrics.records import step_losses
+from tools.rehearsal import ALL_PHASES, divergences, resume_problems
 
 KILLS, CHAINS, SEED, STEPS, INTERVAL = 24, 6, 6, 10, 2
 
@@ -21,14 +22,14 @@ KILLS, CHAINS, SEED, STEPS, INTERVAL = 24, 6, 6, 10, 2
 def test_sigkill_at_seeded_points_resumes_bitwise(tmp_path, pydoc_data):
     out = tmp_path / "result.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "recovery.rehearsal", "--root", str(tmp_path / "runs"), "--data", str(pydoc_data),
+        [sys.executable, "-m", "tools.rehearsal", "--root", str(tmp_path / "runs"), "--data", str(pydoc_data),
          "--out", str(out), "--kills", str(KILLS), "--chains", str(CHAINS), "--seed", str(SEED),
          "--steps", str(STEPS), "--interval", str(INTERVAL)],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
     assert out.exists(), proc.stderr[-5000:]
     result = json.loads(out.read_text())
     assert result["baseline"]["ok"]
-    baseline = baseline_losses(tmp_path / "runs" / "baseline")
+    baseline = step_losses(tmp_path / "runs" / "baseline")
     assert sorted(baseline) == list(range(1, STEPS + 1))
 
     from checkpoint.discovery import list_checkpoints

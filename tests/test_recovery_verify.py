@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from checkpoint.discovery import mark_bad
-from checkpoint.manager import ConfigMismatch
+from checkpoint.manifest import ConfigMismatch
 from checkpoint.manifest import Manifest, write_manifest
 from recovery.verify import RecoveryError, ResumeVerifier, probe_matches, refuse_all_bad, schedule_lr
 from training.schedule import build_scheduler

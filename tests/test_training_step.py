@@ -7,7 +7,8 @@ import torch
 from omegaconf import OmegaConf
 
 from configs.schema import OptimConfig
-from model import ModelConfig, build_model
+from model.config import ModelConfig
+from model.llama import build_model
 from training.optimizer import build_optimizer
 from training.schedule import build_scheduler, lr_at
 from training.step import IGNORE_INDEX, Precision, token_loss_sum, train_step

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
-PRECISIONS = ("fp32", "bf16", "fp16")
+from configs.constants import IGNORE_INDEX, PRECISIONS
+
 
 
 class Precision:

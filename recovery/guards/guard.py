@@ -28,13 +28,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from configs.constants import GUARD_ACTIONS as ACTIONS
 from recovery.guards.alarms import Alarm, AlarmSink
 from recovery.guards.detectors import Anomaly, RatioToRunningMean, RobustSpike
 from recovery.guards.norms import layer_grad_norms, layer_groups
 from recovery.guards.replica import check_replicas
 
 log = logging.getLogger("trainer")
-ACTIONS = ("log", "skip_step", "block_verified", "rollback")
 
 
 class RollbackRequested(RuntimeError):
@@ -144,16 +144,16 @@ class TrainingGuards:
         self.shadow.load_state_dict(state["shadow"])
 
 
-def build_guards(cfg, model: nn.Module, world, parallel, ckpt, metrics) -> TrainingGuards:
+def build_guards(cfg, model: nn.Module, world, parallel, probe: Optional[Callable[[], float]],
+                 metrics) -> TrainingGuards:
     """The guards for this run: the shadow check reuses the checkpoint's probe batch, the
-    replica check the dp_replicate process group; alarms block the next verified save."""
+    replica check the dp_replicate process group."""
     replicate_group = None
     if parallel.mesh is not None and "dp_replicate" in parallel.mesh.mesh_dim_names \
             and parallel.mesh["dp_replicate"].size() > 1:
         replicate_group = parallel.mesh["dp_replicate"].get_group()
     guards = TrainingGuards(cfg.recovery.guards, model, world.device, cfg.run_dir, world.rank, metrics,
-                            shadow_loss=ckpt.probe, replicate_group=replicate_group)
-    ckpt.unverified_reason = guards.take_verified_block
+                            shadow_loss=probe, replicate_group=replicate_group)
     g = cfg.recovery.guards
     if g.enabled:
         log.info("guards: action %s, grad-norm x%g and loss spikes every step, shadow every %d steps, %s",

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-import torch.distributed as dist
-
+from checkpoint.discovery import list_committed
 from recovery.guards.guard import RollbackRequested
 
 log = logging.getLogger("trainer")
@@ -47,39 +46,37 @@ class RollbackError(RuntimeError):
     """No clean checkpoint to roll back to, or too many rollbacks: a person must look."""
 
 
-def roll_back(request: RollbackRequested, guards, ckpt, data, cfg, rank: int, rollbacks_done: int) -> int:
+def roll_back(request: RollbackRequested, guards, ckpt, data, cfg, rollbacks_done: int) -> int:
     """Load the chosen checkpoint into the live training state and move the data past the bad
-    window; returns the step to continue from."""
-    from checkpoint.discovery import list_committed
-
+    window; returns the step to continue from. A target that fails to load is marked bad and
+    the next choice is loaded (the checkpoint manager's fallback)."""
     gcfg = cfg.recovery.guards
     if rollbacks_done >= gcfg.max_rollbacks:
         raise RollbackError(
             f"{request}; already rolled back {rollbacks_done} times in this process "
             f"(recovery.guards.max_rollbacks={gcfg.max_rollbacks}): stopping instead of looping. "
             f"Inspect the alarms in {Path(cfg.run_dir) / 'alarms'}")
-    ckpt.saver.wait()  # an in-flight save must commit (or fail) before we choose
-    choice = [None]
-    if rank == 0:
+    ckpt.wait()  # an in-flight save must commit (or fail) before we choose
+
+    def target() -> Optional[Path]:
         found = [RollbackCandidate(c.step, c.manifest.verified, str(c.path)) for c in list_committed(ckpt.root)]
-        target = choose_rollback_target(found, request.step, gcfg.rollback_min_age_steps,
+        chosen = choose_rollback_target(found, request.step, gcfg.rollback_min_age_steps,
                                         cfg.checkpoint.keep_every, gcfg.rollback_prefer_permanent)
-        choice = [target.path if target else None]
-    if dist.is_available() and dist.is_initialized():
-        dist.broadcast_object_list(choice, src=0)
-    if choice[0] is None:
+        return Path(chosen.path) if chosen else None
+
+    loaded = ckpt.load_with_fallback(target, lambda failed: target())
+    if loaded is None:
         raise RollbackError(
             f"{request}, but {ckpt.root} holds no verified checkpoint before step {request.step}"
             + (f" and at least {gcfg.rollback_min_age_steps} steps older" if gcfg.rollback_min_age_steps else "")
             + ". Restart from a known-good checkpoint with checkpoint.resume=<path>.")
-    manifest = ckpt.load(Path(choice[0]))
+    manifest = loaded[0]
     skipped = (request.step - manifest.step) * cfg.training.global_batch_size
     data.skip_samples(skipped)
     guards.after_rollback()
     log.warning("rolled back from step %d to verified checkpoint %s (step %d); skipping %d samples (the "
                 "data of steps %d..%d)", request.step, manifest.checkpoint_id, manifest.step, skipped,
                 manifest.step + 1, request.step)
-    if ckpt.metrics is not None:
-        ckpt.metrics.log_event(request.step, kind="rollback", to_step=manifest.step,
-                               checkpoint_id=manifest.checkpoint_id, skipped_samples=skipped, reason=request.reason)
+    ckpt.log_event(request.step, kind="rollback", to_step=manifest.step, checkpoint_id=manifest.checkpoint_id,
+                   skipped_samples=skipped, reason=request.reason)
     return manifest.step

@@ -3,7 +3,7 @@
 Rehearsing recovery means killing training dozens of times. Each torchrun or python start
 costs seconds here (``import torch`` alone is ~2 s), which would make a 20-kill suite take
 many minutes. The supervisor imports everything once, composes the Hydra config once, and
-runs each attempt in a child *forked* from that warm parent: a real process, killed by a
+runs each attempt (``trainer.run.run``) in a child *forked* from that warm parent: a real process, killed by a
 real SIGKILL, that writes real files; the restart costs milliseconds. After each death it
 records which committed checkpoint was newest, so callers can check that the next attempt
 resumed from exactly that one.
@@ -22,6 +22,13 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
+
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+
+from checkpoint.discovery import latest_committed
+from configs.schema import register
+from configs.validate import validate_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,12 +56,6 @@ class Supervised:
 
 def compose(overrides: Sequence[str]):
     """The Hydra config train.py would get for ``overrides``, validated."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from configs.schema import register
-    from configs.validate import validate_config
-
     register()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=list(overrides))
@@ -62,26 +63,17 @@ def compose(overrides: Sequence[str]):
     return cfg
 
 
-def warm_imports(entry: Path = ROOT / "train.py") -> None:
-    """Import, in the parent, every module that the entry's ``train`` function imports lazily."""
-    import ast
+def warm_imports() -> None:
+    """Import, in the parent, what a training run imports (trainer.run imports at its top), plus
+    what torch imports lazily on first use, so every forked attempt starts warm."""
     import importlib
 
-    tree = ast.parse(entry.read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
-    for node in ast.walk(fn):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            importlib.import_module(node.module)
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                importlib.import_module(alias.name)
+    importlib.import_module("trainer.run")
     importlib.import_module("torch.distributed.checkpoint")
     importlib.import_module("torch._dynamo")  # init on the meta device imports it lazily (seconds)
 
 
 def _newest_committed(ckpt_dir: Path) -> Optional[str]:
-    from checkpoint.discovery import latest_committed
-
     newest = latest_committed(ckpt_dir)
     return newest.checkpoint_id if newest else None
 
@@ -95,9 +87,9 @@ def _child(cfg, overrides: Sequence[str], log_path: Path) -> None:
         os.dup2(fd, 2)
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)
-        import train
+        from trainer.run import run
 
-        train.train(cfg, list(overrides))
+        run(cfg, list(overrides))
         code = 0
     except BaseException:
         traceback.print_exc()
@@ -111,9 +103,7 @@ def _child(cfg, overrides: Sequence[str], log_path: Path) -> None:
 
 def supervise(overrides: Sequence[str], max_restarts: int, log_path: Path, timeout_s: float = 600.0,
               cfg=None) -> Supervised:
-    """Run train.py's ``train`` with ``overrides`` until it exits 0 or ``max_restarts`` is used up."""
-    import train  # noqa: F401  (import in the parent: the children start warm)
-
+    """Run ``trainer.run.run`` with ``overrides`` until it exits 0 or ``max_restarts`` is used up."""
     warm_imports()
 
     cfg = cfg if cfg is not None else compose(overrides)

@@ -1,7 +1,7 @@
 """Recovery rehearsal: kill training at seeded random points, check it resumes exactly.
 
 A rehearsal is a baseline run plus *chains*: runs of the same config, each with a few
-faults armed (recovery/faults.py fires each once), restarted by recovery/supervisor.py
+faults armed (recovery/faults.py fires each once), restarted by tools/supervisor.py
 until they finish. Every chain must
   - finish, with one death per armed fault;
   - after each death resume from the newest committed checkpoint at the moment of death;
@@ -12,7 +12,7 @@ Kill points are drawn per phase from the steps where that phase happens: any ste
 steps for ``checkpoint_retention``, and the first load after a death for ``checkpoint_load``
 (its chain also kills right after a commit, so a load is guaranteed to happen).
 
-    python -m recovery.rehearsal --root /tmp/rehearsal --data outputs/data/pydoc-byte --out result.json
+    python -m tools.rehearsal --root /tmp/rehearsal --data outputs/data/pydoc-byte --out result.json
 """
 
 from __future__ import annotations
@@ -22,20 +22,14 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
-SAVE_PHASES = ("checkpoint_snapshot", "checkpoint_write", "checkpoint_commit", "checkpoint_committed")
+from configs.constants import SAVE_PHASES
+from metrics.records import read_metrics, step_losses
+from tools.runs import tiny_overrides
+from tools.supervisor import supervise
+
 ALL_PHASES = ("data_wait", "step") + SAVE_PHASES + ("checkpoint_retention", "checkpoint_load")
-
-
-def tiny_overrides(run_dir: Path, data_dir: Path, steps: int, interval: int, keep_last: int = 2,
-                   async_mode: str = "async", extra: Sequence[str] = ()) -> List[str]:
-    """A debug model small enough that a step takes milliseconds on one CPU core."""
-    return ["+experiment=debug", f"output_root={run_dir.parent}", f"run_name={run_dir.name}",
-            f"data.path={data_dir}", "data.prepare_if_missing=false", f"training.steps={steps}",
-            "training.global_batch_size=4", "training.micro_batch_size=2", "training.seq_len=32",
-            "optim.warmup_steps=2", f"checkpoint.interval={interval}", f"checkpoint.async_mode={async_mode}",
-            f"checkpoint.keep_last={keep_last}", "logging.log_interval=1", *extra]
 
 
 def phase_steps(phase: str, steps: int, interval: int, keep_last: int) -> List[int]:
@@ -83,29 +77,11 @@ def faults_override(faults: Sequence[dict]) -> str:
     return "recovery.faults=[" + ",".join("{" + ",".join(f"{k}:{v}" for k, v in f.items()) + "}" for f in faults) + "]"
 
 
-def step_rows(run_dir: Path) -> List[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if "kind" not in r]
-
-
-def resume_events(run_dir: Path) -> List[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return [r for r in rows if r.get("kind") == "resume"]
-
-
-def baseline_losses(run_dir: Path) -> Dict[int, float]:
-    return {r["step"]: r["loss"] for r in step_rows(run_dir)}
-
-
 def divergences(baseline: Dict[int, float], run_dir: Path, rtol: float = 0.0) -> List[str]:
     """Every logged step whose loss differs from the baseline (bitwise when rtol == 0)."""
     out = []
     seen = set()
-    for r in step_rows(run_dir):
+    for r in read_metrics(run_dir):
         s, loss = r["step"], r["loss"]
         seen.add(s)
         ref = baseline.get(s)
@@ -136,20 +112,18 @@ def resume_problems(run_dir: Path, attempts: List[dict]) -> List[str]:
         if prev["newest_committed_after"] is None or cur["pid"] in killed_in_load:
             continue
         expected.append(prev["newest_committed_after"])
-    got = [e["checkpoint_id"] for e in resume_events(run_dir)]
+    got = [e["checkpoint_id"] for e in read_metrics(run_dir, "resume")]
     return [] if got == expected else [f"resumed from {got}, expected (newest committed at each death) {expected}"]
 
 
 def run_rehearsal(root: Path, data_dir: Path, n_kills: int, n_chains: int, seed: int, steps: int, interval: int,
                   keep_last: int = 2, async_mode: str = "async") -> dict:
-    from recovery.supervisor import supervise
-
     root.mkdir(parents=True, exist_ok=True)
     base_dir = root / "baseline"
     base = supervise(tiny_overrides(base_dir, data_dir, steps, interval, keep_last, async_mode), 0,
                      root / "baseline.log")
     result = {"baseline": {"run_dir": str(base_dir), "ok": base.succeeded}, "chains": []}
-    baseline = baseline_losses(base_dir)
+    baseline = step_losses(base_dir)
     for i, faults in enumerate(plan_chains(n_kills, n_chains, seed, steps, interval, keep_last)):
         run_dir = root / f"chain{i}"
         sup = supervise(tiny_overrides(run_dir, data_dir, steps, interval, keep_last, async_mode,

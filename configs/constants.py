@@ -1,0 +1,40 @@
+"""The project's shared vocabulary: the valid values of every choice key and the defaults that
+several modules need. Torch-free, with no imports from this project, so the config checks
+(configs/validate.py) run before torch is imported and every layer may import it.
+"""
+
+from __future__ import annotations
+
+# data/ -> training/: targets with this value carry no loss (PyTorch's cross-entropy default).
+IGNORE_INDEX = -100
+
+# training.mixed_precision: autocast dtype; parameters and optimizer state stay fp32.
+PRECISIONS = ("fp32", "bf16", "fp16")
+SCHEDULES = ("cosine", "constant")  # optim.schedule
+ASYNC_MODES = ("sync", "async")  # checkpoint.async_mode
+BEST_METRICS = ("loss", "probe_loss")  # checkpoint.best_metric (lower is better)
+WANDB_MODES = ("disabled", "offline", "online")  # logging.wandb.mode
+
+# recovery.guards.action (recovery/guards/guard.py explains each).
+GUARD_ACTIONS = ("log", "skip_step", "block_verified", "rollback")
+
+# Watchdog phases the training loop reports, and their default timeouts in seconds. A phase
+# absent from a timeout map uses the "step" timeout.
+WATCHDOG_PHASES = ("first_step", "step", "data_wait", "checkpoint_snapshot", "checkpoint_load", "eval",
+                   "shutdown")
+DEFAULT_TIMEOUTS = {
+    "first_step": 600.0,  # compilation, allocator warm-up, first collectives
+    "step": 120.0,
+    "data_wait": 120.0,
+    "checkpoint_snapshot": 300.0,
+    "checkpoint_load": 600.0,
+    "eval": 600.0,
+    "shutdown": 300.0,
+}
+DEFAULT_WRITE_TIMEOUT_S = 900.0  # a background checkpoint write stuck longer aborts the rank
+
+# recovery.faults (recovery/faults.py): what can be injected, where, and how a checkpoint is damaged.
+FAULT_KINDS = ("sigkill", "hang", "exception", "nan_loss", "corrupt", "bitflip_param", "bitflip_grad")
+SAVE_PHASES = ("checkpoint_snapshot", "checkpoint_write", "checkpoint_commit", "checkpoint_committed")
+FAULT_PHASES = ("step", "data_wait", "gradients") + SAVE_PHASES + ("checkpoint_retention", "checkpoint_load")
+CORRUPTIONS = ("truncate", "flip_byte", "delete_file", "delete_manifest")

@@ -1,0 +1,169 @@
+"""One training run, read top to bottom like a recipe: build the parts from the config, resume,
+run the loop, and shut everything down on every exit path.
+
+train.py (the Hydra entry point) calls ``run``; so does the rehearsal supervisor
+(tools/supervisor.py), which forks it from a warm parent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Callable, List
+
+import torch
+from omegaconf import DictConfig
+
+from checkpoint.manager import CheckpointManager
+from checkpoint.probe import make_probe
+from checkpoint.state import TrainingState
+from configs.validate import model_config
+from data.batching import make_batch_plan
+from data.setup import build_data_pipeline
+from metrics.logger import MetricsLogger, memory_gib, setup_logging
+from metrics.run_dir import write_run_config
+from model.counting import count_params
+from model.llama import build_model
+from parallel.dims import resolve_parallel_dims
+from parallel.init import init_distributed, set_collective_timeout, shutdown_distributed
+from parallel.parallelize import materialize_parallel_model, parallelize_model
+from recovery.faults import FaultInjector
+from recovery.guards import RollbackRequested
+from recovery.guards.guard import build_guards
+from recovery.runtime import RecoveryRuntime
+from training.ema import EMA
+from training.optimizer import build_optimizer
+from training.schedule import build_scheduler
+from training.step import Precision, train_step
+
+log = logging.getLogger("trainer")
+
+
+class Shutdown:
+    """What must be closed when the run ends, however it ends: the async checkpoint writer
+    (its save commits or fails), the data workers, the metrics files, the watchdog and signal
+    handlers, the process group. Closed in that order; a close that fails is logged and does
+    not hide the exception that ended the run."""
+
+    def __init__(self):
+        self.steps: List[tuple] = []  # (order, name, close)
+
+    def add(self, order: int, name: str, close: Callable[[], None]) -> None:
+        self.steps.append((order, name, close))
+
+    def close(self, error: BaseException | None) -> None:
+        first_failure = None
+        for _, name, close in sorted(self.steps, key=lambda s: s[0]):
+            try:
+                close()
+            except Exception as exc:  # keep closing the rest
+                log.error("shutdown: closing %s failed: %s: %s", name, type(exc).__name__, exc)
+                first_failure = first_failure or exc
+        self.steps.clear()
+        if error is None and first_failure is not None:
+            raise first_failure
+
+
+def run(cfg: DictConfig, overrides: List[str]) -> None:
+    shutdown = Shutdown()
+    try:
+        _run(cfg, overrides, shutdown)
+    except BaseException as exc:
+        log.error("run stopped by %s: %s; shutting down", type(exc).__name__, exc)
+        shutdown.close(exc)
+        raise
+    shutdown.close(None)
+
+
+def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
+    world = init_distributed(cfg.parallel.device, cfg.parallel.collective_timeout_s)
+    shutdown.add(90, "the process group", shutdown_distributed)
+    setup_logging(cfg.logging.level, world.rank)
+    run_dir = Path(cfg.run_dir)
+    if world.is_main:
+        write_run_config(run_dir, cfg, overrides)
+
+    dims = resolve_parallel_dims(cfg.parallel.dp_replicate, cfg.parallel.dp_shard, cfg.parallel.tp, world.world_size)
+    plan = make_batch_plan(cfg.training.global_batch_size, cfg.training.micro_batch_size, dims.dp)
+    mcfg = model_config(cfg)
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(mcfg, materialize=False)
+    parallel = parallelize_model(model, dims, cfg.parallel, world.device, seq_len=cfg.training.seq_len)
+    materialize_parallel_model(model, parallel, world.device, seed=cfg.seed)
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, cfg.training.steps)
+    precision = Precision(cfg.training.mixed_precision, world.device)
+    data = build_data_pipeline(cfg.data, cfg.training.seq_len, cfg.seed, plan, parallel.dp_rank, world,
+                               model_vocab_size=mcfg.vocab_size)
+    shutdown.add(20, "the data workers", data.close)
+    ema = EMA(model, cfg.training.ema_decay) if cfg.training.ema_decay > 0 else None
+    state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema,
+                          rank=world.rank, world_size=world.world_size)
+    metrics = MetricsLogger(run_dir, cfg, world.is_main, cfg.training.steps)
+    shutdown.add(30, "the metrics files", metrics.close)
+    probe = make_probe(model, data, world.device, precision.autocast)
+    guards = build_guards(cfg, model, world, parallel, probe, metrics)  # silent corruption, loss spikes
+    injector = FaultInjector(cfg.recovery.faults, run_dir, world.rank)  # recovery.faults; none by default
+    ckpt = CheckpointManager(cfg, state, rank=world.rank, world_size=world.world_size, dims=dims,
+                             device=world.device, metrics=metrics, fault_hook=injector.maybe_inject, probe=probe)
+    shutdown.add(10, "the checkpoint writer", ckpt.close)
+    rt = RecoveryRuntime(cfg, run_dir, world, ckpt, guards, injector)  # watchdog, preemption signals
+    shutdown.add(0, "the watchdog's shutdown phase", lambda: rt.beat("shutdown", state.step))  # saves may take a while
+    shutdown.add(80, "the watchdog", rt.close)
+    ckpt.preflight()
+    resumed = rt.resume(state, probe, dims, plan)  # verified, with bounded fallback
+    start_step = state.step
+    tokens_per_step = plan.global_batch_size * cfg.training.seq_len
+    log.info(
+        "run %s | world %d = dp_replicate %d x dp_shard %d x tp %d | device %s | %s parameters | "
+        "global batch %d seq = %d x micro %d x accum %d | %d tokens/step | seq_len %d | seed %d | "
+        "data %s | run dir %s | resume: %s",
+        cfg.run_name, world.world_size, dims.dp_replicate, dims.dp_shard, dims.tp, world.device,
+        f"{count_params(mcfg).total:,}", plan.global_batch_size, dims.dp, plan.micro_batch_size,
+        plan.grad_accum_steps, tokens_per_step, cfg.training.seq_len, cfg.seed,
+        data.order.fingerprint[:12], run_dir, resumed,
+    )
+
+    model.train()
+    recent: list[float] = []
+    step, rollbacks = start_step, 0
+    while step < cfg.training.steps:
+        t0 = time.perf_counter()
+        rt.phase("data_wait", step + 1)
+        micro_batches = data.next_micro_batches(step)
+        rt.phase("step", step + 1, model)
+        result = train_step(model, optimizer, scheduler, precision, micro_batches, cfg.training.grad_clip,
+                            world.device, parallel.dp_group, data_seconds=time.perf_counter() - t0,
+                            before_micro_batch=lambda last: parallel.before_micro_batch(model, last),
+                            loss_parallel=parallel.loss_parallel,
+                            allow_update=lambda loss: rt.allow_update(step + 1, loss, model))
+        if step == start_step:  # warm-up done: a hung peer should now fail fast
+            set_collective_timeout(cfg.parallel.collective_timeout_after_first_step_s, parallel.process_groups())
+        if ema is not None:
+            ema.update()
+        state.record_step(result.target_tokens, plan.global_batch_size)
+        step_s = time.perf_counter() - t0
+        try:
+            guards.after_update(step + 1)
+        except RollbackRequested as request:
+            step, rollbacks = rt.roll_back(request, data, rollbacks), rollbacks + 1
+            continue
+        if cfg.recovery.halt_on_nonfinite_loss and not math.isfinite(result.loss) and not result.skipped:
+            raise FloatingPointError(
+                f"loss is {result.loss} at step {step + 1} (grad norm {result.grad_norm}); stopping. "
+                "Lower optim.lr, enable grad clipping, or resume from an earlier checkpoint."
+            )
+        recent = (recent + [step_s])[-20:]
+        metrics.log_step(step + 1, {
+            "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
+            "tokens_per_s": tokens_per_step / step_s, "step_s": step_s, "data_s": result.data_seconds,
+            "memory_gib": memory_gib(world.device), "tokens": (step + 1) * tokens_per_step,
+        }, step_seconds_avg=sum(recent) / len(recent))
+        if rt.end_of_step(step + 1, step_s, result.loss):  # saves when due; True: preempted, saved, committed
+            break
+        step += 1
+    log.info("done: %d steps, run dir %s", state.step, run_dir)
+
