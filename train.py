@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from configs.schema import register
 from configs.validate import model_config, validate_config
 from model.counting import count_params, flops_per_token
-from parallel.plan import format_plan, plan_from_config
+from trainer.plan import format_plan, plan_from_config
 from trainer.run import run
 
 register()
@@ -27,7 +27,7 @@ register()
 
 def dry_run(cfg: DictConfig) -> None:
     """Print the composed config, the model's size and the per-rank plan of the parallel
-    layout (parallel/plan.py); nothing is allocated."""
+    layout (trainer/plan.py); nothing is allocated."""
     mcfg = model_config(cfg)
     params = count_params(mcfg)
     print(OmegaConf.to_yaml(cfg, resolve=True))

@@ -108,8 +108,12 @@ class DataPipeline:
                 for r in rank_micro_batches(self.plan, self.samples_consumed, self.dp_rank)]
 
     def close(self) -> None:
-        """Stop the loader's worker processes (they are rebuilt on the next step)."""
-        self._batches = None
+        """Stop the loader's worker processes now (they are rebuilt on the next step); dropping
+        the iterator alone would leave them to the garbage collector."""
+        batches, self._batches = self._batches, None
+        stop = getattr(batches, "_shutdown_workers", None)  # the multi-process iterator's own shutdown
+        if stop is not None:
+            stop()
 
     def _loader(self, start: int) -> StatefulDataLoader:
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata 0.11 noise

@@ -6,7 +6,7 @@ snapshot and to write a checkpoint. Nothing is allocated (meta device, fake proc
   python scripts/plan.py +experiment=70b parallel.tp=8 --world-size 512 --storage-gbps 100 --json
 
 Arguments other than the --options are Hydra overrides, as for train.py. The arithmetic
-lives in parallel/plan.py.
+lives in trainer/plan.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main(argv=None) -> int:
 
     from configs.schema import register
     from configs.validate import validate_config
-    from parallel.plan import DEFAULT_HOST_COPY_GBPS, DEFAULT_STORAGE_GBPS, format_plan, plan_as_dict, plan_from_config
+    from trainer.plan import DEFAULT_HOST_COPY_GBPS, DEFAULT_STORAGE_GBPS, format_plan, plan_as_dict, plan_from_config
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-size", type=int, default=None, help="needed when parallel.dp_shard=-1")

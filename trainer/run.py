@@ -58,6 +58,7 @@ class Shutdown:
         for _, name, close in sorted(self.steps, key=lambda s: s[0]):
             try:
                 close()
+                log.debug("shutdown: closed %s", name)
             except Exception as exc:  # keep closing the rest
                 log.error("shutdown: closing %s failed: %s: %s", name, type(exc).__name__, exc)
                 first_failure = first_failure or exc

@@ -24,10 +24,18 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+from torch.distributed.tensor import DTensor
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from configs.schema import ParallelConfig
 from model.config import ModelConfig
 from model.counting import count_params
-from parallel.dims import ParallelDims
+from model.llama import build_model
+from parallel.dims import ParallelDims, check_tensor_parallel_fits, resolve_parallel_dims
+from parallel.parallelize import parallelize_model
+from recovery.interval import DEFAULT_DEVICE_MTBF_HOURS, cluster_mtbf_s, young_daly_interval_s
 
 FP32_BYTES = 4
 ADAMW_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
@@ -68,14 +76,6 @@ class LayoutPlan:
 def local_param_numels(mcfg: ModelConfig, dims: ParallelDims, seq_len: int, parallel_cfg=None) -> Dict[str, int]:
     """Rank 0's number of elements of every parameter under the layout (meta device, fake
     process group of ``dims.world_size`` ranks: nothing is allocated, nothing is sent)."""
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from configs.schema import ParallelConfig
-    from model.llama import build_model
-    from parallel.parallelize import parallelize_model
-
     if dist.is_initialized():
         raise RuntimeError("the planner needs its own (fake) process group: run it outside a distributed job")
     cfg = parallel_cfg or ParallelConfig(dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp,
@@ -134,8 +134,6 @@ def checkpoint_interval_s(plan: LayoutPlan, device_mtbf_hours: Optional[float] =
                           asynchronous: bool = True) -> float:
     """Young/Daly interval T* = sqrt(2 M C) for this layout (recovery/interval.py): M = device MTBF
     / world size; C = the snapshot (async, and never shorter than the write) or snapshot + write (sync)."""
-    from recovery.interval import DEFAULT_DEVICE_MTBF_HOURS, cluster_mtbf_s, young_daly_interval_s
-
     mtbf = cluster_mtbf_s(device_mtbf_hours or DEFAULT_DEVICE_MTBF_HOURS, plan.dims.world_size)
     if asynchronous:
         return max(young_daly_interval_s(mtbf, plan.snapshot_s), plan.write_s)
@@ -165,10 +163,6 @@ def world_size_for(dp_replicate: int, dp_shard: int, tp: int, world_size: Option
 def plan_from_config(cfg, world_size: Optional[int] = None, host_copy_gbps: float = DEFAULT_HOST_COPY_GBPS,
                      storage_gbps: float = DEFAULT_STORAGE_GBPS) -> LayoutPlan:
     """The plan for a composed training config (train.py dry_run and scripts/plan.py)."""
-    from omegaconf import OmegaConf
-
-    from parallel.dims import check_tensor_parallel_fits, resolve_parallel_dims
-
     p = cfg.parallel
     mcfg = ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))
     dims = resolve_parallel_dims(p.dp_replicate, p.dp_shard, p.tp, world_size_for(p.dp_replicate, p.dp_shard, p.tp, world_size))

@@ -1,0 +1,84 @@
+"""The house rules a forker relies on: imports point one way, nothing imports train.py, config
+checks run without torch, and a training run never imports the rehearsal tooling."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Lower layers never import higher ones; a package may import itself and anything below it.
+LAYERS = {
+    "configs.constants": 0,
+    "model": 1, "data": 1,
+    "configs": 2, "parallel": 2, "training": 2, "metrics": 2,
+    "checkpoint": 3,
+    "recovery": 4,
+    "trainer": 5,
+    "tools": 6,
+}
+PACKAGES = ("configs", "model", "data", "parallel", "training", "metrics", "checkpoint", "recovery", "trainer",
+            "tools")
+
+
+def _unit(module: str) -> str:
+    """The layer unit a dotted module name belongs to (configs.constants is its own unit)."""
+    return "configs.constants" if module.startswith("configs.constants") else module.split(".")[0]
+
+
+def _project_imports(path: Path):
+    """(line, imported project module) for every import in ``path``, nested ones included."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] in PACKAGES or name.split(".")[0] == "train":
+                yield node.lineno, name
+
+
+def _python_files():
+    files = [ROOT / "train.py"]
+    for pkg in PACKAGES:
+        files += sorted((ROOT / pkg).rglob("*.py"))
+    files += sorted((ROOT / "scripts").glob("*.py")) + sorted((ROOT / "tests").rglob("*.py"))
+    return files
+
+
+def test_imports_point_down():
+    wrong = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            me = _unit(".".join(path.relative_to(ROOT).with_suffix("").parts))
+            for line, name in _project_imports(path):
+                them = _unit(name)
+                if them == me or them == "configs.constants":
+                    continue
+                if them == "train" or LAYERS[them] >= LAYERS[me]:
+                    wrong.append(f"{path.relative_to(ROOT)}:{line}: {me} (layer {LAYERS[me]}) imports {name} "
+                                 f"(layer {LAYERS.get(them, 'top')})")
+    assert not wrong, "imports that point up or sideways:\n" + "\n".join(wrong)
+
+
+def test_nothing_imports_train_py():
+    found = [f"{p.relative_to(ROOT)}:{line}" for p in _python_files() if p.name != "train.py"
+             for line, name in _project_imports(p) if name.split(".")[0] == "train"]
+    assert found == []
+
+
+def test_config_checks_do_not_import_torch_and_a_run_does_not_import_tools():
+    code = ("import sys\n"
+            "import configs.validate, configs.schema, configs.constants\n"
+            "assert 'torch' not in sys.modules, 'config validation imported torch'\n"
+            "import trainer.run\n"
+            "tools = sorted(m for m in sys.modules if m == 'tools' or m.startswith('tools.'))\n"
+            "assert not tools, tools\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
