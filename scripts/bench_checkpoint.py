@@ -21,23 +21,20 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import List
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from checkpoint.integrity import checksum_files, default_algorithm  # noqa: E402
-from checkpoint.layout import committed_dir  # noqa: E402
-from checkpoint.loader import load_checkpoint  # noqa: E402
-from checkpoint.manifest import Manifest  # noqa: E402
-from checkpoint.saver import CheckpointSaver  # noqa: E402
-from checkpoint.state import TrainingState, local_state_bytes  # noqa: E402
-from model.config import ModelConfig  # noqa: E402
-from model.llama import build_model  # noqa: E402
+from checkpoint.integrity import checksum_files, default_algorithm
+from checkpoint.layout import committed_dir
+from checkpoint.loader import load_checkpoint
+from checkpoint.manifest import Manifest
+from checkpoint.saver import CheckpointSaver
+from checkpoint.state import TrainingState, local_state_bytes
+from model.config import ModelConfig
+from model.llama import build_model
 
 GiB = 2**30
 

@@ -20,15 +20,13 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+from omegaconf import OmegaConf
 
-import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from configs.schema import DataConfig  # noqa: E402
-from data.batching import make_batch_plan  # noqa: E402
-from data.setup import build_data_pipeline  # noqa: E402
-from data.token_file import META_FILE, prepare_token_file  # noqa: E402
+from configs.schema import DataConfig
+from data.batching import make_batch_plan
+from data.setup import build_data_pipeline
+from data.token_file import META_FILE, prepare_token_file
 
 WORLD = SimpleNamespace(local_rank=0, device=torch.device("cpu"))
 

@@ -18,20 +18,18 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
+import torch
+from omegaconf import OmegaConf
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from configs.schema import GuardsConfig, OptimConfig  # noqa: E402
-from data.token_file import TokenFile, prepare_token_file  # noqa: E402
-from model import ModelConfig, build_model  # noqa: E402
-from recovery.guards import TrainingGuards  # noqa: E402
-from recovery.guards.norms import layer_grad_norms  # noqa: E402
-from training.optimizer import build_optimizer  # noqa: E402
-from training.schedule import build_scheduler  # noqa: E402
-from training.step import Precision, token_loss_sum, train_step  # noqa: E402
+from configs.schema import GuardsConfig, OptimConfig
+from data.token_file import TokenFile, prepare_token_file
+from model import ModelConfig, build_model
+from recovery.guards import TrainingGuards
+from recovery.guards.norms import layer_grad_norms
+from training.optimizer import build_optimizer
+from training.schedule import build_scheduler
+from training.step import Precision, token_loss_sum, train_step
 
 CPU = torch.device("cpu")
 

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 LAYOUTS = ["1", "dp_shard=2", "tp=2", "dp_shard=2,tp=2", "dp_replicate=2,dp_shard=2"]
 

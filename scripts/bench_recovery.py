@@ -21,12 +21,11 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from recovery.watchdog import read_records
+from tools.rehearsal import faults_override
+from tools.runs import tiny_overrides
 
-from tools.rehearsal import faults_override  # noqa: E402
-from tools.runs import tiny_overrides  # noqa: E402
-from recovery.watchdog import read_records  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class MetricsTail(threading.Thread):

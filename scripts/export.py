@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from checkpoint.export import load_tensors  # noqa: E402
-from checkpoint.manifest import read_manifest  # noqa: E402
+from checkpoint.export import load_tensors
+from checkpoint.manifest import read_manifest
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -11,11 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from checkpoint.discovery import list_checkpoints, read_latest_pointer  # noqa: E402
-from checkpoint.manifest import CheckpointError, check_files  # noqa: E402
-from checkpoint.retention import Candidate, retention_plan  # noqa: E402
+from checkpoint.discovery import list_checkpoints, read_latest_pointer
+from checkpoint.manifest import CheckpointError, check_files
+from checkpoint.retention import Candidate, retention_plan
 
 
 def _size(path: Path) -> int:

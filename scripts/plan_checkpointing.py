@@ -18,19 +18,15 @@ The state is parameters + AdamW moments in fp32 (12 bytes per parameter, --bytes
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from model.config import ModelConfig
+from model.counting import count_params
+from recovery.interval import DEFAULT_DEVICE_MTBF_HOURS, cluster_mtbf_s, work_lost_per_failure_s, young_daly_interval_s
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from omegaconf import OmegaConf  # noqa: E402
-
-from model.config import ModelConfig  # noqa: E402
-from model.counting import count_params  # noqa: E402
-from recovery.interval import (DEFAULT_DEVICE_MTBF_HOURS, cluster_mtbf_s, work_lost_per_failure_s,  # noqa: E402
-                               young_daly_interval_s)
-
 MODELS = ("1b", "8b", "70b")
 
 

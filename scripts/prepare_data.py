@@ -14,9 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from data.token_file import prepare_token_file  # noqa: E402
+from data.token_file import prepare_token_file
 
 
 def main(argv=None) -> int:

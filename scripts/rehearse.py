@@ -26,12 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from metrics.records import read_metrics, step_losses
+from tools.rehearsal import faults_override
+from tools.runs import tiny_overrides
 
-from metrics.records import read_metrics, step_losses  # noqa: E402
-from tools.rehearsal import faults_override  # noqa: E402
-from tools.runs import tiny_overrides  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def torchrun(nproc: int, overrides, max_restarts: int, log: Path, timeout_s: float) -> tuple:
