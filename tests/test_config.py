@@ -40,7 +40,8 @@ def test_presets_have_llama3_sizes():
     cfg70 = compose_cfg("+experiment=70b")
     assert count_params(model_config(cfg70)).total == 70_553_706_496
     m = cfg70.model
-    assert (m.n_layers, m.dim, m.n_heads, m.n_kv_heads, m.vocab_size, m.rope_theta) == (80, 8192, 64, 8, 128256, 500000.0)
+    assert (m.n_layers, m.dim, m.n_heads, m.n_kv_heads, m.vocab_size, m.rope_theta) == (
+        80, 8192, 64, 8, 128256, 500000.0)
     assert model_config(cfg70).ffn_hidden_dim == 28672
     assert cfg70.training.mixed_precision == "bf16" and cfg70.parallel.tp == 8
     assert cfg70.checkpoint.async_mode == "async" and cfg70.optim.schedule == "cosine"

@@ -73,7 +73,8 @@ def test_fingerprint_sees_a_single_bit_flip():
     assert int(param_fingerprint(model, CPU)) != before
 
 
-@pytest.mark.parametrize("prints, bad", [([5, 5, 5], []), ([5, 9, 5], [1]), ([5, 9], [0, 1]), ([1, 2, 3, 3], [0, 1, 2, 3])])
+@pytest.mark.parametrize("prints, bad", [([5, 5, 5], []), ([5, 9, 5], [1]), ([5, 9], [0, 1]),
+                                         ([1, 2, 3, 3], [0, 1, 2, 3])])
 def test_disagreeing_replicas_by_majority(prints, bad):
     assert disagreeing_replicas(prints) == bad
 
@@ -141,7 +142,8 @@ def test_retention_keeps_the_newest_verified_checkpoint_for_rollback():
 
 
 def test_rollback_target_is_the_newest_verified_before_the_alarm():
-    from recovery.guards.rollback import RollbackCandidate as C, choose_rollback_target
+    from recovery.guards.rollback import RollbackCandidate as C
+    from recovery.guards.rollback import choose_rollback_target
 
     found = [C(100, True, "a"), C(200, True, "b"), C(300, False, "c"), C(350, True, "d"), C(400, True, "e")]
     assert choose_rollback_target(found, alarm_step=380).path == "d"

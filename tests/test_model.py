@@ -7,8 +7,7 @@ import torch
 
 from model.config import ModelConfig, ffn_hidden_dim
 from model.counting import count_params, flops_per_token
-from model.llama import build_model
-from model.llama import apply_rope, rope_tables
+from model.llama import apply_rope, build_model, rope_tables
 
 LLAMA3_8B = dict(name="8b", dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256,
                  multiple_of=1024, ffn_dim_multiplier=1.3, rope_theta=500000.0, max_seq_len=8192)

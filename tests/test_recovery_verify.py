@@ -10,8 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from checkpoint.discovery import mark_bad
-from checkpoint.manifest import ConfigMismatch
-from checkpoint.manifest import Manifest, write_manifest
+from checkpoint.manifest import ConfigMismatch, Manifest, write_manifest
 from recovery.verify import RecoveryError, ResumeVerifier, probe_matches, refuse_all_bad, schedule_lr
 from training.schedule import build_scheduler
 
@@ -95,7 +94,8 @@ def test_fallback_depth_is_bounded(tmp_path):
     oldest = _committed(tmp_path, 2)
     for s in (4, 6):
         mark_bad(_committed(tmp_path, s), "test")
-    with pytest.raises(RecoveryError, match=r"2 newer checkpoints failed \(step_00000006 \(test\), step_00000004 \(test\)\), more than recovery.max_fallbacks=1"):
+    with pytest.raises(RecoveryError, match=r"2 newer checkpoints failed \(step_00000006 \(test\), "
+                                            r"step_00000004 \(test\)\), more than recovery.max_fallbacks=1"):
         ResumeVerifier(cfg, _state(cfg, 2), lambda: 2.5, LAYOUT, 1)(_manifest(2), oldest)
 
 
