@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 import torch
+from helpers.launch import load_script
 
-from checkpoint.commit import (CommitTimeout, acknowledge, collect_acknowledgements, commit_checkpoint, seal,
-                               update_latest)
-from checkpoint.discovery import (clean_uncommitted, latest_committed, list_checkpoints, list_committed,
-                                  mark_bad, read_latest_pointer, resolve_resume)
+from checkpoint.commit import (
+    CommitTimeout,
+    acknowledge,
+    collect_acknowledgements,
+    commit_checkpoint,
+    seal,
+    update_latest,
+)
+from checkpoint.discovery import (
+    clean_uncommitted,
+    latest_committed,
+    list_checkpoints,
+    list_committed,
+    mark_bad,
+    read_latest_pointer,
+    resolve_resume,
+)
 from checkpoint.layout import committed_dir, uncommitted_dir
 from checkpoint.manifest import CheckpointError, FileEntry, Manifest, verify_checkpoint
 
@@ -178,11 +191,7 @@ def test_checksum_algorithms_agree_with_reference_implementations(tmp_path):
 
 
 def test_inspect_lists_state_tier_and_verification(tmp_path):
-    sys_path_scripts = str(__import__("conftest").ROOT / "scripts")
-    import sys
-
-    sys.path.insert(0, sys_path_scripts)
-    from inspect_checkpoints import rows
+    rows = load_script("inspect_checkpoints").rows
 
     for step in (10, 20, 30):
         full_commit(tmp_path, step)

@@ -13,8 +13,7 @@ Tolerance for a changed layout: |loss - reference| <= 1e-5 * loss at each of ste
 from __future__ import annotations
 
 import pytest
-
-from test_checkpoint_resume import assert_bitwise_continuation, committed_steps, per_step, resumed_step, run
+from helpers.resume import assert_bitwise_continuation, committed_steps, per_step, resumed_step, run
 
 pytestmark = pytest.mark.distributed
 
@@ -67,7 +66,8 @@ def test_async_kill_and_resume_at_two_ranks_is_bitwise(saved, pydoc_data, tmp_pa
 def test_resharded_resume_continues_within_tolerance(source, target, saved, pydoc_data, tmp_path):
     reference = saved(source)
     run_dir = tmp_path / f"{source}-to-{target}"
-    run_layout(run_dir, pydoc_data, target, extra={"checkpoint.resume": str(reference / "checkpoints" / "step_00000006")})
+    run_layout(run_dir, pydoc_data, target,
+               extra={"checkpoint.resume": str(reference / "checkpoints" / "step_00000006")})
     assert resumed_step(run_dir) == 6
     got, ref = per_step(run_dir), per_step(reference)
     for step in (7, 8, 9):

@@ -3,63 +3,21 @@
 One reference run (9 steps, EMA, saves at 3, 6, 9) is shared; every other run is compared
 with it. Losses and learning rates must be *bitwise* equal after a resume at the same layout
 (CPU, fp32), and must differ when one state component is left out. Dropout runs (the RNG
-component) have their own reference.
+component) have their own reference. The runs (tests/workers/ckpt_runner.py) and the comparisons
+are in helpers/resume.py, shared with test_checkpoint_reshard.py.
 """
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.resume import assert_bitwise_continuation, committed_steps, per_step, resumed_step, run
 
-from conftest import ROOT, _env, debug_overrides, read_metrics
+from metrics.records import read_metrics
 
-STEPS = 9
-EXTRA = {"model.dropout": 0.0, "training.ema_decay": 0.9, "checkpoint.interval": 3, "checkpoint.keep_last": 5}
-
-
-def run(run_dir: Path, data: Path, *runner_args: str, extra=None, nproc: int = 1, expect_kill=False,
-        expect_fail=False) -> subprocess.CompletedProcess:
-    overrides = debug_overrides(run_dir, data, steps=STEPS, extra={**EXTRA, **(extra or {})})
-    script = [str(ROOT / "tests" / "ckpt_runner.py"), *runner_args, "--", *overrides]
-    cmd = [sys.executable, *script] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *script]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
-    if expect_kill:
-        assert proc.returncode in (-signal.SIGKILL, 1), proc.stderr[-3000:]  # torchrun reports a child's SIGKILL as 1
-    elif expect_fail:
-        assert proc.returncode != 0, proc.stderr[-3000:]
-    else:
-        assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return proc
-
-
-def per_step(run_dir: Path) -> dict:
-    """{step: row}, the last row written for each step (a resumed run rewrites later steps)."""
-    return {r["step"]: r for r in read_metrics(run_dir)}
-
-
-def resumed_step(run_dir: Path) -> int:
-    events = read_metrics(run_dir, "resume")
-    assert events, "no resume event in metrics.jsonl"
-    return events[-1]["step"]
-
-
-def assert_bitwise_continuation(run_dir: Path, reference: Path, start: int) -> None:
-    got, ref = per_step(run_dir), per_step(reference)
-    for step in range(start + 1, STEPS + 1):
-        assert got[step]["loss"] == ref[step]["loss"], (step, got[step]["loss"], ref[step]["loss"])
-        assert got[step]["lr"] == ref[step]["lr"], step
-
-
-def committed_steps(run_dir: Path) -> list:
-    from checkpoint.discovery import list_committed
-
-    return [c.step for c in list_committed(run_dir / "checkpoints")]
+pytestmark = pytest.mark.distributed  # every test trains through train.py processes
 
 
 @pytest.fixture(scope="module")

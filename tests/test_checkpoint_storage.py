@@ -3,21 +3,17 @@ computed while writing and verified while reading, stock DCP checkpoints still r
 
 from __future__ import annotations
 
-import io
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from helpers.launch import run, torchrun, worker
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
+from checkpoint import storage
 from checkpoint.commit import acknowledge
 from checkpoint.integrity import checksum_file
 from checkpoint.manifest import CheckpointError, FileEntry
-from checkpoint import storage
 from checkpoint.storage import RawFileReader, RawFileWriter
-from conftest import ROOT, _env
 
 
 def sample_state() -> dict:
@@ -165,9 +161,8 @@ def test_acknowledge_uses_the_writers_checksum_and_refuses_a_file_that_changed(t
     assert entries[name] == FileEntry(entry.size + 1, checksum_file(tmp_path / name, "crc32"))
 
 
+@pytest.mark.distributed
 def test_chunks_reshard_bitwise_across_layouts(tmp_path):
     """Row-sharded reads go straight into the shard; column blocks go through a copy."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(ROOT / "tests" / "storage_worker.py"), str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = run(torchrun(2, worker("storage_worker"), str(tmp_path)), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -6,11 +6,12 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from helpers.data import assert_same_batches, data_config, global_batches, pipeline
+from helpers.launch import ROOT
 
 from data.batching import make_batch_plan, rank_micro_batches
 from data.state import DataResumeError
 from data.token_file import TokenFile
-from data_helpers import assert_same_batches, data_config, global_batches, pipeline
 from training.step import IGNORE_INDEX
 
 STEPS = 12
@@ -203,7 +204,6 @@ def test_bad_data_settings_stop_at_start_up(pydoc_data):
 
     from configs.schema import register
     from configs.validate import ConfigError, validate_config
-    from conftest import ROOT
 
     register()
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
@@ -228,5 +228,6 @@ def test_skipping_samples_after_a_rollback_is_part_of_the_state(pydoc_data, refe
     assert states[0] == states[1] and states[0]["step"] == 2 and states[0]["samples_consumed"] == 40
     resumed = global_batches(data_config(pydoc_data), dp=1, steps=3, state=states[0])
     assert_same_batches(resumed, reference[5:8])
-    with pytest.raises(ValueError, match=r"skip_samples\(12\): must be a non-negative multiple of the global batch \(8\)"):
+    with pytest.raises(ValueError,
+                       match=r"skip_samples\(12\): must be a non-negative multiple of the global batch \(8\)"):
         pipe.skip_samples(12)

@@ -10,8 +10,10 @@ uninterrupted two-rank run and a one-rank run that never stopped.
 """
 
 import pytest
+from helpers.launch import run_train
 
-from conftest import debug_overrides, read_metrics, run_train
+from metrics.records import read_metrics
+from tools.runs import debug_overrides
 
 STEPS = 6
 RTOL = 1e-5

@@ -3,14 +3,13 @@ unsharded model and gives the same logits (fp32: bitwise; bf16: within bf16 roun
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 import torch
+from helpers.launch import ROOT, run
 from safetensors.torch import load_file
 
-from conftest import ROOT, _env
 from checkpoint.layout import committed_dir
 from checkpoint.manifest import Manifest
 from checkpoint.saver import CheckpointSaver
@@ -43,8 +42,7 @@ def checkpoint(tmp_path_factory):
 
 
 def export(ckpt, out, *args):
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "export.py"), str(ckpt), str(out), *args],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = run([sys.executable, str(ROOT / "scripts" / "export.py"), str(ckpt), str(out), *args], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -90,6 +88,5 @@ def test_export_refuses_a_corrupt_checkpoint(checkpoint, tmp_path):
     raw = bytearray(data.read_bytes())
     raw[len(raw) // 2] ^= 1
     data.write_bytes(bytes(raw))
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "export.py"), str(ckpt), str(tmp_path / "x")],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = run([sys.executable, str(ROOT / "scripts" / "export.py"), str(ckpt), str(tmp_path / "x")], timeout=300)
     assert proc.returncode != 0 and "is corrupt" in proc.stderr and "manifest says" in proc.stderr

@@ -6,17 +6,14 @@ from __future__ import annotations
 import math
 import os
 import signal
-import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
+from helpers.launch import run, torchrun, worker
 
-from conftest import ROOT, _env
-from recovery.faults import corrupt_checkpoint
 from configs.schema import FaultConfig as Fault
-from recovery.faults import FaultInjector, InjectedFault
+from recovery.faults import FaultInjector, InjectedFault, corrupt_checkpoint
 from recovery.preemption import Preemption
 
 
@@ -53,19 +50,11 @@ def test_nan_loss_poisons_the_forward(tmp_path):
 
 
 def test_sigkill_kills_the_real_process_and_stays_fired(tmp_path):
-    code = textwrap.dedent(f"""
-        from recovery.faults import FaultInjector
-        faults = FaultInjector([{{"kind": "sigkill", "phase": "checkpoint_write", "step": 4}}], {str(tmp_path)!r}, 0)
-        for step in range(1, 7):
-            faults.maybe_inject("checkpoint_write", step)
-            print("survived", step, flush=True)
-    """)
-    first = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                           timeout=60)
+    cmd = [sys.executable, worker("fault_sigkill"), str(tmp_path)]
+    first = run(cmd, timeout=60)
     assert first.returncode == -signal.SIGKILL
     assert first.stdout.split() == ["survived", "1", "survived", "2", "survived", "3"]
-    second = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                            timeout=60)
+    second = run(cmd, timeout=60)
     assert second.returncode == 0 and second.stdout.count("survived") == 6
 
 
@@ -106,32 +95,10 @@ def test_preemption_flag_set_by_signal_only():
         pre.uninstall()
 
 
+@pytest.mark.distributed
 def test_preemption_is_agreed_by_all_ranks():
     """Only rank 1 is signalled; both ranks stop at the same step boundary."""
-    script = textwrap.dedent("""
-        import os, signal
-        import torch.distributed as dist
-        dist.init_process_group("gloo")
-        from recovery.preemption import Preemption
-        pre = Preemption(["SIGUSR1"]).install()
-        rank = dist.get_rank()
-        for step in range(1, 10):
-            if rank == 1 and step == 4:
-                os.kill(os.getpid(), signal.SIGUSR1)
-            if pre.should_stop():
-                # one write() per line: two ranks share the pipe, print() may interleave them
-                os.write(1, f"STOP {rank} {step} {pre.signal_name}\\n".encode())
-                break
-        dist.destroy_process_group()
-    """)
-    path = ROOT / "outputs" / "_preempt_test.py"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(script)
-    try:
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                               str(path)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
-    finally:
-        path.unlink()
+    proc = run(torchrun(2, worker("preemption_ranks")), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     stops = sorted(line for line in proc.stdout.splitlines() if line.startswith("STOP"))
     assert stops == ["STOP 0 4 peer", "STOP 1 4 SIGUSR1"]

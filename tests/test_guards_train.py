@@ -4,7 +4,13 @@ checkpoint, and rollback resumes from a clean one."""
 import json
 import math
 
-from conftest import debug_overrides, read_metrics, run_train
+import pytest
+from helpers.launch import run_train
+
+from metrics.records import read_metrics
+from tools.runs import debug_overrides
+
+pytestmark = pytest.mark.distributed  # every test trains through train.py (one with torchrun)
 
 
 def _manifests(run_dir):

@@ -1,6 +1,6 @@
 """Every parallel layout trains exactly like one process (fp32, CPU, gloo, real torchrun).
 
-tests/parallel_worker.py trains the debug model for 10 steps (seeded synthetic batches,
+tests/workers/parallel_worker.py trains the debug model for 10 steps (seeded synthetic batches,
 grad accumulation where dp < 4) and dumps losses, grad norms and the gathered parameters;
 each layout also turns on one option (activation checkpointing, loss parallel, deferred
 gradient sync, no reshard after forward) that must not change the result.
@@ -15,15 +15,15 @@ Tolerances (fp32; only the order of floating-point reductions differs):
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+from helpers.launch import python_or_torchrun, run, run_train, worker
 
-from conftest import ROOT, _env, debug_overrides, read_metrics, run_train
-from parallel.dims import ParallelDims, check_tensor_parallel_fits, resolve_parallel_dims
+from metrics.records import read_metrics
 from model.config import ModelConfig
+from parallel.dims import ParallelDims, check_tensor_parallel_fits, resolve_parallel_dims
+from tools.runs import debug_overrides
 
 LOSS_ATOL, GRAD_NORM_ATOL, PARAM_ATOL = 1e-5, 1e-4, 1e-4
 
@@ -36,13 +36,8 @@ LAYOUTS = {
 
 
 def _worker(out, nproc: int, args):
-    script = str(ROOT / "tests" / "parallel_worker.py")
-    if nproc == 1:
-        cmd = [sys.executable, script, str(out), *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               script, str(out), *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+    cmd = python_or_torchrun(nproc, worker("parallel_worker"), str(out), *args)
+    proc = run(cmd, timeout=900)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return torch.load(out)
 
@@ -52,6 +47,7 @@ def reference(tmp_path_factory):
     return _worker(tmp_path_factory.mktemp("ref") / "ref.pt", 1, [])
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_matches_single_process(name, reference, tmp_path):
     nproc, args = LAYOUTS[name]
@@ -80,6 +76,7 @@ def test_layout_matches_single_process(name, reference, tmp_path):
         assert results[1]["groups"] >= 3  # at least the default group, the dp group and the tp group
 
 
+@pytest.mark.distributed
 def test_train_py_on_real_data_matches_one_process(pydoc_data, tmp_path):
     """train.py itself under dp_shard=2 x tp=2: ranks of a tp group read the same slice."""
     single = tmp_path / "single"
@@ -94,6 +91,7 @@ def test_train_py_on_real_data_matches_one_process(pydoc_data, tmp_path):
     assert max(abs(x - y) for x, y in zip(a, b)) <= LOSS_ATOL, (a, b)
 
 
+@pytest.mark.distributed  # starts train.py
 def test_layout_that_does_not_fit_the_world_stops_at_start_up(pydoc_data, tmp_path):
     proc = run_train(debug_overrides(tmp_path / "bad", pydoc_data, steps=2, extra={"parallel.tp": 2}), check=False)
     assert proc.returncode != 0

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
-from conftest import ROOT, _env
+import pytest
+from helpers.launch import run
 
 
 def _run(args):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=600)
+    return run([sys.executable, *args], timeout=600)
 
 
 def test_70b_plan_matches_hand_arithmetic():
@@ -39,6 +38,7 @@ def test_70b_plan_matches_hand_arithmetic():
     assert (plan["dp_shard"], plan["tp"], plan["world_size"]) == (64, 8, 512)
 
 
+@pytest.mark.distributed  # starts train.py
 def test_dry_run_prints_the_plan_and_refuses_a_tp_that_does_not_divide_the_heads():
     ok = _run(["train.py", "dry_run=true", "parallel.dp_shard=2", "parallel.tp=2"])
     assert ok.returncode == 0, ok.stderr[-3000:]

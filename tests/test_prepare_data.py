@@ -6,8 +6,8 @@ import sys
 
 import numpy as np
 import pytest
+from helpers.launch import ROOT, subprocess_env
 
-from conftest import ROOT, _env
 from data.token_file import TokenFile, prepare_token_file, read_meta, sha256_file
 from data.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
 
@@ -59,9 +59,9 @@ def test_truncated_token_file_is_detected(tmp_path):
 def test_script_refuses_to_overwrite_without_force(tmp_path):
     out = tmp_path / "ds"
     cmd = [sys.executable, str(ROOT / "scripts" / "prepare_data.py"), "--out", str(out)]
-    first = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
+    first = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True)
     assert first.returncode == 0 and "tokens from" in first.stdout
-    again = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
+    again = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True)
     assert again.returncode == 1 and "--force" in again.stderr
-    forced = subprocess.run(cmd + ["--force"], env=_env(), capture_output=True, text=True)
+    forced = subprocess.run(cmd + ["--force"], env=subprocess_env(), capture_output=True, text=True)
     assert forced.returncode == 0

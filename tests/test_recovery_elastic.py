@@ -15,8 +15,8 @@ import sys
 import time
 
 import pytest
+from helpers.launch import ROOT, run_train, subprocess_env
 
-from conftest import ROOT, _env
 from metrics.records import read_metrics, step_losses
 from tools.rehearsal import faults_override
 from tools.runs import tiny_overrides
@@ -57,15 +57,14 @@ def _agent(overrides, port: int, is_host: bool, log):
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic-test",
            f"--rdzv-conf=is_host={str(is_host).lower()},last_call_timeout=5,join_timeout=120",
            "--max-restarts=3", "--monitor-interval=0.5", str(ROOT / "train.py"), *overrides]
-    return subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 @pytest.mark.distributed
 def test_losing_a_node_reforms_smaller_group_with_same_global_batch(tmp_path, pydoc_data):
     base_dir = tmp_path / "baseline"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                    str(ROOT / "train.py"), *tiny_overrides(base_dir, pydoc_data, STEPS, 0)],
-                   cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=600)
+    run_train(tiny_overrides(base_dir, pydoc_data, STEPS, 0), nproc=2)
     baseline = step_losses(base_dir)
 
     run_dir = tmp_path / "elastic"

@@ -10,15 +10,16 @@ step 4, then SIGKILL at step 5" is deterministic.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
+from helpers.launch import run, worker
 
-from conftest import ROOT, _env
 from metrics.records import read_metrics, step_losses
 from tools.rehearsal import divergences, faults_override
 from tools.runs import tiny_overrides
+
+pytestmark = pytest.mark.distributed  # one supervisor process forks every training attempt
 
 STEPS = 8
 CORRUPTIONS = ("truncate", "flip_byte", "delete_file", "delete_manifest")
@@ -50,24 +51,11 @@ def _scenarios(root, data):
 def scenarios(tmp_path_factory, pydoc_data):
     root = tmp_path_factory.mktemp("fallback")
     spec = _scenarios(root, pydoc_data)
-    # the probe scenario: after step 4 commits, rewrite its stored probe loss (checksums stay valid)
+    # the probe scenario: after step 4 commits, its stored probe loss is rewritten (checksums stay
+    # valid) by the driver's hook (tests/workers/supervisor_probe.py)
     spec_path, out = root / "spec.json", root / "results.json"
     spec_path.write_text(json.dumps(spec))
-    probe_hack = (
-        "import json, sys\n"
-        "from pathlib import Path\n"
-        "import recovery.faults as f\n"
-        "orig = f.FaultInjector.maybe_inject\n"
-        "def hooked(self, phase, step, model=None, path=None):\n"
-        "    if phase == 'checkpoint_committed' and step == 4 and path is not None and '/probe/checkpoints' in str(path):\n"
-        "        m = Path(path) / 'manifest.json'; d = json.loads(m.read_text())\n"
-        "        d['probe_loss'] = d['probe_loss'] * (1 + 1e-6); m.write_text(json.dumps(d))\n"
-        "    return orig(self, phase, step, model=model, path=path)\n"
-        "f.FaultInjector.maybe_inject = hooked\n"
-        "from tools.supervisor import main\n"
-        "main(sys.argv[1:])\n")
-    proc = subprocess.run([sys.executable, "-c", probe_hack, str(spec_path), str(out)], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=900)
+    proc = run([sys.executable, worker("supervisor_probe"), str(spec_path), str(out)], timeout=900)
     assert out.exists() and proc.returncode == 0, proc.stderr[-5000:]
     return root, json.loads(out.read_text())
 

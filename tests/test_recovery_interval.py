@@ -6,9 +6,15 @@ from __future__ import annotations
 import math
 
 import pytest
+from helpers.launch import load_script
 
-from recovery.interval import (choose_interval_steps, cluster_mtbf_s, parse_interval, waste_fraction,
-                               young_daly_interval_s)
+from recovery.interval import (
+    choose_interval_steps,
+    cluster_mtbf_s,
+    parse_interval,
+    waste_fraction,
+    young_daly_interval_s,
+)
 from tools.simulate import simulate
 
 
@@ -65,13 +71,7 @@ def test_simulator_without_failures_costs_only_the_checkpoints():
 
 
 def test_plan_checkpointing_table_and_plot(tmp_path, capsys):
-    import importlib.util
-
-    from conftest import ROOT
-
-    spec = importlib.util.spec_from_file_location("plan_checkpointing", ROOT / "scripts" / "plan_checkpointing.py")
-    plan = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plan)
+    plan = load_script("plan_checkpointing")
     plan.main(["--models", "1b", "--storage-gbps", "10", "--intervals-min", "30", "--devices", "1000",
                "--out", str(tmp_path)])
     out = capsys.readouterr().out

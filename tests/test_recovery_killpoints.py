@@ -9,23 +9,26 @@ so 30+ real processes cost about a second each (recovery/supervisor.py).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
-from conftest import ROOT, _env
+import pytest
+from helpers.launch import run
+
 from metrics.records import step_losses
 from tools.rehearsal import ALL_PHASES, divergences, resume_problems
+
+pytestmark = pytest.mark.distributed  # one driver process forks every training attempt
 
 KILLS, CHAINS, SEED, STEPS, INTERVAL = 24, 6, 6, 10, 2
 
 
 def test_sigkill_at_seeded_points_resumes_bitwise(tmp_path, pydoc_data):
     out = tmp_path / "result.json"
-    proc = subprocess.run(
+    proc = run(
         [sys.executable, "-m", "tools.rehearsal", "--root", str(tmp_path / "runs"), "--data", str(pydoc_data),
          "--out", str(out), "--kills", str(KILLS), "--chains", str(CHAINS), "--seed", str(SEED),
          "--steps", str(STEPS), "--interval", str(INTERVAL)],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+        timeout=900)
     assert out.exists(), proc.stderr[-5000:]
     result = json.loads(out.read_text())
     assert result["baseline"]["ok"]

@@ -12,12 +12,14 @@ import sys
 import time
 
 import pytest
+from helpers.launch import ROOT, run, run_train, subprocess_env, torchrun
 
-from conftest import ROOT, _env, run_train
 from metrics.records import read_metrics, step_losses
+from recovery.watchdog import read_records
 from tools.rehearsal import divergences, faults_override
 from tools.runs import tiny_overrides
-from recovery.watchdog import read_records
+
+pytestmark = pytest.mark.distributed  # every test starts train.py, one under torchrun
 
 STEPS = 12
 HANG_TIMEOUT_S = 5.0
@@ -32,7 +34,6 @@ def baseline(tmp_path_factory, pydoc_data):
     return losses
 
 
-@pytest.mark.distributed
 def test_hangs_are_detected_in_time_and_torchrun_restarts_resume(tmp_path, pydoc_data, baseline):
     """First a background checkpoint write hangs (training goes on beating: only the write
     timer can see it), then after the restart the training loop itself hangs."""
@@ -42,9 +43,7 @@ def test_hangs_are_detected_in_time_and_torchrun_restarts_resume(tmp_path, pydoc
         faults_override([{"kind": "hang", "phase": "checkpoint_write", "step": 2},
                          {"kind": "hang", "phase": "step", "step": 7}]),
         f"recovery.timeouts.step={HANG_TIMEOUT_S}", f"recovery.checkpoint_write_timeout_s={write_timeout_s}"])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "--max-restarts=2",
-           str(ROOT / "train.py"), *overrides]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    proc = run(torchrun(1, "--max-restarts=2", str(ROOT / "train.py"), *overrides), timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     write, beat = read_records(run_dir)
     assert (write["kind"], write["phase"], write["step"]) == ("checkpoint_write", "checkpoint_write", 2)
@@ -66,7 +65,7 @@ def test_sigterm_saves_commits_exits_cleanly_and_resume_continues(tmp_path, pydo
     overrides = tiny_overrides(run_dir, pydoc_data, STEPS, 0, extra=[
         faults_override([{"kind": "hang", "phase": "step", "step": 6, "hang_s": 3.0}]),
         "recovery.preemption_grace_s=60"])
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, env=_env(),
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, env=subprocess_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300

@@ -1,12 +1,16 @@
 """train.py end to end, as a user runs it: real text, real processes, real files."""
 
 import resource
-import subprocess
 import sys
 
+import pytest
 import yaml
+from helpers.launch import ROOT, run, run_train
 
-from conftest import ROOT, _env, debug_overrides, read_metrics, run_train
+from metrics.records import read_metrics
+from tools.runs import debug_overrides
+
+pytestmark = pytest.mark.distributed  # every test starts train.py
 
 
 def test_debug_experiment_learns_real_text(tmp_path):
@@ -65,7 +69,7 @@ def test_wandb_online_without_network_or_key_does_not_stop_training(pydoc_data, 
 
 def test_dry_run_70b_reports_size_without_allocating():
     cmd = [sys.executable, str(ROOT / "train.py"), "+experiment=70b", "dry_run=true"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = run(cmd, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "70,553,706,496 parameters (70.55 B)" in proc.stdout
     assert "tp: 8" in proc.stdout  # the composed config is printed

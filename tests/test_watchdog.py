@@ -3,16 +3,13 @@ aborts the process, and stays quiet through a legitimately long phase."""
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
+from helpers.launch import run, torchrun, worker
 
-from conftest import ROOT, _env
 from recovery.stragglers import StragglerMonitor, find_stragglers
 from recovery.watchdog import Watchdog, read_records
 
@@ -93,22 +90,8 @@ def test_finished_background_write_is_forgotten(tmp_path):
         wd.stop()
 
 
-_HANG = textwrap.dedent("""
-    import sys, time, re
-    from recovery.watchdog import Watchdog
-    wd = Watchdog(sys.argv[1], rank=0, timeouts={"step": 1.0}, hard_margin_s=float(sys.argv[3])).start()
-    wd.beat("step", 4)
-    print(time.time(), flush=True)
-    if sys.argv[2] == "sleep":
-        time.sleep(60)            # releases the GIL: the Python watchdog thread fires
-    else:
-        re.match(r"(a+)+$", "a" * 64 + "b")  # holds the GIL for ages: only the C guard can fire
-""")
-
-
 def _run_hang(tmp_path, how: str, hard_margin_s: float):
-    proc = subprocess.run([sys.executable, "-c", _HANG, str(tmp_path), how, str(hard_margin_s)], cwd=ROOT,
-                          env=_env(), capture_output=True, text=True, timeout=60)
+    proc = run([sys.executable, worker("watchdog_hang"), str(tmp_path), how, str(hard_margin_s)], timeout=60)
     return proc, float(proc.stdout.split()[0])
 
 
@@ -126,7 +109,7 @@ def test_gil_holding_hang_is_caught_by_the_c_guard(tmp_path):
     proc, _ = _run_hang(tmp_path, "gil", 1.0)
     assert proc.returncode == 1  # faulthandler's exit
     assert time.monotonic() - start < 30
-    assert "Timeout (0:00:02)!" in proc.stderr and "<string>" in proc.stderr  # stacks dumped from C
+    assert "Timeout (0:00:02)!" in proc.stderr and "watchdog_hang.py" in proc.stderr  # stacks dumped from C
 
 
 def test_straggler_is_named():
@@ -134,34 +117,14 @@ def test_straggler_is_named():
     assert find_stragglers([1.0, 1.2, 1.1, 1.3], factor=1.5) == []
     mon = StragglerMonitor(interval=3, factor=1.5)
     assert mon.record(1, 0.1) == [] and mon.record(2, 0.1) == [] and mon.last_report is None
-    assert mon.record(3, 0.4) == [] and mon.last_report == [pytest.approx(0.2)]  # one rank: the mean, never its own straggler
+    # one rank: the mean, never its own straggler
+    assert mon.record(3, 0.4) == [] and mon.last_report == [pytest.approx(0.2)]
 
 
+@pytest.mark.distributed
 def test_straggler_report_over_ranks_names_slow_rank():
-    """Two real gloo ranks; rank 1 reports 3x the step time of rank 0."""
-    script = textwrap.dedent("""
-        import logging, os, sys
-        import torch.distributed as dist
-        logging.basicConfig(level="WARNING", format="%(message)s")
-        dist.init_process_group("gloo")
-        from recovery.stragglers import StragglerMonitor
-        rank = dist.get_rank()
-        mon = StragglerMonitor(interval=2, factor=1.5)
-        slow = []
-        for step in (1, 2):
-            slow = mon.record(step, 0.3 if rank == 1 else 0.1)
-        sys.stdout.write(f"REPORT {rank} {slow} {mon.last_report}\\n")  # one write: ranks share the pipe
-        sys.stdout.flush()
-        dist.destroy_process_group()
-    """)
-    path = ROOT / "outputs" / "_straggler_test.py"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(script)
-    try:
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
-                               str(path)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
-    finally:
-        path.unlink()
+    """Three real gloo ranks; rank 1 reports 3x the step time of the others."""
+    proc = run(torchrun(3, worker("straggler_ranks")), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "straggler: rank 1 took 0.300 s per step" in proc.stderr + proc.stdout
     reports = [line for line in proc.stdout.splitlines() if line.startswith("REPORT")]

@@ -1,7 +1,9 @@
-"""Run train.py with test-only interventions (never part of the trainer itself).
+"""Run by the checkpoint resume/reshard tests (helpers/resume.py): train.py with test-only hooks that may kill it.
 
-  python tests/ckpt_runner.py [--drop COMPONENT] [--kill-after-save STEP] [--kill-before-commit STEP]
-                              [--scaler-growth-interval N] -- <hydra overrides>
+The hooks are never part of the trainer itself.
+
+  python tests/workers/ckpt_runner.py [--drop COMPONENT] [--kill-after-save STEP] [--kill-before-commit STEP]
+                                      [--scaler-growth-interval N] -- <hydra overrides>
 
 --drop leaves one component out of the checkpoint resumed from (it is not read at load; later
 saves are complete), to show that the component is needed;
@@ -20,8 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _die() -> None:
@@ -66,8 +67,8 @@ def main() -> None:
     if a.kill_after_save is not None:
         original_save = manager.CheckpointManager.save
 
-        def save_then_die(self, step, loss):
-            original_save(self, step, loss)
+        def save_then_die(self, step, loss, *args, **kwargs):
+            original_save(self, step, loss, *args, **kwargs)
             if step == a.kill_after_save:
                 _die()
 

@@ -1,4 +1,6 @@
-"""Train the debug model for a few steps under one parallel layout and dump what the test
+"""Run by test_parallel.py, alone and under torchrun: each parallel layout needs one process per rank.
+
+Trains the debug model for a few steps under one parallel layout and dumps what the test
 compares: per-step loss and grad norm, and the gathered (full) parameters at the end.
 
 Run with plain python (one process: the reference) or under torchrun. It drives the same
@@ -6,8 +8,8 @@ functions as train.py (parallelize_model, materialize_parallel_model, train_step
 optimizer and schedule); only the data is synthetic (a seeded global batch per step, sliced
 by dp_rank exactly as data/ does), so the test does not depend on the data pipeline.
 
-  python tests/parallel_worker.py OUT.pt [key=value ...]        # keys of ParallelConfig
-  torchrun --nproc-per-node 2 tests/parallel_worker.py OUT.pt dp_shard=2
+  python tests/workers/parallel_worker.py OUT.pt [key=value ...]        # keys of ParallelConfig
+  torchrun --nproc-per-node 2 tests/workers/parallel_worker.py OUT.pt dp_shard=2
   ... check_timeout=true: afterwards, rank 3 stalls and the others show whether the tightened
   collective timeout fires on the dp sub-group (writes OUT.timeout<rank>.json).
 """
@@ -20,24 +22,22 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
+from configs.schema import OptimConfig, ParallelConfig
+from data.batching import make_batch_plan
+from model.config import ModelConfig
+from model.llama import build_model
+from parallel.dims import resolve_parallel_dims
+from parallel.init import init_distributed, set_collective_timeout
+from parallel.parallelize import materialize_parallel_model, parallelize_model
+from training.optimizer import build_optimizer
+from training.schedule import build_scheduler
+from training.step import Precision, train_step
 
-from configs.schema import OptimConfig, ParallelConfig  # noqa: E402
-from data.batching import make_batch_plan  # noqa: E402
-from model.config import ModelConfig  # noqa: E402
-from model.llama import build_model  # noqa: E402
-from parallel.dims import resolve_parallel_dims  # noqa: E402
-from parallel.init import init_distributed, set_collective_timeout  # noqa: E402
-from parallel.parallelize import materialize_parallel_model, parallelize_model  # noqa: E402
-from training.optimizer import build_optimizer  # noqa: E402
-from training.schedule import build_scheduler  # noqa: E402
-from training.step import Precision, train_step  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 STEPS, GLOBAL_BATCH, MICRO_BATCH, SEQ_LEN, SEED = 10, 8, 2, 32, 1234
 
 

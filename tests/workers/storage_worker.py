@@ -1,6 +1,6 @@
-"""Raw-bytes chunk reads across layouts (run by tests/test_checkpoint_storage.py under torchrun).
+"""Run by test_checkpoint_storage.py under torchrun: raw-bytes chunk reads across layouts need real ranks.
 
-  torchrun --nproc-per-node 2 tests/storage_worker.py DIR
+  torchrun --nproc-per-node 2 tests/workers/storage_worker.py DIR
 
 Rank 0 first saves full tensors with no process group (DIR/full). Then both ranks:
 1. load DIR/full into DTensors sharded on dim 0 (whole rows: read straight into the shard)
@@ -15,16 +15,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.tensor import Shard, distribute_tensor  # noqa: E402
-
-from checkpoint.storage import RawFileReader, RawFileWriter  # noqa: E402
+from checkpoint.storage import RawFileReader, RawFileWriter
 
 
 def full_tensors() -> dict:

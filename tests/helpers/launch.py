@@ -1,0 +1,70 @@
+"""Real processes for the tests: train.py, torchrun, the scripts and the programs in tests/workers/.
+
+Every process starts in the repository root with the test environment (subprocess_env). It
+finds the project's packages through the editable install (``pip install -e .``), so no
+PYTHONPATH is set.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Dict, List, Sequence
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = ROOT / "tests" / "workers"
+
+
+def subprocess_env(extra: Dict[str, str] | None = None) -> Dict[str, str]:
+    """This process's environment for a child: one OpenMP thread and wandb off unless the caller
+    set them, then ``extra``."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["WANDB_MODE"] = env.get("WANDB_MODE", "disabled")
+    env.update(extra or {})
+    return env
+
+
+def worker(name: str) -> str:
+    """The path of tests/workers/<name>.py."""
+    return str(WORKERS / f"{name}.py")
+
+
+def torchrun(nproc: int, *args: str) -> List[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node=N ARGS``."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+
+
+def python_or_torchrun(nproc: int, script: str, *args: str) -> List[str]:
+    """Plain python for one process, torchrun for more."""
+    return [sys.executable, script, *args] if nproc == 1 else torchrun(nproc, script, *args)
+
+
+def run(cmd: Sequence[str], timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in the repository root with subprocess_env(), capturing its text output."""
+    kwargs.setdefault("cwd", ROOT)
+    kwargs.setdefault("env", subprocess_env())
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def run_train(overrides: Sequence[str], nproc: int = 1, timeout: float = 600, check: bool = True,
+              extra_env: Dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run train.py with Hydra overrides: plain python for one process, torchrun otherwise."""
+    cmd = python_or_torchrun(nproc, str(ROOT / "train.py"), *overrides)
+    proc = run(cmd, timeout=timeout, env=subprocess_env(extra_env))
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+                             f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    return proc
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/<name>.py imported as a module (scripts/ is not a package), without touching sys.path."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

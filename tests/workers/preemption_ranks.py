@@ -1,0 +1,33 @@
+"""Run by test_faults.py's preemption agreement test under torchrun: agreeing takes real ranks.
+
+  torchrun --standalone --nproc-per-node 2 tests/workers/preemption_ranks.py
+
+Each rank prints "STOP <rank> <step> <signal or 'peer'>" at the step boundary where it stops.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import torch.distributed as dist
+
+from recovery.preemption import Preemption
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    pre = Preemption(["SIGUSR1"]).install()
+    rank = dist.get_rank()
+    for step in range(1, 10):
+        if rank == 1 and step == 4:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        if pre.should_stop():
+            # one write() per line: two ranks share the pipe, print() may interleave them
+            os.write(1, f"STOP {rank} {step} {pre.signal_name}\n".encode())
+            break
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
