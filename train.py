@@ -11,18 +11,28 @@ trainer/run.py. Nothing imports this file.
 from __future__ import annotations
 
 import os
+import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from checkpoint.manifest import CheckpointError, ConfigMismatch
+from checkpoint.preflight import PreflightError
 from configs.schema import register
-from configs.validate import model_config, validate_config
+from configs.validate import ConfigError, model_config, validate_config, world_size_of
+from data.checks import DataError
 from model.counting import count_params, flops_per_token
+from recovery.guards.rollback import RollbackError
+from recovery.verify import RecoveryError
 from trainer.plan import format_plan, plan_from_config
 from trainer.run import run
 
 register()
+
+# Errors whose message says what is wrong and what to do: printed as one block, no traceback.
+# Exit code 2: the configuration (or a resume's change of it) is refused; 1: the run could not go on.
+USER_ERRORS = (ConfigError, CheckpointError, PreflightError, RecoveryError, RollbackError, DataError)
 
 
 def dry_run(cfg: DictConfig) -> None:
@@ -45,11 +55,16 @@ def dry_run(cfg: DictConfig) -> None:
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> None:
-    validate_config(cfg)
-    if cfg.dry_run:
-        dry_run(cfg)
-        return
-    run(cfg, list(HydraConfig.get().overrides.task))
+    try:
+        validate_config(cfg, world_size_of(cfg), files=True)
+        if cfg.dry_run:
+            dry_run(cfg)
+            return
+        run(cfg, list(HydraConfig.get().overrides.task))
+    except USER_ERRORS as exc:
+        rank = os.environ.get("RANK")
+        print(f"\nerror{f' (rank {rank})' if rank else ''}: {type(exc).__name__}: {exc}\n", file=sys.stderr)
+        sys.exit(2 if isinstance(exc, (ConfigError, ConfigMismatch)) else 1)
 
 
 if __name__ == "__main__":

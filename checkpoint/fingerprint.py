@@ -1,11 +1,18 @@
 """The config hash: which settings a resume must keep, and which it may change.
 
-Hashed: everything that changes the trajectory (model, seed, data, optimizer, schedule,
-steps, global batch, precision, EMA, ...). Free to change on resume: the world layout
-(``parallel.*``), ``training.micro_batch_size`` (grad accumulation is recomputed, the
-global batch is fixed), data loading speed knobs (``data.num_workers``,
-``data.prefetch_factor``, ``data.prepare_if_missing``), ``checkpoint.*`` (intervals,
-retention, resume), ``logging.*``, ``recovery.*``, and names/paths of the run.
+Hashed (a resume that changes them is refused unless ``checkpoint.allow_config_change``):
+the model, the seed, the data and its order, the global batch, precision, EMA, the optimizer's
+betas and eps. Free to change on resume (RESUME_MUTABLE):
+- the schedule (RESUME_SCHEDULE: ``training.steps``, ``optim.lr``, ``optim.lr_min``,
+  ``optim.warmup_steps``, ``optim.schedule``, ``optim.weight_decay``, ``training.grad_clip``):
+  applied from this run's config at the resumed step (training/schedule.py:apply_config);
+- the world layout (``parallel.*``) and ``training.micro_batch_size`` (grad accumulation is
+  recomputed, the global batch is fixed);
+- data loading knobs and the data's location (``data.num_workers``, ``data.prefetch_factor``,
+  ``data.prepare_if_missing``, ``data.path``; what the data is, the data state's fingerprint
+  checks);
+- ``checkpoint.*``, ``logging.*``, ``recovery.*``, and the run's name and paths.
+The manifest stores the whole resolved config; the hash covers the hashed part only.
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ from typing import Dict, List
 
 from omegaconf import DictConfig, OmegaConf
 
-RESUME_MUTABLE = (
+RESUME_SCHEDULE = ("training.steps", "optim.lr", "optim.lr_min", "optim.warmup_steps", "optim.schedule",
+                   "optim.weight_decay", "training.grad_clip")
+RESUME_MUTABLE = RESUME_SCHEDULE + (
     "parallel", "checkpoint", "logging", "recovery", "run_name", "output_root", "run_dir", "dry_run",
     "training.micro_batch_size", "data.num_workers", "data.prefetch_factor", "data.prepare_if_missing",
     # Where the data lives may change; what it is is checked by the data state's fingerprint.
@@ -25,9 +34,15 @@ RESUME_MUTABLE = (
 )
 
 
-def hashed_config(cfg: DictConfig) -> Dict:
-    """The part of the resolved config that a resume must not change."""
-    container = copy.deepcopy(OmegaConf.to_container(cfg, resolve=True))
+def full_config(cfg: DictConfig) -> Dict:
+    """The resolved config as plain data (what the manifest stores)."""
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def hashed_config(cfg: DictConfig | Dict) -> Dict:
+    """The part of the resolved config (a DictConfig, or a manifest's stored dict) that a
+    resume must not change."""
+    container = copy.deepcopy(cfg if isinstance(cfg, dict) else full_config(cfg))
     for dotted in RESUME_MUTABLE:
         node = container
         *parents, leaf = dotted.split(".")
@@ -52,4 +67,24 @@ def config_differences(saved: Dict, current: Dict, prefix: str = "") -> List[str
             out += config_differences(a, b, name + ".")
         elif a != b:
             out.append(f"{name}: {a!r} -> {b!r}")
+    return out
+
+
+def _get(container: Dict, dotted: str):
+    node = container
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return "<absent>"
+        node = node[part]
+    return node
+
+
+def schedule_changes(saved: Dict, current: Dict) -> List[str]:
+    """'key: saved -> current' for the RESUME_SCHEDULE fields that differ (a manifest written
+    before the full config was stored holds none of them: nothing is reported)."""
+    out = []
+    for key in RESUME_SCHEDULE:
+        before, now = _get(saved, key), _get(current, key)
+        if before != "<absent>" and before != now:
+            out.append(f"{key}: {before!r} -> {now!r}")
     return out

@@ -120,6 +120,11 @@ def load_checkpoint(state: TrainingState, path: Path, *, seed: int, verify: bool
             sd.pop("ema")
             reinit_ema = True
             continue
+        if component == "guards":  # saved before the guards were part of the state: they warm up again
+            sd.pop("guards")
+            log.warning("the checkpoint has no guard statistics (saved by an older version): the guards "
+                        "warm up again, so alarms may differ from an uninterrupted run")
+            continue
         raise CheckpointError(f"{path} has no '{component}' state (it holds: "
                               f"{sorted({k.split('.')[0] for k in keys})}); it was saved by a run without it")
     no_dist = not (dist.is_available() and dist.is_initialized())

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from checkpoint.discovery import clean_uncommitted, list_committed, mark_bad, resolve_resume
-from checkpoint.fingerprint import config_differences, config_hash, hashed_config
+from checkpoint.fingerprint import config_differences, config_hash, full_config, hashed_config, schedule_changes
 from checkpoint.integrity import default_algorithm
 from checkpoint.layout import checkpoint_id, parse
 from checkpoint.loader import any_rank, from_rank0, load_checkpoint
@@ -48,7 +48,8 @@ class CheckpointManager:
         # "auto": recovery/runtime.py measures a first save, then calls set_interval (Young/Daly)
         self.interval = AUTO_MEASURE_STEPS if str(c.interval).strip() == "auto" else int(c.interval)
         self.metrics, self.probe = metrics, probe
-        self.hashed = hashed_config(cfg)
+        self.full_config = full_config(cfg)
+        self.hashed = hashed_config(self.full_config)
         self.config_hash = config_hash(self.hashed)
         self._housekeeping = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-retention")
         group = None
@@ -145,8 +146,12 @@ class CheckpointManager:
 
     def _load(self, path: Path, verify: Optional[VerifyHook]) -> Manifest:
         manifest = read_manifest(path)
+        changed = schedule_changes(manifest.config, self.full_config)
+        if changed:
+            log.warning("resume changes the schedule (this run's config applies from step %d on): %s",
+                        manifest.step, "; ".join(changed))
         if manifest.config_hash != self.config_hash:
-            diffs = config_differences(manifest.config, self.hashed)
+            diffs = config_differences(hashed_config(manifest.config), self.hashed)
             msg = (f"{path} was saved with a different config (hash {manifest.config_hash}, this run "
                    f"{self.config_hash}): {'; '.join(diffs) or 'unknown fields'}")
             if not self.ckpt_cfg.allow_config_change:
@@ -188,7 +193,7 @@ class CheckpointManager:
                   "loss": loss, "probe_loss": probe_loss}
         manifest = Manifest(
             checkpoint_id=checkpoint_id(step), step=step, tokens=s.tokens, samples=s.samples,
-            created_at=s.meta["wall_clock"], config_hash=self.config_hash, config=self.hashed,
+            created_at=s.meta["wall_clock"], config_hash=self.config_hash, config=self.full_config,
             world_size=self.world_size, layout=dict(self.layout),
             global_batch_size=self.cfg.training.global_batch_size, loss=loss, probe_loss=probe_loss,
             checksum_algorithm=None, components=s.components())

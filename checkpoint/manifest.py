@@ -41,7 +41,7 @@ class Manifest:
     samples: int
     created_at: float  # wall-clock (unix seconds) when the save was requested
     config_hash: str
-    config: Dict  # the hashed part of the config, to name the fields that differ on a mismatch
+    config: Dict  # the resolved config (checkpoint/fingerprint.py: which part is hashed, what may change)
     world_size: int
     layout: Dict[str, int]  # dp_replicate, dp_shard, tp
     global_batch_size: int

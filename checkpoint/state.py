@@ -2,8 +2,8 @@
 
 Tensors (model, optimizer, EMA) come from ``get_state_dict``: each rank holds only its
 shards and DCP writes them in parallel, never gathered on one rank. Small Python state
-(scheduler, grad scaler, data position, counters, metadata, RNG) is pickled into one
-``bytes`` value per component, so its inner layout can evolve without changing the format.
+(scheduler, grad scaler, data position, the guards' running statistics, counters, metadata,
+RNG) is pickled into one ``bytes`` value per component, so its inner layout can evolve without changing the format.
 RNG is per rank (``rng.rank_R``); see checkpoint/rng.py for the changed-world-size policy.
 """
 
@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.state_dict import (get_state_dict, set_model_s
 from torch.distributed.checkpoint.stateful import Stateful
 
 from checkpoint.rng import capture_rng, restore_rng
+from training.schedule import apply_config
 
 
 def pack(obj: Any) -> bytes:
@@ -35,14 +36,20 @@ def rng_key(rank: int) -> str:
 class TrainingState(Stateful):
     """Everything that changes the trajectory; ``state_dict`` is what a checkpoint holds.
 
-    ``data`` is any object with ``state_dict()``/``load_state_dict()`` (the data pipeline);
-    ``scaler`` is the fp16 GradScaler or None; ``ema`` is training.ema.EMA or None.
+    ``optim_config`` (cfg.optim): after a load, the optimizer's hyperparameters and the LR at the
+    restored step come from it (training/schedule.py:apply_config), so a resume may change
+    the schedule. ``data`` is any object with ``state_dict()``/``load_state_dict()`` (the data pipeline);
+    so is ``guards`` (recovery/guards: whether a later step is skipped depends on their
+    running statistics); ``scaler`` is the fp16 GradScaler or None; ``ema`` is training.ema.EMA
+    or None.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler,
-                 scaler=None, data=None, ema=None, *, rank: int = 0, world_size: int = 1):
+                 scaler=None, data=None, ema=None, guards=None, *, optim_config=None, rank: int = 0,
+                 world_size: int = 1):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.scaler, self.data, self.ema = scaler, data, ema
+        self.scaler, self.data, self.ema, self.guards = scaler, data, ema, guards
+        self.optim_config = optim_config
         self.rank, self.world_size = rank, world_size
         self.step = 0  # optimizer steps done
         self.tokens = 0  # target tokens trained on
@@ -59,6 +66,7 @@ class TrainingState(Stateful):
         names += ["scaler"] if self.scaler is not None else []
         names += ["data"] if self.data is not None and hasattr(self.data, "state_dict") else []
         names += ["ema"] if self.ema is not None else []
+        names += ["guards"] if self.guards is not None else []
         return names
 
     def state_dict(self) -> Dict[str, Any]:
@@ -77,6 +85,8 @@ class TrainingState(Stateful):
             sd["data"] = pack(self.data.state_dict())
         if self.ema is not None:
             sd["ema"] = self.ema.state_dict()
+        if self.guards is not None:
+            sd["guards"] = pack(self.guards.state_dict())
         return sd
 
     def load_state_dict(self, sd: Dict[str, Any]) -> None:
@@ -89,12 +99,16 @@ class TrainingState(Stateful):
             set_optimizer_state_dict(self.model, self.optimizer, sd["optim"])
         if "scheduler" in sd:
             self.scheduler.load_state_dict(unpack(sd["scheduler"]))
+        if self.optim_config is not None and ("optim" in sd or "scheduler" in sd):
+            apply_config(self.optimizer, self.scheduler, self.optim_config)
         if "scaler" in sd and self.scaler is not None:
             self.scaler.load_state_dict(unpack(sd["scaler"]))
         if "data" in sd and self.data is not None:
             self.data.load_state_dict(unpack(sd["data"]))
         if "ema" in sd and self.ema is not None:
             self.ema.load_state_dict(sd["ema"])
+        if "guards" in sd and self.guards is not None:
+            self.guards.load_state_dict(unpack(sd["guards"]))
         if "progress" in sd:
             progress = unpack(sd["progress"])
             self.step, self.tokens, self.samples = progress["step"], progress["tokens"], progress["samples"]

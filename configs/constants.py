@@ -38,3 +38,15 @@ FAULT_KINDS = ("sigkill", "hang", "exception", "nan_loss", "corrupt", "bitflip_p
 SAVE_PHASES = ("checkpoint_snapshot", "checkpoint_write", "checkpoint_commit", "checkpoint_committed")
 FAULT_PHASES = ("step", "data_wait", "gradients") + SAVE_PHASES + ("checkpoint_retention", "checkpoint_load")
 CORRUPTIONS = ("truncate", "flip_byte", "delete_file", "delete_manifest")
+
+# parallel.*
+DEVICES = ("auto", "cpu", "cuda")  # parallel.device
+PARAM_DTYPES = ("fp32", "bf16")  # parallel.param_dtype and parallel.reduce_dtype
+ACTIVATION_CHECKPOINTING = ("none", "full", "selective")  # parallel.activation_checkpoint
+
+OPTIMIZERS = ("adamw",)  # optim.name
+OPTIMIZER_IMPLEMENTATIONS = ("auto", "fused", "foreach", "for-loop")  # optim.implementation
+TOKENIZERS = ("byte", "bpe")  # data.tokenizer
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")  # logging.level
+ON_SAVE_ERROR = ("stop", "continue")  # checkpoint.on_save_error
+RESUME_WORDS = ("auto", "never", "must")  # checkpoint.resume, besides a step number or a checkpoint path

@@ -113,6 +113,9 @@ class CheckpointConfig:
     verify_on_load: bool = True  # check sizes first, checksums while loading (checkpoint/loader.py)
     load_threads: int = 2  # read streams per rank and file while loading (1: one sequential stream)
     commit_timeout_s: float = 600.0  # a rank that has not acknowledged by then: not committed
+    # A save that fails (disk full, read-only, quota): stop (the uncommitted directory is removed and the
+    # run exits with a message) or continue (an alarm in metrics.jsonl; the next interval tries again).
+    on_save_error: str = "stop"  # stop | continue
 
 
 @dataclass

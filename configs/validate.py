@@ -1,13 +1,30 @@
-"""Checks that need more than types: run before anything is allocated, errors name values."""
+"""Every config value checked at start-up, before torch is imported or anything is allocated.
+
+Types are the schema's job (configs/schema.py, at compose time); this module checks values:
+choices, ranges, and what the keys mean together (batch split, parallel layout, warm-up). All
+problems are collected and raised as one ConfigError; train.py prints it as one block, with
+no traceback, and exits with code 2. Each message names the key, the value and the fix.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
+from typing import Callable, List
+
 from omegaconf import DictConfig, OmegaConf
 
-from configs.constants import CORRUPTIONS, FAULT_KINDS, FAULT_PHASES, PRECISIONS, SCHEDULES, WANDB_MODES
-from data.checks import check_data_config
+from configs.constants import (ACTIVATION_CHECKPOINTING, ASYNC_MODES, BEST_METRICS, DEVICES, GUARD_ACTIONS,
+                               LOG_LEVELS, ON_SAVE_ERROR, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZERS, PARAM_DTYPES,
+                               PRECISIONS, RESUME_WORDS, SCHEDULES, WANDB_MODES, WATCHDOG_PHASES)
+from data.batching import make_batch_plan
+from data.checks import check_data_config, data_path_problem
 from data.tokenizer import check_tokenizer_name
 from model.config import ModelConfig
+from parallel.dims import check_tensor_parallel_fits, resolve_parallel_dims
+from recovery.faults import fault_problems
+from recovery.interval import parse_interval
 
 
 class ConfigError(ValueError):
@@ -18,66 +35,156 @@ def model_config(cfg: DictConfig) -> ModelConfig:
     return ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))
 
 
-def fault_problems(fault) -> list:
-    """What is wrong with one ``recovery.faults`` entry (a FaultConfig or its DictConfig)."""
-    kind, phase = fault.kind, fault.phase
-    out = []
-    if kind not in FAULT_KINDS:
-        out.append(f"recovery.faults: kind={kind!r}: choose one of {list(FAULT_KINDS)}")
-    if phase not in FAULT_PHASES:
-        out.append(f"recovery.faults: phase={phase!r}: choose one of {list(FAULT_PHASES)}")
-    if kind == "corrupt" and fault.corruption not in CORRUPTIONS:
-        out.append(f"recovery.faults: corruption={fault.corruption!r}: choose one of {list(CORRUPTIONS)}")
-    if kind == "corrupt" and phase != "checkpoint_committed":
-        out.append("recovery.faults: a corrupt fault damages a committed checkpoint: use phase=checkpoint_committed")
-    if kind == "bitflip_param" and phase != "step":
-        out.append("recovery.faults: bitflip_param flips a weight before the forward pass: use phase=step")
-    if kind == "bitflip_grad" and phase != "gradients":
-        out.append("recovery.faults: bitflip_grad flips a gradient after backward: use phase=gradients")
-    if kind.startswith("bitflip") and not 0 <= fault.bit < 32:
-        out.append(f"recovery.faults: bit={fault.bit} must be in [0, 32) (an fp32 word)")
-    return out
+def _choice(problems: List[str], key: str, value, choices) -> None:
+    if value not in choices:
+        problems.append(f"{key}={value!r}: choose one of {list(choices)}")
 
 
-def validate_config(cfg: DictConfig) -> None:
-    problems = []
+def _at_least(problems: List[str], key: str, value, low, why: str = "") -> None:
+    if value < low:
+        problems.append(f"{key}={value} must be >= {low}" + (f" ({why})" if why else ""))
+
+
+def _positive(problems: List[str], key: str, value) -> None:
+    if not value > 0:
+        problems.append(f"{key}={value} must be > 0")
+
+
+def world_size_of(cfg: DictConfig) -> int | None:
+    """The world size train.py will run at: the launcher's WORLD_SIZE, else 1 (plain python); for a
+    dry run the layout's product, or None when dp_shard=-1 leaves it open."""
+    if "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    if cfg.dry_run:
+        p = cfg.parallel
+        return p.dp_replicate * p.dp_shard * p.tp if p.dp_shard != -1 else None
+    return 1
+
+
+def _training(cfg: DictConfig, problems: List[str], check: Callable) -> None:
+    t, o = cfg.training, cfg.optim
+    _at_least(problems, "training.steps", t.steps, 1)
+    if o.warmup_steps < 0 or o.warmup_steps > t.steps:
+        problems.append(f"optim.warmup_steps={o.warmup_steps} is longer than the run (training.steps={t.steps}); "
+                        f"use 0 to {t.steps} (typically 1-5% of the steps)")
+    _at_least(problems, "training.seq_len", t.seq_len, 1)
+    if t.seq_len > cfg.model.max_seq_len:
+        problems.append(f"training.seq_len={t.seq_len} is above the model's maximum model.max_seq_len="
+                        f"{cfg.model.max_seq_len}; lower training.seq_len or raise model.max_seq_len")
+    _choice(problems, "training.mixed_precision", t.mixed_precision, PRECISIONS)
+    _at_least(problems, "training.grad_clip", t.grad_clip, 0, "0 disables clipping")
+    if not 0 <= t.ema_decay < 1:
+        problems.append(f"training.ema_decay={t.ema_decay} must be in [0, 1) (0 disables EMA)")
+    _choice(problems, "optim.name", o.name, OPTIMIZERS)
+    _choice(problems, "optim.implementation", o.implementation, OPTIMIZER_IMPLEMENTATIONS)
+    _choice(problems, "optim.schedule", o.schedule, SCHEDULES)
+    _positive(problems, "optim.lr", o.lr)
+    if not 0 <= o.lr_min <= o.lr:
+        problems.append(f"optim.lr_min={o.lr_min} must be between 0 and optim.lr={o.lr}")
+    _at_least(problems, "optim.weight_decay", o.weight_decay, 0)
+    for key in ("beta1", "beta2"):
+        if not 0 <= o[key] < 1:
+            problems.append(f"optim.{key}={o[key]} must be in [0, 1)")
+    _positive(problems, "optim.eps", o.eps)
+
+
+def _parallel(cfg: DictConfig, problems: List[str], check: Callable, world: int | None) -> None:
+    p = cfg.parallel
+    _choice(problems, "parallel.device", p.device, DEVICES)
+    _choice(problems, "parallel.param_dtype", p.param_dtype, PARAM_DTYPES)
+    _choice(problems, "parallel.reduce_dtype", p.reduce_dtype, PARAM_DTYPES)
+    _choice(problems, "parallel.activation_checkpoint", p.activation_checkpoint, ACTIVATION_CHECKPOINTING)
+    _positive(problems, "parallel.collective_timeout_s", p.collective_timeout_s)
+    _positive(problems, "parallel.collective_timeout_after_first_step_s", p.collective_timeout_after_first_step_s)
+    if world is None:  # the layout is checked once the world size is known
+        return
+    dims = check(lambda: resolve_parallel_dims(p.dp_replicate, p.dp_shard, p.tp, world))
+    if dims is None:
+        return
+    check(lambda: make_batch_plan(cfg.training.global_batch_size, cfg.training.micro_batch_size, dims.dp))
+    check(lambda: check_tensor_parallel_fits(model_config(cfg), dims.tp, cfg.training.seq_len))
+
+
+def _checkpoint(cfg: DictConfig, problems: List[str], check: Callable) -> None:
+    c = cfg.checkpoint
+    check(lambda: parse_interval(c.interval))
+    _choice(problems, "checkpoint.async_mode", c.async_mode, ASYNC_MODES)
+    _at_least(problems, "checkpoint.keep_last", c.keep_last, 1,
+              "the newest committed checkpoint is always kept; 0 would keep none")
+    _at_least(problems, "checkpoint.keep_every", c.keep_every, 0, "0 turns the permanent tier off")
+    _at_least(problems, "checkpoint.keep_best", c.keep_best, 0, "0 turns the best tier off")
+    _choice(problems, "checkpoint.best_metric", c.best_metric, BEST_METRICS)
+    _choice(problems, "checkpoint.on_save_error", c.on_save_error, ON_SAVE_ERROR)
+    _at_least(problems, "checkpoint.load_threads", c.load_threads, 1,
+              "read streams per rank while loading; 1 reads each file in one sequential stream")
+    _positive(problems, "checkpoint.commit_timeout_s", c.commit_timeout_s)
+    resume = str(c.resume).strip()
+    if resume not in RESUME_WORDS and not resume.isdigit() and not (Path(resume) / "manifest.json").is_file():
+        problems.append(f"checkpoint.resume={resume!r}: use one of {list(RESUME_WORDS)}, a step number, or the "
+                        "path of a committed checkpoint directory (one holding manifest.json)")
+
+
+def _recovery(cfg: DictConfig, problems: List[str], check: Callable) -> None:
+    r = cfg.recovery
+    unknown = sorted(set(r.timeouts) - set(WATCHDOG_PHASES))
+    if unknown:
+        problems.append(f"recovery.timeouts has unknown phases {unknown}: the phases are {list(WATCHDOG_PHASES)}")
+    for phase, seconds in r.timeouts.items():
+        _positive(problems, f"recovery.timeouts.{phase}", seconds)
+    _positive(problems, "recovery.checkpoint_write_timeout_s", r.checkpoint_write_timeout_s)
+    _at_least(problems, "recovery.straggler_interval", r.straggler_interval, 0, "0 disables the report")
+    if not r.straggler_factor > 1:
+        problems.append(f"recovery.straggler_factor={r.straggler_factor} must be > 1")
+    for name in r.preemption_signals:
+        if not (str(name).startswith("SIG") and hasattr(signal, str(name))):
+            problems.append(f"recovery.preemption_signals: {name!r} is not a signal name (e.g. SIGTERM, SIGUSR1)")
+    _positive(problems, "recovery.preemption_grace_s", r.preemption_grace_s)
+    _positive(problems, "recovery.probe_rtol_reshard", r.probe_rtol_reshard)
+    _at_least(problems, "recovery.max_fallbacks", r.max_fallbacks, 0)
+    _positive(problems, "recovery.device_mtbf_hours", r.device_mtbf_hours)
+    _at_least(problems, "recovery.devices", r.devices, 0, "0 uses the world size")
+    for fault in r.faults:
+        problems += fault_problems(fault)
+    g = r.guards
+    _choice(problems, "recovery.guards.action", g.action, GUARD_ACTIONS)
+    _at_least(problems, "recovery.guards.warmup_steps", g.warmup_steps, 0)
+    if not g.grad_norm_multiple > 1:
+        problems.append(f"recovery.guards.grad_norm_multiple={g.grad_norm_multiple} must be > 1")
+    for key in ("loss_window", "shadow_window"):
+        _at_least(problems, f"recovery.guards.{key}", g[key], 3, "a median needs a few values")
+    for key in ("shadow_interval", "replica_interval", "rollback_min_age_steps"):
+        _at_least(problems, f"recovery.guards.{key}", g[key], 0)
+    for key in ("max_consecutive_skips", "max_rollbacks"):
+        _at_least(problems, f"recovery.guards.{key}", g[key], 1)
+
+
+def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool = False) -> None:
+    """Raise one ConfigError listing every problem of ``cfg`` (a composed training config).
+
+    train.py also passes the run's ``world_size`` (``world_size_of``: the parallel layout, the
+    batch split and tensor-parallel divisibility are checked) and ``files=True`` (the data path
+    exists, or prepare_if_missing may build it; not for a dry run)."""
+    problems: List[str] = []
 
     def check(fn):
         try:
-            fn()
+            return fn()
         except ValueError as exc:
             problems.append(str(exc))
+            return None
 
     check(lambda: model_config(cfg).validate())
     check(lambda: check_tokenizer_name(cfg.data.tokenizer))
     check(lambda: check_data_config(cfg.data))
-    t, o = cfg.training, cfg.optim
-    if t.steps < 1:
-        problems.append(f"training.steps={t.steps} must be >= 1")
-    if o.warmup_steps < 0 or o.warmup_steps > t.steps:
-        problems.append(
-            f"optim.warmup_steps={o.warmup_steps} is longer than the run (training.steps={t.steps}); "
-            f"use at most {t.steps} (typically 1-5% of the steps)"
-        )
-    if t.seq_len < 1 or t.seq_len > cfg.model.max_seq_len:
-        problems.append(
-            f"training.seq_len={t.seq_len} is above the model's maximum model.max_seq_len="
-            f"{cfg.model.max_seq_len}; lower training.seq_len or raise model.max_seq_len"
-        )
-    if t.mixed_precision not in PRECISIONS:
-        problems.append(f"training.mixed_precision={t.mixed_precision!r}: choose one of {list(PRECISIONS)}")
-    if t.grad_clip < 0:
-        problems.append(f"training.grad_clip={t.grad_clip} must be >= 0 (0 disables clipping)")
-    if cfg.checkpoint.load_threads < 1:
-        problems.append(f"checkpoint.load_threads={cfg.checkpoint.load_threads} must be >= 1 (read streams per "
-                        f"rank while loading; 1 reads each file in one sequential stream)")
-    if o.schedule not in SCHEDULES:
-        problems.append(f"optim.schedule={o.schedule!r}: choose one of {list(SCHEDULES)}")
-    if not 0 <= o.lr_min <= o.lr:
-        problems.append(f"optim.lr_min={o.lr_min} must be between 0 and optim.lr={o.lr}")
-    if cfg.logging.wandb.mode not in WANDB_MODES:
-        problems.append(f"logging.wandb.mode={cfg.logging.wandb.mode!r}: choose one of {list(WANDB_MODES)}")
-    for fault in cfg.recovery.faults:
-        problems += fault_problems(fault)
+    data_problem = data_path_problem(cfg.data) if files and not cfg.dry_run else None
+    if data_problem:
+        problems.append(data_problem)
+    _training(cfg, problems, check)
+    _parallel(cfg, problems, check, world_size)
+    _checkpoint(cfg, problems, check)
+    _recovery(cfg, problems, check)
+    _choice(problems, "logging.level", str(cfg.logging.level).upper(), LOG_LEVELS)
+    _at_least(problems, "logging.log_interval", cfg.logging.log_interval, 1)
+    _choice(problems, "logging.wandb.mode", cfg.logging.wandb.mode, WANDB_MODES)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))

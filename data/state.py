@@ -12,12 +12,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Collection, Dict, List
 
+from data.checks import DataError
+
 STATE_VERSION = 1
 # Fields that give samples a different meaning when they change: refused unless allowed.
 MEANING_FIELDS = ("fingerprint", "seed", "seq_len", "global_batch_size")
 
 
-class DataResumeError(ValueError):
+class DataResumeError(DataError):
     """The checkpoint's data state does not fit this run's data configuration."""
 
 

@@ -18,12 +18,12 @@ from typing import List
 
 import numpy as np
 
+from data.checks import META_FILE, DataError, prepare_command
 from data.sources import iter_documents
 from data.tokenizer import BPETokenizer, ByteTokenizer, check_tokenizer_name
 
 FORMAT_VERSION = 1
 TOKENS_FILE = "tokens.bin"
-META_FILE = "meta.json"
 
 
 @dataclass
@@ -37,10 +37,6 @@ class TokenFileMeta:
     num_documents: int
     sha256: str
     sources: List[str]
-
-
-def prepare_command(path: str | Path) -> str:
-    return f"python scripts/prepare_data.py --out {path} --sources pydoc --tokenizer byte"
 
 
 def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
@@ -101,7 +97,7 @@ def read_meta(path: str | Path) -> TokenFileMeta:
     path = Path(path)
     meta_path, tokens_path = path / META_FILE, path / TOKENS_FILE
     if not meta_path.is_file() or not tokens_path.is_file():
-        raise FileNotFoundError(
+        raise DataError(
             f"no prepared dataset at {path} (expected {TOKENS_FILE} and {META_FILE}); "
             f"prepare it with: {prepare_command(path)}  (or set data.prepare_if_missing=true)"
         )

@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 from typing import Iterable, List
 
-TOKENIZERS = ("byte", "bpe")
+from configs.constants import TOKENIZERS
+
 EOS_TEXT = "<|endoftext|>"
 
 

@@ -12,7 +12,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-AC_MODES = ("none", "full", "selective")
+from configs.constants import ACTIVATION_CHECKPOINTING
+
+AC_MODES = ACTIVATION_CHECKPOINTING
 
 # Selective: keep what is expensive to recompute (matmuls, attention), recompute the cheap,
 # memory-heavy elementwise work (norms, rotary, SwiGLU gate, residual adds).

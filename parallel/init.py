@@ -18,6 +18,8 @@ from typing import Iterable, Optional
 import torch
 import torch.distributed as dist
 
+from configs.constants import DEVICES
+
 
 @dataclass(frozen=True)
 class WorldInfo:
@@ -41,7 +43,7 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
         return torch.device("cuda", local_rank)
     if choice == "cpu":
         return torch.device("cpu")
-    raise ValueError(f"parallel.device={choice!r}: choose auto, cpu or cuda")
+    raise ValueError(f"parallel.device={choice!r}: choose one of {list(DEVICES)}")
 
 
 def init_distributed(device_choice: str, timeout_s: float) -> WorldInfo:

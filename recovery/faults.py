@@ -33,9 +33,8 @@ from pathlib import Path
 from typing import Iterable, List, Optional
 
 from checkpoint.layout import MANIFEST
-from configs.constants import CORRUPTIONS
+from configs.constants import CORRUPTIONS, FAULT_KINDS, FAULT_PHASES
 from configs.schema import FaultConfig
-from configs.validate import fault_problems
 
 log = logging.getLogger("trainer")
 
@@ -47,6 +46,27 @@ class InjectedFault(RuntimeError):
 def fault_name(fault: FaultConfig) -> str:
     return f"{fault.kind}-{fault.phase}-step{fault.step}-rank{fault.rank}" + (
         f"-{fault.corruption}" if fault.kind == "corrupt" else "")
+
+
+def fault_problems(fault) -> list:
+    """What is wrong with one ``recovery.faults`` entry (a FaultConfig or its DictConfig)."""
+    kind, phase = fault.kind, fault.phase
+    out = []
+    if kind not in FAULT_KINDS:
+        out.append(f"recovery.faults: kind={kind!r}: choose one of {list(FAULT_KINDS)}")
+    if phase not in FAULT_PHASES:
+        out.append(f"recovery.faults: phase={phase!r}: choose one of {list(FAULT_PHASES)}")
+    if kind == "corrupt" and fault.corruption not in CORRUPTIONS:
+        out.append(f"recovery.faults: corruption={fault.corruption!r}: choose one of {list(CORRUPTIONS)}")
+    if kind == "corrupt" and phase != "checkpoint_committed":
+        out.append("recovery.faults: a corrupt fault damages a committed checkpoint: use phase=checkpoint_committed")
+    if kind == "bitflip_param" and phase != "step":
+        out.append("recovery.faults: bitflip_param flips a weight before the forward pass: use phase=step")
+    if kind == "bitflip_grad" and phase != "gradients":
+        out.append("recovery.faults: bitflip_grad flips a gradient after backward: use phase=gradients")
+    if kind.startswith("bitflip") and not 0 <= fault.bit < 32:
+        out.append(f"recovery.faults: bit={fault.bit} must be in [0, 32) (an fp32 word)")
+    return out
 
 
 class FaultInjector:

@@ -11,8 +11,13 @@ After the load, three facts are checked against the manifest:
             bitwise at the same layout, within ``probe_rtol_reshard`` after resharding
             (a different reduction order changes the last bits).
 
-A failure is returned as a reason; the checkpoint manager marks the checkpoint bad and falls
-back to the previous committed one. The fallback is bounded: a checkpoint deeper than
+Only a failure that means the bytes are wrong is returned as a reason, for which the checkpoint
+manager marks the checkpoint BAD and falls back to the previous committed one: the restored
+step disagrees with the manifest, or the probe loss differs on unchanged weights. A config
+change never condemns a checkpoint: the LR is rebuilt from this run's config
+(training/schedule.py), so an LR mismatch is a bug and stops the run (RecoveryError) without
+marking anything; after an allowed change of a hashed setting (``checkpoint.allow_config_change``,
+e.g. the precision) the probe cannot be compared bitwise and is only logged. The fallback is bounded: a checkpoint deeper than
 ``max_fallbacks`` below the newest one stops the run with ``RecoveryError``, and a run
 directory whose committed checkpoints are *all* marked bad refuses to start from scratch
 (a silent fresh start would throw the run away and loop).
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from checkpoint.discovery import list_committed
+from checkpoint.fingerprint import config_hash, hashed_config
 from checkpoint.loader import any_rank
 from checkpoint.manifest import ConfigMismatch, Manifest
 from training.schedule import lr_at
@@ -71,6 +77,7 @@ class ResumeVerifier:
         self.inject = inject or (lambda phase, step: None)  # the run's fault injector (recovery/faults.py)
         self.layout, self.world_size, self.device = dict(layout), world_size, device
         self.root = Path(cfg.checkpoint.dir)
+        self.config_hash = config_hash(hashed_config(cfg))
         self.report: dict = {}
 
     def __call__(self, manifest: Manifest, path: Path) -> Optional[str]:
@@ -82,13 +89,21 @@ class ResumeVerifier:
             problems.append(f"restored step {self.state.step} != manifest step {manifest.step}")
         lr_now = self.state.optimizer.param_groups[0]["lr"]
         lr_expected = schedule_lr(self.cfg.optim, self.cfg.training.steps, manifest.step)
-        if lr_now != lr_expected:
-            problems.append(f"optimizer LR {lr_now!r} != schedule LR {lr_expected!r} at step {manifest.step}")
+        if not problems and lr_now != lr_expected:  # the config's LR was applied at load: a bug, not bad bytes
+            raise RecoveryError(
+                f"after loading {path}: optimizer LR {lr_now!r} != this run's schedule {lr_expected!r} at step "
+                f"{manifest.step}. The LR is rebuilt from the config at load (training/schedule.py:apply_config); "
+                "a mismatch means that did not happen. The checkpoint is not marked bad.")
         same_layout = manifest.world_size == self.world_size and dict(manifest.layout) == self.layout
+        config_changed = manifest.config_hash != self.config_hash
         probe_now = None
         if manifest.probe_loss is not None and self.probe is not None:
             probe_now = self.probe()
-            if not probe_matches(manifest.probe_loss, probe_now, same_layout, self.cfg.recovery.probe_rtol_reshard):
+            matches = probe_matches(manifest.probe_loss, probe_now, same_layout, self.cfg.recovery.probe_rtol_reshard)
+            if not matches and config_changed:
+                log.warning("probe loss %r != stored %r after an allowed config change: the weights' checksums "
+                            "passed; the probe cannot be compared across the change", probe_now, manifest.probe_loss)
+            elif not matches:
                 rule = "bitwise (same layout)" if same_layout else f"rtol {self.cfg.recovery.probe_rtol_reshard}"
                 problems.append(f"probe loss {probe_now!r} != stored {manifest.probe_loss!r} ({rule})")
         elif self.cfg.recovery.verify:
@@ -99,7 +114,9 @@ class ResumeVerifier:
             log.error("post-load verification of %s failed: %s", path, "; ".join(problems))
             return "; ".join(problems)
         log.info("post-load verification of %s passed: step %d, LR %.6e = schedule, probe loss %r %s stored",
-                 path.name, manifest.step, lr_now, probe_now, "== (bitwise)" if same_layout else "~= (resharded)")
+                 path.name, manifest.step, lr_now, probe_now,
+                 "(not compared: config changed)" if config_changed else "== (bitwise)" if same_layout
+                 else "~= (resharded)")
         return None
 
     def _check_global_batch(self, manifest: Manifest) -> None:

@@ -10,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from checkpoint.discovery import mark_bad
+from checkpoint.fingerprint import config_hash, hashed_config
 from checkpoint.manifest import ConfigMismatch, Manifest, write_manifest
 from recovery.verify import RecoveryError, ResumeVerifier, probe_matches, refuse_all_bad, schedule_lr
 from training.schedule import build_scheduler
@@ -22,7 +23,7 @@ def _cfg(root, **recovery):
     rc.update(recovery)
     return OmegaConf.create({
         "optim": {"lr": 3e-3, "lr_min": 3e-4, "warmup_steps": 2, "schedule": "cosine"},
-        "training": {"steps": 10, "global_batch_size": 8},
+        "training": {"steps": 10, "global_batch_size": 8, "mixed_precision": "fp32"},
         "checkpoint": {"dir": str(root)}, "recovery": rc})
 
 
@@ -36,9 +37,11 @@ def _state(cfg, step):
     return SimpleNamespace(step=step, optimizer=opt, rank=0)
 
 
-def _manifest(step, probe=2.5, world=1, layout=LAYOUT, gbs=8):
+def _manifest(step, probe=2.5, world=1, layout=LAYOUT, gbs=8, cfg=None):
+    """A manifest saved with ``cfg``'s hashed settings (default: those of _cfg), or "x" if cfg is False."""
+    hashed = config_hash(hashed_config(cfg or _cfg("unused"))) if cfg is not False else "x"
     return Manifest(checkpoint_id=f"step_{step:08d}", step=step, tokens=0, samples=0, created_at=0.0,
-                    config_hash="x", config={}, world_size=world, layout=dict(layout), global_batch_size=gbs,
+                    config_hash=hashed, config={}, world_size=world, layout=dict(layout), global_batch_size=gbs,
                     loss=None, probe_loss=probe, checksum_algorithm=None)
 
 
@@ -57,14 +60,32 @@ def test_a_good_checkpoint_passes(tmp_path):
     assert v.report["lr"] == schedule_lr(cfg.optim, 10, 4)
 
 
-def test_step_lr_and_probe_mismatches_are_named(tmp_path):
+def test_step_and_probe_mismatches_are_named(tmp_path):
     cfg = _cfg(tmp_path)
     path = _committed(tmp_path, 4)
-    state = _state(cfg, 3)  # restored one step short: the step and the LR are both wrong
+    state = _state(cfg, 3)  # restored one step short: the bytes disagree with the manifest
     problem = ResumeVerifier(cfg, state, probe=lambda: 2.5000001, layout=LAYOUT, world_size=1)(_manifest(4), path)
     assert "restored step 3 != manifest step 4" in problem
-    assert "optimizer LR" in problem and "schedule LR" in problem
     assert "probe loss 2.5000001 != stored 2.5 (bitwise (same layout))" in problem
+
+
+def test_an_lr_mismatch_is_a_bug_not_a_bad_checkpoint(tmp_path):
+    cfg = _cfg(tmp_path)
+    path = _committed(tmp_path, 4)
+    state = _state(cfg, 4)
+    state.optimizer.param_groups[0]["lr"] *= 2  # the config's schedule was not applied at load
+    with pytest.raises(RecoveryError, match="not marked bad"):
+        ResumeVerifier(cfg, state, probe=lambda: 2.5, layout=LAYOUT, world_size=1)(_manifest(4), path)
+
+
+def test_after_an_allowed_config_change_the_probe_is_only_logged(tmp_path):
+    cfg = _cfg(tmp_path)
+    path = _committed(tmp_path, 4)
+    before = _cfg(tmp_path)
+    before.training.mixed_precision = "bf16"  # saved under another precision, resumed with the change allowed
+    v = ResumeVerifier(cfg, _state(cfg, 4), probe=lambda: 2.51, layout=LAYOUT, world_size=1)
+    assert v(_manifest(4, cfg=before), path) is None
+    assert v(_manifest(4, probe=2.5), path) is not None  # unchanged config: the same difference is bad bytes
 
 
 def test_probe_rule_is_bitwise_at_same_layout_and_tolerant_after_resharding():

@@ -72,7 +72,7 @@ def run(cfg: DictConfig, overrides: List[str]) -> None:
     try:
         _run(cfg, overrides, shutdown)
     except BaseException as exc:
-        log.error("run stopped by %s: %s; shutting down", type(exc).__name__, exc)
+        log.error("run stopped by %s; shutting down", type(exc).__name__)
         shutdown.close(exc)
         raise
     shutdown.close(None)
@@ -101,12 +101,12 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
                                model_vocab_size=mcfg.vocab_size)
     shutdown.add(20, "the data workers", data.close)
     ema = EMA(model, cfg.training.ema_decay) if cfg.training.ema_decay > 0 else None
-    state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema,
-                          rank=world.rank, world_size=world.world_size)
     metrics = MetricsLogger(run_dir, cfg, world.is_main, cfg.training.steps)
     shutdown.add(30, "the metrics files", metrics.close)
     probe = make_probe(model, data, world.device, precision.autocast)
     guards = build_guards(cfg, model, world, parallel, probe, metrics)  # silent corruption, loss spikes
+    state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, optim_config=cfg.optim,
+                          rank=world.rank, world_size=world.world_size)  # everything a checkpoint holds
     injector = FaultInjector(cfg.recovery.faults, run_dir, world.rank)  # recovery.faults; none by default
     ckpt = CheckpointManager(cfg, state, rank=world.rank, world_size=world.world_size, dims=dims,
                              device=world.device, metrics=metrics, fault_hook=injector.maybe_inject, probe=probe)

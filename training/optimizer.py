@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from configs.constants import OPTIMIZER_IMPLEMENTATIONS
+
 
 def _implementation_flags(choice: str, params) -> dict:
     on_cuda = all(p.device.type == "cuda" for p in params)
@@ -18,7 +20,10 @@ def _implementation_flags(choice: str, params) -> dict:
         return {"foreach": True}
     if choice == "for-loop":
         return {"foreach": False}
-    raise ValueError(f"optim.implementation={choice!r}: choose auto, fused, foreach or for-loop")
+    raise ValueError(f"optim.implementation={choice!r}: choose one of {list(OPTIMIZER_IMPLEMENTATIONS)}")
+
+
+DECAY_GROUP = 0  # param_groups[0]: matrices, decayed; [1]: norms and other vectors, not decayed
 
 
 def build_optimizer(model: nn.Module, optim_cfg) -> torch.optim.AdamW:

@@ -7,6 +7,10 @@ For optimizer step s (0-based) of S total steps with W warmup steps:
 
 so the first step already trains (lr_max / W), warmup ends at lr_max, and the last step
 (s = S - 1) sits just above lr_min. ``schedule=constant`` keeps lr_max after warmup.
+
+On resume the config wins (``apply_config``): lr_max, lr_min, W, S and the schedule are this
+run's, evaluated at the restored step, so extending ``training.steps`` or changing ``optim.lr``
+continues on the new curve from where the checkpoint stopped.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from training.optimizer import DECAY_GROUP
 
 
 def lr_at(step: int, *, lr_max: float, lr_min: float, warmup_steps: int, total_steps: int,
@@ -35,3 +41,25 @@ def build_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: in
                      total_steps=total_steps, schedule=optim_cfg.schedule) / lr_max
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def apply_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, optim_cfg) -> None:
+    """After a checkpoint restored the optimizer and the scheduler, make this run's config win.
+
+    The scheduler keeps its restored step s (``last_epoch``); its lambdas are already this
+    run's (built from the config). Peak LR, weight decay, betas and eps come from ``optim_cfg``,
+    and every group's LR becomes the new schedule's value at s, computed as LambdaLR does:
+
+        lr(s) = optim.lr * lr_at(s; optim.lr, optim.lr_min, optim.warmup_steps, training.steps) / optim.lr
+
+    With the settings unchanged this is bitwise the LR the checkpoint held.
+    """
+    step = scheduler.last_epoch
+    scheduler.base_lrs = [float(optim_cfg.lr) for _ in optimizer.param_groups]
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["initial_lr"] = base
+        group["lr"] = base * factor(step)
+        group["betas"] = (optim_cfg.beta1, optim_cfg.beta2)
+        group["eps"] = optim_cfg.eps
+    optimizer.param_groups[DECAY_GROUP]["weight_decay"] = optim_cfg.weight_decay
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

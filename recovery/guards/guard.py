@@ -135,13 +135,22 @@ class TrainingGuards:
             self.block_reason = f"step {step} {check} alarm: {anomalies[0].describe()}"
 
     def state_dict(self) -> dict:
+        """Everything that decides a later alarm: the detectors' histories, the skip streak, the
+        reason the next save is not verified, a rollback asked for but not yet done."""
+        pending = self._rollback_after_skip
         return {"grad_norms": self.grad_norms.state_dict(), "loss": self.loss.state_dict(),
-                "shadow": self.shadow.state_dict()}
+                "shadow": self.shadow.state_dict(), "consecutive_skips": self.consecutive_skips,
+                "block_reason": self.block_reason,
+                "pending_rollback": (pending.step, pending.reason) if pending is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.grad_norms.load_state_dict(state["grad_norms"])
         self.loss.load_state_dict(state["loss"])
         self.shadow.load_state_dict(state["shadow"])
+        self.consecutive_skips = state.get("consecutive_skips", 0)
+        self.block_reason = state.get("block_reason")
+        pending = state.get("pending_rollback")
+        self._rollback_after_skip = RollbackRequested(*pending) if pending else None
 
 
 def build_guards(cfg, model: nn.Module, world, parallel, probe: Optional[Callable[[], float]],
