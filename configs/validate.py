@@ -101,7 +101,8 @@ def _parallel(cfg: DictConfig, problems: List[str], check: Callable, world: int 
     dims = check(lambda: resolve_parallel_dims(p.dp_replicate, p.dp_shard, p.tp, world))
     if dims is None:
         return
-    check(lambda: make_batch_plan(cfg.training.global_batch_size, cfg.training.micro_batch_size, dims.dp))
+    if not cfg.dry_run:  # a plan is about memory: the micro batch is the user's to adjust after it
+        check(lambda: make_batch_plan(cfg.training.global_batch_size, cfg.training.micro_batch_size, dims.dp))
     check(lambda: check_tensor_parallel_fits(model_config(cfg), dims.tp, cfg.training.seq_len))
 
 

@@ -24,7 +24,8 @@ from omegaconf import OmegaConf
 
 from configs.schema import GuardsConfig, OptimConfig
 from data.token_file import TokenFile, prepare_token_file
-from model import ModelConfig, build_model
+from model.config import ModelConfig
+from model.llama import build_model
 from recovery.guards import TrainingGuards
 from recovery.guards.norms import layer_grad_norms
 from training.optimizer import build_optimizer

@@ -125,6 +125,6 @@ def test_grad_scaler_is_needed_with_fp16(pydoc_data, tmp_path):
 
 
 def test_changed_config_is_refused(reference, pydoc_data, tmp_path):
-    proc = run(tmp_path / "lr", pydoc_data, expect_fail=True, extra={
-        "optim.lr": "0.001", "checkpoint.resume": str(reference / "checkpoints" / "step_00000006")})
-    assert "different config" in proc.stderr and "optim.lr: 0.003 -> 0.001" in proc.stderr
+    proc = run(tmp_path / "beta2", pydoc_data, expect_fail=True, extra={
+        "optim.beta2": "0.99", "checkpoint.resume": str(reference / "checkpoints" / "step_00000006")})
+    assert "different config" in proc.stderr and "optim.beta2: 0.95 -> 0.99" in proc.stderr

@@ -81,7 +81,7 @@ def test_missing_data_says_how_to_prepare_it(tmp_path):
     run_dir = tmp_path / "nodata"
     proc = run_train(debug_overrides(run_dir, tmp_path / "missing", steps=2), check=False)
     assert proc.returncode != 0
-    assert f"no prepared dataset at {tmp_path / 'missing'}" in proc.stderr
+    assert f"no prepared dataset at data.path={tmp_path / 'missing'}" in proc.stderr
     assert "python scripts/prepare_data.py --out" in proc.stderr
 
 

@@ -25,20 +25,24 @@ def layer_groups(model: nn.Module) -> Dict[str, List[nn.Parameter]]:
 
 
 def _local_square_sum(grad: torch.Tensor, world_size: int) -> torch.Tensor:
-    """This rank's share of ||grad||^2 such that the sum over all ranks is the true value."""
+    """This rank's share of ||grad||^2 such that the sum over all ranks is the true value.
+
+    Squared in float64: one corrupted fp32 element (up to 3.4e38) squares to at most ~1e77,
+    which float64 holds, so the guards see a huge but finite norm and judge it against the
+    history; in fp32 it would overflow to inf and read as "not finite" whatever the history."""
     if hasattr(grad, "to_local"):
         from torch.distributed.tensor import Partial, Replicate
 
         if any(isinstance(p, Partial) for p in grad.placements):
             # Pending reduction: resolve it (rare; costs a collective for this tensor).
-            full = grad.full_tensor().float()
+            full = grad.full_tensor().double()
             return full.pow(2).sum() / world_size
         copies = world_size // grad.device_mesh.size()
         for dim, placement in enumerate(grad.placements):
             if isinstance(placement, Replicate):
                 copies *= grad.device_mesh.size(dim)
-        return grad.to_local().float().pow(2).sum() / copies
-    return grad.float().pow(2).sum() / world_size
+        return grad.to_local().double().pow(2).sum() / copies
+    return grad.double().pow(2).sum() / world_size
 
 
 def layer_grad_norms(groups: Dict[str, List[nn.Parameter]], device: torch.device,
