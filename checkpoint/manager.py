@@ -77,8 +77,8 @@ class CheckpointManager:
     # -- before step 1 -------------------------------------------------------------------
     def preflight(self) -> None:
         if self.enabled:
-            preflight_checkpoint_dir(self.root, expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None),
-                                     self.ckpt_cfg.keep_last, self.rank)
+            expected = expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None)
+            preflight_checkpoint_dir(self.root, expected, self.ckpt_cfg.keep_last, self.rank)
 
     def resume(self, verify: Optional[VerifyHook] = None) -> str:
         """Load per checkpoint.resume; returns what happened, for the banner's 'resume:' field.
@@ -99,7 +99,8 @@ class CheckpointManager:
         t0 = time.perf_counter()
         loaded = self.load_with_fallback(first, older, verify, fallback=spec == "auto")
         if loaded is None:
-            return "fresh start (resume=never)" if spec == "never" else f"fresh start (no committed checkpoint in {self.root})"
+            return ("fresh start (resume=never)" if spec == "never"
+                    else f"fresh start (no committed checkpoint in {self.root})")
         manifest, path, skipped = loaded
         self.log_event(manifest.step, kind="resume", checkpoint_id=manifest.checkpoint_id, path=str(path),
                        load_s=round(time.perf_counter() - t0, 3), skipped=skipped,

@@ -23,13 +23,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from configs.constants import ASYNC_MODES
 from checkpoint.commit import acknowledge, collect_acknowledgements, commit_checkpoint, seal, update_latest
 from checkpoint.integrity import checksum_file
 from checkpoint.layout import committed_dir, uncommitted_dir
 from checkpoint.manifest import FileEntry, Manifest
 from checkpoint.staging import HostStager
 from checkpoint.storage import RawFileWriter
+from configs.constants import ASYNC_MODES
 
 log = logging.getLogger("trainer")
 

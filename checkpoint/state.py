@@ -10,11 +10,15 @@ RNG is per rank (``rng.rank_R``); see checkpoint/rng.py for the changed-world-si
 from __future__ import annotations
 
 import pickle
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import torch
-from torch.distributed.checkpoint.state_dict import (get_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
 from torch.distributed.checkpoint.stateful import Stateful
 
 from checkpoint.rng import capture_rng, restore_rng

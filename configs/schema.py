@@ -123,7 +123,7 @@ class FaultConfig:
     """One injected fault (recovery/faults.py): fires once per run directory."""
 
     kind: str = "sigkill"  # sigkill | hang | exception | nan_loss | corrupt | bitflip_param | bitflip_grad
-    phase: str = "step"  # step | data_wait | gradients | checkpoint_snapshot | checkpoint_write | checkpoint_commit | ...
+    phase: str = "step"  # step | data_wait | gradients | checkpoint_* phases (configs/constants.py: FAULT_PHASES)
     step: int = -1  # 1-based step (for checkpoint phases: the checkpoint's step); -1: any
     rank: int = 0  # -1: every rank
     corruption: str = "flip_byte"  # truncate | flip_byte | delete_file | delete_manifest

@@ -15,9 +15,23 @@ from typing import Callable, List
 
 from omegaconf import DictConfig, OmegaConf
 
-from configs.constants import (ACTIVATION_CHECKPOINTING, ASYNC_MODES, BEST_METRICS, DEVICES, GUARD_ACTIONS,
-                               LOG_LEVELS, ON_SAVE_ERROR, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZERS, PARAM_DTYPES,
-                               PRECISIONS, RESUME_WORDS, SCHEDULES, WANDB_MODES, WATCHDOG_PHASES)
+from configs.constants import (
+    ACTIVATION_CHECKPOINTING,
+    ASYNC_MODES,
+    BEST_METRICS,
+    DEVICES,
+    GUARD_ACTIONS,
+    LOG_LEVELS,
+    ON_SAVE_ERROR,
+    OPTIMIZER_IMPLEMENTATIONS,
+    OPTIMIZERS,
+    PARAM_DTYPES,
+    PRECISIONS,
+    RESUME_WORDS,
+    SCHEDULES,
+    WANDB_MODES,
+    WATCHDOG_PHASES,
+)
 from data.batching import make_batch_plan
 from data.checks import check_data_config, data_path_problem
 from data.tokenizer import check_tokenizer_name

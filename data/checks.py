@@ -18,7 +18,8 @@ def prepared_name(sources: Sequence[str], tokenizer: str) -> str:
 
 
 def prepare_command(path, sources: Sequence[str] = ("pydoc",), tokenizer: str = "byte") -> str:
-    return f"python scripts/prepare_data.py --out {path} --sources {' '.join(map(str, sources))} --tokenizer {tokenizer}"
+    names = " ".join(map(str, sources))
+    return f"python scripts/prepare_data.py --out {path} --sources {names} --tokenizer {tokenizer}"
 
 
 def is_prepared(path: Path) -> bool:

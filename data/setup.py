@@ -11,8 +11,8 @@ import torch.distributed as dist
 from data.batching import BatchPlan
 from data.order import SampleOrder
 from data.pipeline import DataPipeline
-from data.token_file import META_FILE, prepare_token_file
 from data.state import MEANING_FIELDS
+from data.token_file import META_FILE, prepare_token_file
 from data.token_source import TokenSource
 
 log = logging.getLogger("trainer")

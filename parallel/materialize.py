@@ -5,7 +5,8 @@ Random init on DTensors does not reproduce the single-process values (on CPU eve
 would even draw the same numbers). So each rank builds the full model once, on the same
 device type, with ``model.llama.build_model(cfg, device, seed=seed)`` (the single-process
 path, bit for bit) and keeps only its own shard of each tensor: no communication, the full
-model in memory once per rank, transiently. Fine up to a few billion parameters; a 70B model does not fit a host this way. For
+model in memory once per rank, transiently. Fine up to a few billion parameters; a 70B model
+does not fit a host this way. For
 those the path is to initialise per shard on the accelerator (DTensor's CUDA RNG tracker gives
 each shard its own slice of one random stream) or to start from a converted checkpoint; that
 path is not implemented here yet (docs/parallelism.md).

@@ -10,7 +10,8 @@ Kinds: ``sigkill`` (the process dies with no chance to clean up), ``hang`` (slee
 watchdog must notice), ``exception``, ``nan_loss`` (poisons a parameter so the next loss is
 NaN; needs ``model=``), ``corrupt`` (damages the committed checkpoint at ``path=`` the way
 real storage does, see ``corrupt_checkpoint``), ``bitflip_param`` / ``bitflip_grad`` (one flipped bit in a weight before
-the forward pass, or in a gradient after backward: silent corruption for recovery/guards). Phases: the watchdog's (``step``, ``data_wait``, ...) plus the
+the forward pass, or in a gradient after backward: silent corruption for recovery/guards).
+Phases: the watchdog's (``step``, ``data_wait``, ...) plus the
 checkpoint's internal ones (``checkpoint_snapshot``, ``checkpoint_write``,
 ``checkpoint_commit``, ``checkpoint_retention``, ``checkpoint_committed``,
 ``checkpoint_load``). ``step=-1`` matches any step; ``rank=-1`` every rank. The valid values

@@ -17,7 +17,8 @@ step disagrees with the manifest, or the probe loss differs on unchanged weights
 change never condemns a checkpoint: the LR is rebuilt from this run's config
 (training/schedule.py), so an LR mismatch is a bug and stops the run (RecoveryError) without
 marking anything; after an allowed change of a hashed setting (``checkpoint.allow_config_change``,
-e.g. the precision) the probe cannot be compared bitwise and is only logged. The fallback is bounded: a checkpoint deeper than
+e.g. the precision) the probe cannot be compared bitwise and is only logged. The fallback
+is bounded: a checkpoint deeper than
 ``max_fallbacks`` below the newest one stops the run with ``RecoveryError``, and a run
 directory whose committed checkpoints are *all* marked bad refuses to start from scratch
 (a silent fresh start would throw the run away and loop).

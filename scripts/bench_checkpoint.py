@@ -163,7 +163,7 @@ def main() -> None:
     t = time.perf_counter()
     checksum_files(files, default_algorithm())
     t_sum = time.perf_counter() - t
-    print(f"sync save (with checksums): " + ", ".join(f"{t:.2f}" for t in sums) + f" s; without: "
+    print("sync save (with checksums): " + ", ".join(f"{t:.2f}" for t in sums) + " s; without: "
           + ", ".join(f"{t:.2f}" for t in nosums) + f" s; medians {t_sync:.2f} / {t_nosum:.2f} s. "
           f"Checksumming the files alone ({default_algorithm()}, page cache): {t_sum:.2f} s = "
           f"{nbytes / t_sum / GiB:.2f} GiB/s")
@@ -201,7 +201,8 @@ def main() -> None:
         shutil.rmtree(ckpt)
         read_bw = row["read"]
         rows.append(row)
-        print(f"{i + 1:>3} | {copy_bw / GiB:>12.2f} | {row['block']:>13.3f} | {row['block'] * copy_bw / nbytes:>10.2f} | "
+        block_ratio = row['block'] * copy_bw / nbytes
+        print(f"{i + 1:>3} | {copy_bw / GiB:>12.2f} | {row['block']:>13.3f} | {block_ratio:>10.2f} | "
               f"{write_bw / GiB:>11.2f} | {row['persist']:>9.2f} | "
               f"{nbytes / row['persist'] / write_bw:>13.2f} | {read_bw / GiB:>10.2f} | {row['load']:>6.2f} | "
               f"{nbytes / row['load'] / read_bw:>9.2f} | {row['unverified']:>12.2f}")

@@ -64,10 +64,10 @@ def loader_tokens_per_s(args, num_workers: int) -> float:
 
 def training_loop(args, num_workers: int) -> tuple[float, float]:
     """(tokens/s, share of the time waiting for data) of the debug model training on the pipeline."""
-    from configs.schema import register
-    from configs.validate import model_config
     from hydra import compose, initialize_config_dir
 
+    from configs.schema import register
+    from configs.validate import model_config
     from model.llama import build_model
     from training.optimizer import build_optimizer
     from training.schedule import build_scheduler

@@ -76,9 +76,14 @@ def print_table(rows, args) -> None:
             f"{'T (s)':>8} {'sync ovh':>9} {'async ovh':>9} {'lost sync':>10} {'lost async':>10}")
     print(head)
     print("-" * len(head))
+
+    def pct(v):
+        return "n/a" if v is None else f"{100 * v:.3f}%"
+
+    def secs(v):
+        return "n/a" if v is None else f"{v:.0f} s"
+
     for r in rows:
-        pct = (lambda v: "n/a" if v is None else f"{100 * v:.3f}%")
-        secs = (lambda v: "n/a" if v is None else f"{v:.0f} s")
         print(f"{r['model']:>5} {r['state_gb']:>9.1f} {r['storage_gbps']:>5g}GB/s {r['c_sync']:>7.1f}s "
               f"{r['c_snap']:>6.2f}s {r['interval']:>9} {r['interval_s']:>8.0f} {pct(r['sync_overhead']):>9} "
               f"{pct(r['async_overhead']):>9} {secs(r['lost_sync_s']):>10} {secs(r['lost_async_s']):>10}")

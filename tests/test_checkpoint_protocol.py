@@ -6,7 +6,6 @@ import os
 
 import pytest
 import torch
-from helpers.launch import load_script
 
 from checkpoint.commit import (
     CommitTimeout,
@@ -27,6 +26,7 @@ from checkpoint.discovery import (
 )
 from checkpoint.layout import committed_dir, uncommitted_dir
 from checkpoint.manifest import CheckpointError, FileEntry, Manifest, verify_checkpoint
+from helpers.launch import load_script
 
 
 def manifest_for(step, files):

@@ -13,6 +13,7 @@ Tolerance for a changed layout: |loss - reference| <= 1e-5 * loss at each of ste
 from __future__ import annotations
 
 import pytest
+
 from helpers.resume import assert_bitwise_continuation, committed_steps, per_step, resumed_step, run
 
 pytestmark = pytest.mark.distributed

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.resume import assert_bitwise_continuation, committed_steps, per_step, resumed_step, run
 
+from helpers.resume import assert_bitwise_continuation, committed_steps, per_step, resumed_step, run
 from metrics.records import read_metrics
 
 pytestmark = pytest.mark.distributed  # every test trains through train.py processes

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from helpers.launch import run, torchrun, worker
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
 from checkpoint import storage
@@ -14,6 +13,7 @@ from checkpoint.commit import acknowledge
 from checkpoint.integrity import checksum_file
 from checkpoint.manifest import CheckpointError, FileEntry
 from checkpoint.storage import RawFileReader, RawFileWriter
+from helpers.launch import run, torchrun, worker
 
 
 def sample_state() -> dict:

@@ -6,12 +6,12 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from helpers.data import assert_same_batches, data_config, global_batches, pipeline
-from helpers.launch import ROOT
 
 from data.batching import make_batch_plan, rank_micro_batches
 from data.state import DataResumeError
 from data.token_file import TokenFile
+from helpers.data import assert_same_batches, data_config, global_batches, pipeline
+from helpers.launch import ROOT
 from training.step import IGNORE_INDEX
 
 STEPS = 12

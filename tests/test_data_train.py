@@ -10,8 +10,8 @@ uninterrupted two-rank run and a one-rank run that never stopped.
 """
 
 import pytest
-from helpers.launch import run_train
 
+from helpers.launch import run_train
 from metrics.records import read_metrics
 from tools.runs import debug_overrides
 

@@ -7,13 +7,13 @@ import sys
 
 import pytest
 import torch
-from helpers.launch import ROOT, run
 from safetensors.torch import load_file
 
 from checkpoint.layout import committed_dir
 from checkpoint.manifest import Manifest
 from checkpoint.saver import CheckpointSaver
 from checkpoint.state import TrainingState
+from helpers.launch import ROOT, run
 from model.config import ModelConfig
 from model.llama import build_model
 from training.ema import EMA

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 import torch
-from helpers.launch import run, torchrun, worker
 
 from configs.schema import FaultConfig as Fault
+from helpers.launch import run, torchrun, worker
 from recovery.faults import FaultInjector, InjectedFault, corrupt_checkpoint
 from recovery.preemption import Preemption
 

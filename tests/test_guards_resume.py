@@ -15,9 +15,9 @@ import random
 import sys
 
 import pytest
+
 from helpers.launch import run
 from helpers.resume import run as run_resume
-
 from metrics.records import read_metrics, step_losses
 from tools.rehearsal import divergences, faults_override
 from tools.runs import tiny_overrides

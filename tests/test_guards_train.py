@@ -5,8 +5,8 @@ import json
 import math
 
 import pytest
-from helpers.launch import run_train
 
+from helpers.launch import run_train
 from metrics.records import read_metrics
 from tools.runs import debug_overrides
 

@@ -18,8 +18,8 @@ import json
 
 import pytest
 import torch
-from helpers.launch import python_or_torchrun, run, run_train, worker
 
+from helpers.launch import python_or_torchrun, run, run_train, worker
 from metrics.records import read_metrics
 from model.config import ModelConfig
 from parallel.dims import ParallelDims, check_tensor_parallel_fits, resolve_parallel_dims

@@ -6,10 +6,10 @@ import sys
 
 import numpy as np
 import pytest
-from helpers.launch import ROOT, subprocess_env
 
 from data.token_file import TokenFile, prepare_token_file, read_meta, sha256_file
 from data.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
+from helpers.launch import ROOT, subprocess_env
 
 
 def test_default_corpus_round_trips_through_the_byte_tokenizer(pydoc_data):

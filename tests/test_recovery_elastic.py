@@ -15,8 +15,8 @@ import sys
 import time
 
 import pytest
-from helpers.launch import ROOT, run_train, subprocess_env
 
+from helpers.launch import ROOT, run_train, subprocess_env
 from metrics.records import read_metrics, step_losses
 from tools.rehearsal import faults_override
 from tools.runs import tiny_overrides

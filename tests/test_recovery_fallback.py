@@ -13,8 +13,8 @@ import json
 import sys
 
 import pytest
-from helpers.launch import run, worker
 
+from helpers.launch import run, worker
 from metrics.records import read_metrics, step_losses
 from tools.rehearsal import divergences, faults_override
 from tools.runs import tiny_overrides

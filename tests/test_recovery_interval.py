@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from helpers.launch import load_script
 
+from helpers.launch import load_script
 from recovery.interval import (
     choose_interval_steps,
     cluster_mtbf_s,

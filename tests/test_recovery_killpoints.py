@@ -12,8 +12,8 @@ import json
 import sys
 
 import pytest
-from helpers.launch import run
 
+from helpers.launch import run
 from metrics.records import step_losses
 from tools.rehearsal import ALL_PHASES, divergences, resume_problems
 

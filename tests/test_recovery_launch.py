@@ -12,8 +12,8 @@ import sys
 import time
 
 import pytest
-from helpers.launch import ROOT, run, run_train, subprocess_env, torchrun
 
+from helpers.launch import ROOT, run, run_train, subprocess_env, torchrun
 from metrics.records import read_metrics, step_losses
 from recovery.watchdog import read_records
 from tools.rehearsal import divergences, faults_override

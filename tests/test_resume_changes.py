@@ -5,10 +5,10 @@ loads afterwards. Real train.py processes with the debug experiment's defaults (
 from __future__ import annotations
 
 import pytest
-from helpers.launch import run_train
 from omegaconf import OmegaConf
 
 from checkpoint.discovery import list_committed
+from helpers.launch import run_train
 from metrics.records import read_metrics
 from recovery.verify import schedule_lr
 from tools.runs import debug_overrides

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 import yaml
-from helpers.launch import ROOT, run, run_train
 
+from helpers.launch import ROOT, run, run_train
 from metrics.records import read_metrics
 from tools.runs import debug_overrides
 

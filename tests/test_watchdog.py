@@ -8,8 +8,8 @@ import sys
 import time
 
 import pytest
-from helpers.launch import run, torchrun, worker
 
+from helpers.launch import run, torchrun, worker
 from recovery.stragglers import StragglerMonitor, find_stragglers
 from recovery.watchdog import Watchdog, read_records
 

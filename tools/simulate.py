@@ -88,8 +88,8 @@ def simulate(interval_s: float, blocking_s: float, restart_s: float, mtbf_s: flo
 
 def report(blocking_s: float, write_s: float, restart_s: float, step_s: float,
            device_mtbf_hours: float = DEFAULT_DEVICE_MTBF_HOURS, devices=(1000, 10000), trials: int = 20) -> str:
-    lines = [f"inputs: blocking C={blocking_s:.3f} s, background write W={write_s:.3f} s, recovery R={restart_s:.1f} s, "
-             f"step {step_s:.3f} s, device MTBF {device_mtbf_hours:,.0f} h",
+    lines = [f"inputs: blocking C={blocking_s:.3f} s, background write W={write_s:.3f} s, "
+             f"recovery R={restart_s:.1f} s, step {step_s:.3f} s, device MTBF {device_mtbf_hours:,.0f} h",
              f"{'devices':>8} {'MTBF':>9} {'T* (s)':>9} {'T* steps':>9} {'sim ratio':>10} {'+-':>7} "
              f"{'formula':>8} {'fails/trial':>11}"]
     for n in devices:

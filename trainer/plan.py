@@ -165,6 +165,7 @@ def plan_from_config(cfg, world_size: Optional[int] = None, host_copy_gbps: floa
     """The plan for a composed training config (train.py dry_run and scripts/plan.py)."""
     p = cfg.parallel
     mcfg = ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))
-    dims = resolve_parallel_dims(p.dp_replicate, p.dp_shard, p.tp, world_size_for(p.dp_replicate, p.dp_shard, p.tp, world_size))
+    world = world_size_for(p.dp_replicate, p.dp_shard, p.tp, world_size)
+    dims = resolve_parallel_dims(p.dp_replicate, p.dp_shard, p.tp, world)
     check_tensor_parallel_fits(mcfg, dims.tp, cfg.training.seq_len)
     return plan_layout(mcfg, dims, cfg.training.seq_len, p, host_copy_gbps, storage_gbps)

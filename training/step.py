@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from configs.constants import IGNORE_INDEX, PRECISIONS
 
 
-
 class Precision:
     """Autocast context and (for fp16) a GradScaler; parameters and optimizer stay fp32."""
 

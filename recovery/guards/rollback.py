@@ -33,8 +33,8 @@ class RollbackCandidate:
 def choose_rollback_target(candidates: Sequence[RollbackCandidate], alarm_step: int, min_age_steps: int = 0,
                            keep_every: int = 0, prefer_permanent: bool = True) -> Optional[RollbackCandidate]:
     """Newest verified checkpoint at least ``min_age_steps`` before the alarm (permanent tier first)."""
-    clean = sorted((c for c in candidates if c.verified and c.step < alarm_step and c.step <= alarm_step - min_age_steps),
-                   key=lambda c: c.step, reverse=True)
+    old_enough = [c for c in candidates if c.verified and c.step < alarm_step and c.step <= alarm_step - min_age_steps]
+    clean = sorted(old_enough, key=lambda c: c.step, reverse=True)
     if prefer_permanent and min_age_steps > 0 and keep_every > 0:
         permanent = [c for c in clean if c.step % keep_every == 0]
         if permanent:
