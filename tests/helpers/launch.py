@@ -1,8 +1,8 @@
 """Real processes for the tests: train.py, torchrun, the scripts and the programs in tests/workers/.
 
-Every process starts in the repository root with the test environment (subprocess_env). It
-finds the project's packages through the editable install (``pip install -e .``), so no
-PYTHONPATH is set.
+Every process starts in the repository root with the test environment (subprocess_env), with
+this checkout first on PYTHONPATH: the tests always run the code beside them, even when the
+editable install (``pip install -e .``) points at another checkout (a git worktree, say).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ WORKERS = ROOT / "tests" / "workers"
 
 
 def subprocess_env(extra: Dict[str, str] | None = None) -> Dict[str, str]:
-    """This process's environment for a child: one OpenMP thread and wandb off unless the caller
-    set them, then ``extra``."""
+    """This process's environment for a child: this checkout first on PYTHONPATH, one OpenMP thread
+    and wandb off unless the caller set them, then ``extra``."""
     env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["WANDB_MODE"] = env.get("WANDB_MODE", "disabled")
     env.update(extra or {})
