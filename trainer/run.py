@@ -98,7 +98,8 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.training.steps)
     precision = Precision(cfg.training.mixed_precision, world.device)
     data = build_data_pipeline(cfg.data, cfg.training.seq_len, cfg.seed, plan, parallel.dp_rank, world,
-                               model_vocab_size=mcfg.vocab_size)
+                               model_vocab_size=mcfg.vocab_size,
+                               allow_global_batch_change=cfg.recovery.allow_global_batch_change)
     shutdown.add(20, "the data workers", data.close)
     ema = EMA(model, cfg.training.ema_decay) if cfg.training.ema_decay > 0 else None
     metrics = MetricsLogger(run_dir, cfg, world.is_main, cfg.training.steps)
