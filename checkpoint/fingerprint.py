@@ -11,7 +11,8 @@ betas and eps. Free to change on resume (RESUME_MUTABLE):
 - data loading knobs and the data's location (``data.num_workers``, ``data.prefetch_factor``,
   ``data.prepare_if_missing``, ``data.path``; what the data is, the data state's fingerprint
   checks);
-- ``checkpoint.*``, ``logging.*``, ``recovery.*``, and the run's name and paths.
+- ``checkpoint.*``, ``logging.*``, ``recovery.*``, and the run's name and paths;
+- ``model.init_from``: a resumed run keeps its checkpoint's weights and ignores it.
 The manifest stores the whole resolved config; the hash covers the hashed part only.
 """
 
@@ -31,6 +32,8 @@ RESUME_MUTABLE = RESUME_SCHEDULE + (
     "training.micro_batch_size", "data.num_workers", "data.prefetch_factor", "data.prepare_if_missing",
     # Where the data lives may change; what it is is checked by the data state's fingerprint.
     "data.path", "data.allow_resume_changes",
+    # Where the first weights came from: a resumed run keeps its checkpoint's (checkpoint/init_from.py).
+    "model.init_from",
 )
 
 

@@ -55,6 +55,8 @@ class Manifest:
     # may be corrupt, so rollback and retention do not count this checkpoint as a clean one.
     verified: bool = True
     unverified_reason: Optional[str] = None
+    # model.init_from of the run these weights descend from: {path, kind, hash} (checkpoint/init_from.py)
+    init_from: Optional[Dict] = None
 
     @property
     def total_bytes(self) -> int:
