@@ -212,7 +212,7 @@ def _data_meta(manifest: Manifest, tokenizer: Optional[Path]) -> Dict:
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     if tokenizer is not None and Path(tokenizer).is_file():
         meta = {**meta, "tokenizer": meta.get("tokenizer", "hf"), "tokenizer_file": str(tokenizer)}
-    return {**meta, "folder": str(folder)}
+    return {**meta, "folder": str(folder) if str(folder) not in ("", ".") else ""}
 
 
 def _write_tokenizer(out: Path, data: Dict, cfg: ModelConfig) -> str:
@@ -227,8 +227,10 @@ def _write_tokenizer(out: Path, data: Dict, cfg: ModelConfig) -> str:
         byte_tokenizer_json().save(str(out / TOKENIZER_JSON))
     elif source.is_file():
         shutil.copyfile(source, out / TOKENIZER_JSON)
+    elif not data.get("folder"):
+        return "none (the checkpoint names no data.path; pass --tokenizer DATASET_DIR)"
     else:
-        return f"none (no tokenizer.json at {folder}; pass --tokenizer DATASET_DIR)"
+        return f"none (no prepared dataset with a tokenizer at {folder}; pass --tokenizer DATASET_DIR)"
     if kind == "hf" and (source.parent / TOKENIZER_CONFIG).is_file():
         shutil.copyfile(source.parent / TOKENIZER_CONFIG, out / TOKENIZER_CONFIG)
     else:
