@@ -24,7 +24,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("src", type=Path, help="a committed step_N directory")
     p.add_argument("dst", type=Path, help="the directory to create")
-    p.add_argument("--to", choices=["dcp"], required=True, help="the target format")
+    p.add_argument("--to", choices=["dcp"], default="dcp", help="the target format (stock DCP)")
     p.add_argument("--no-verify", action="store_true", help="skip checking the source's checksums first")
     a = p.parse_args()
     info = convert_to_dcp(a.src, a.dst, verify=not a.no_verify)
