@@ -11,13 +11,18 @@ import sys
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from checkpoint.export import load_tensors
+from checkpoint.init_from import load_initial_weights
 from checkpoint.storage import RAW, RawFileReader
+from checkpoint.weight_source import open_source
 from helpers.launch import ROOT, run, run_train
 from metrics.records import step_losses
+from model.config import ModelConfig
+from model.llama import build_model
 from tools.rehearsal import faults_override
 from tools.runs import debug_overrides
 
@@ -80,6 +85,9 @@ def test_dcp_format_run_is_stock_readable_and_resumes_bitwise(raw_run, pydoc_dat
     assert all(got[s] == ref[s] for s in range(1, STEPS + 1)), (got, ref)
     assert_same_state(stock_load(run_dir / "checkpoints" / f"step_{STEPS:08d}", tmp_path),
                       raw_run / "checkpoints" / f"step_{STEPS:08d}")
+    # the project's own offline reader (scripts/export.py) reads the stock files too
+    got, want = (load_tensors(r / "checkpoints" / f"step_{STEPS:08d}") for r in (run_dir, raw_run))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_converted_raw_checkpoint_is_stock_readable_and_resumable(raw_run, pydoc_data, tmp_path):
@@ -91,6 +99,11 @@ def test_converted_raw_checkpoint_is_stock_readable_and_resumable(raw_run, pydoc
     proc = run([sys.executable, str(ROOT / "scripts" / "convert_checkpoint.py"), str(src), str(dst), "--to", "dcp"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_state(stock_load(dst, tmp_path), src)
+    # model.init_from reads it (checksums checked first, then deserialised): the raw checkpoint's weights
+    model = build_model(ModelConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "configs/model/debug.yaml"))))
+    load_initial_weights(model, open_source(dst), torch.device("cpu"))
+    raw = load_tensors(src)
+    assert all(torch.equal(p.detach(), raw[n]) for n, p in model.named_parameters())
     # still a committed checkpoint of this project: a run resumes from it (at another layout) and goes on
     run_dir = tmp_path / "again"
     proc = run_train(debug_overrides(run_dir, pydoc_data, steps=STEPS + 2, extra={

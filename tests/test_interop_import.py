@@ -210,3 +210,27 @@ def test_shape_mismatch_stops_at_start_up_naming_the_fields(hf_folder, pydoc_dat
                       f"output_root={tmp_path}")
     with pytest.raises(ConfigError, match="nothing does not exist: give a Hugging Face Llama folder"):
         validate_config(cfg, 1, files=True)
+
+
+def test_apply_init_from_restarts_the_ema_and_is_skipped_after_a_resume(hf_folder):
+    from types import SimpleNamespace
+
+    from checkpoint.init_from import apply_init_from
+    from model.llama import build_model
+    from training.ema import EMA
+
+    folder, hf = hf_folder
+    model = build_model(DEBUG, seed=5)
+    state = SimpleNamespace(model=model, ema=EMA(model, 0.9), step=0)
+    ckpt = SimpleNamespace(init_from=None)
+    said = apply_init_from(str(folder), state, ckpt, "fresh start", torch.device("cpu"))
+    assert said.startswith(f"fresh start; weights from model.init_from={folder} (hf, hash ")
+    assert ckpt.init_from == {"path": str(folder.resolve()), "kind": "hf", "hash": said.split("hash ")[1][:-1]}
+    embedding = hf.model.embed_tokens.weight
+    assert torch.equal(model.tok_embeddings.weight, embedding)
+    assert torch.equal(state.ema.shadow["tok_embeddings.weight"], embedding)  # the EMA starts from the import
+    resumed = SimpleNamespace(model=build_model(DEBUG, seed=5), ema=None, step=3)
+    before = resumed.model.tok_embeddings.weight.clone()
+    said = apply_init_from(str(folder), resumed, SimpleNamespace(init_from=None), "from X", torch.device("cpu"))
+    assert said == "from X; model.init_from ignored (resumed: the checkpoint's weights win)"
+    assert torch.equal(resumed.model.tok_embeddings.weight, before)
