@@ -4,8 +4,9 @@ and the exports built on it (scripts/export.py).
 DCP's metadata gives every tensor's global shape and dtype and where each saved chunk lies,
 so ``CheckpointTensors`` rebuilds one whole tensor at a time on one CPU process, whatever
 layout wrote it and in either data format (raw bytes or stock DCP's ``torch.save`` items).
-Nothing else is read: an export never touches the optimizer state, and holds one tensor
-at a time (plus the block it is converting), never the model.
+Nothing else is loaded: an export reads only the weights' bytes (after ``verify_checkpoint``'s
+checksum pass, which streams every file), and holds one tensor at a time (plus the block it
+is converting), never the model.
 
 Two exports:
   safetensors  one file, this project's names, the model config in its metadata;
