@@ -48,6 +48,7 @@ class CheckpointManager:
         # "auto": recovery/runtime.py measures a first save, then calls set_interval (Young/Daly)
         self.interval = AUTO_MEASURE_STEPS if str(c.interval).strip() == "auto" else int(c.interval)
         self.metrics, self.probe = metrics, probe
+        self.init_from: Optional[Dict] = None  # the weights' pretrained source, for the manifests (init_from.py)
         self.full_config = full_config(cfg)
         self.hashed = hashed_config(self.full_config)
         self.config_hash = config_hash(self.hashed)
@@ -63,7 +64,6 @@ class CheckpointManager:
             commit_timeout_s=c.commit_timeout_s, pin_memory=device.type == "cuda",
             after_commit=self._after_commit, fault_hook=fault_hook, storage_format=c.format)
         self.last_saved_step: Optional[int] = None
-        self.init_from: Optional[Dict] = None  # the weights' pretrained source, for the manifests (init_from.py)
 
     @property
     def enabled(self) -> bool:
@@ -197,9 +197,9 @@ class CheckpointManager:
         manifest = Manifest(
             checkpoint_id=checkpoint_id(step), step=step, tokens=s.tokens, samples=s.samples,
             created_at=s.meta["wall_clock"], config_hash=self.config_hash, config=self.full_config,
-            world_size=self.world_size, layout=dict(self.layout),
+            world_size=self.world_size, layout=dict(self.layout), init_from=self.init_from,
             global_batch_size=self.cfg.training.global_batch_size, loss=loss, probe_loss=probe_loss,
-            checksum_algorithm=None, components=s.components(), init_from=self.init_from)
+            checksum_algorithm=None, components=s.components())
         if unverified_reason is not None:
             manifest.verified, manifest.unverified_reason = False, unverified_reason
             log.warning("checkpoint %s will not be marked verified: %s", manifest.checkpoint_id, unverified_reason)

@@ -3,14 +3,14 @@
   python scripts/prepare_data.py                                   # pydoc topics, bytes
   python scripts/prepare_data.py --sources pydoc stdlib --tokenizer bpe --bpe-vocab-size 8192 \
       --out outputs/data/stdlib-bpe8k
-  python scripts/prepare_data.py --sources my_corpus/ more.jsonl --out /data/mine
   python scripts/prepare_data.py --sources my_corpus/ --tokenizer hf:/models/llama3/tokenizer.json --out /data/l3
+  python scripts/prepare_data.py --sources my_corpus/ more.jsonl --out /data/mine
 
-Sources: "pydoc" and "stdlib" are built in (offline); anything else is a .txt file (one
-document), a .jsonl file (one {"text": ...} document per line) or a folder of them.
 Tokenizers: byte, bpe (trained here on the sources), or hf:FILE, a local tokenizer.json (a
 tokenizer_config.json beside it names the end-of-document token); train with the same
 data.tokenizer value.
+Sources: "pydoc" and "stdlib" are built in (offline); anything else is a .txt file (one
+document), a .jsonl file (one {"text": ...} document per line) or a folder of them.
 """
 
 import argparse
@@ -39,12 +39,12 @@ def main(argv=None) -> int:
         shutil.rmtree(out)
     start = time.perf_counter()
     meta = prepare_token_file(out, args.sources, args.tokenizer, args.bpe_vocab_size)
-    print(f"wrote {out}: {meta.num_tokens:,} tokens from {meta.num_documents:,} documents, "
-          f"tokenizer {meta.tokenizer} (vocab {meta.vocab_size}), {meta.dtype}, "
-          f"sha256 {meta.sha256[:16]}..., {time.perf_counter() - start:.1f} s")
     if meta.tokenizer_identity and meta.tokenizer_identity.get("sha256"):
         print(f"tokenizer.json sha256 {meta.tokenizer_identity['sha256'][:16]}... (train with "
               f"data.tokenizer={args.tokenizer})")
+    print(f"wrote {out}: {meta.num_tokens:,} tokens from {meta.num_documents:,} documents, "
+          f"tokenizer {meta.tokenizer} (vocab {meta.vocab_size}), {meta.dtype}, "
+          f"sha256 {meta.sha256[:16]}..., {time.perf_counter() - start:.1f} s")
     return 0
 
 
