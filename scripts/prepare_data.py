@@ -39,9 +39,6 @@ def main(argv=None) -> int:
         shutil.rmtree(out)
     start = time.perf_counter()
     meta = prepare_token_file(out, args.sources, args.tokenizer, args.bpe_vocab_size)
-    if meta.tokenizer_identity and meta.tokenizer_identity.get("sha256"):
-        print(f"tokenizer.json sha256 {meta.tokenizer_identity['sha256'][:16]}... (train with "
-              f"data.tokenizer={args.tokenizer})")
     print(f"wrote {out}: {meta.num_tokens:,} tokens from {meta.num_documents:,} documents, "
           f"tokenizer {meta.tokenizer} (vocab {meta.vocab_size}), {meta.dtype}, "
           f"sha256 {meta.sha256[:16]}..., {time.perf_counter() - start:.1f} s")
