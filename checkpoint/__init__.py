@@ -15,7 +15,11 @@ Module map (docs/checkpoint-format.md has the format and the protocol):
   fingerprint.py config hash and the fields a resume may change
   preflight.py   directory, write permission and free space before step 1
   probe.py       the probe loss stored with each checkpoint
-  export.py      offline tensor reading (scripts/export.py)
+  export.py      offline tensor reading, one tensor at a time; safetensors and Hugging Face exports
+  hf_config.py   Hugging Face names and config.json (torch-free); hf_weights.py: the q/k rotary permutation
+  safetensors_io.py  safetensors written tensor by tensor, read in slices (a DCP StorageReader)
+  weight_source.py   what a model.init_from path holds (torch-free); init_from.py: the import
+  convert.py     a raw checkpoint as stock DCP files
   manager.py     what train.py calls: preflight, resume, after_step, close
 """
 

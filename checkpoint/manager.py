@@ -12,7 +12,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,7 @@ class CheckpointManager:
         # "auto": recovery/runtime.py measures a first save, then calls set_interval (Young/Daly)
         self.interval = AUTO_MEASURE_STEPS if str(c.interval).strip() == "auto" else int(c.interval)
         self.metrics, self.probe = metrics, probe
+        self.init_from: Optional[Dict] = None  # the weights' pretrained source, for the manifests (init_from.py)
         self.full_config = full_config(cfg)
         self.hashed = hashed_config(self.full_config)
         self.config_hash = config_hash(self.hashed)
@@ -61,7 +62,7 @@ class CheckpointManager:
             self.root, c.async_mode, rank, world_size, process_group=group,
             checksum_algorithm=default_algorithm() if c.checksum else None,
             commit_timeout_s=c.commit_timeout_s, pin_memory=device.type == "cuda",
-            after_commit=self._after_commit, fault_hook=fault_hook)
+            after_commit=self._after_commit, fault_hook=fault_hook, storage_format=c.format)
         self.last_saved_step: Optional[int] = None
 
     @property
@@ -163,6 +164,7 @@ class CheckpointManager:
         manifest = load_checkpoint(self.state, path, seed=self.cfg.seed, verify=self.ckpt_cfg.verify_on_load,
                                    threads=self.ckpt_cfg.load_threads, device=self.device)
         log.info("loaded %s in %.2f s", path, time.perf_counter() - t0)
+        self.init_from = manifest.init_from  # a resumed run's weights descend from the same source
         problem = verify(manifest, path) if verify is not None else None
         if any_rank(problem is not None, self.device):
             raise CheckpointError(f"{path} failed post-load verification: {problem or 'on another rank'}")
@@ -195,7 +197,7 @@ class CheckpointManager:
         manifest = Manifest(
             checkpoint_id=checkpoint_id(step), step=step, tokens=s.tokens, samples=s.samples,
             created_at=s.meta["wall_clock"], config_hash=self.config_hash, config=self.full_config,
-            world_size=self.world_size, layout=dict(self.layout),
+            world_size=self.world_size, layout=dict(self.layout), init_from=self.init_from,
             global_batch_size=self.cfg.training.global_batch_size, loss=loss, probe_loss=probe_loss,
             checksum_algorithm=None, components=s.components())
         if unverified_reason is not None:

@@ -28,7 +28,7 @@ from checkpoint.integrity import checksum_file
 from checkpoint.layout import committed_dir, uncommitted_dir
 from checkpoint.manifest import FileEntry, Manifest
 from checkpoint.staging import HostStager
-from checkpoint.storage import RawFileWriter
+from checkpoint.storage import WRITERS, RawFileWriter
 from configs.constants import ASYNC_MODES
 
 log = logging.getLogger("trainer")
@@ -56,9 +56,12 @@ class CheckpointSaver:
     def __init__(self, root: Path, mode: str, rank: int, world_size: int, process_group=None,
                  checksum_algorithm: Optional[str] = "xxh3_64", commit_timeout_s: float = 600.0,
                  pin_memory: bool = False, after_commit: Optional[Callable[[Manifest], None]] = None,
-                 fault_hook: Optional[FaultHook] = None):
+                 fault_hook: Optional[FaultHook] = None, storage_format: str = "raw"):
         if mode not in ASYNC_MODES:
             raise ValueError(f"checkpoint.async_mode={mode!r}: choose one of {list(ASYNC_MODES)}")
+        if storage_format not in WRITERS:
+            raise ValueError(f"checkpoint.format={storage_format!r}: choose one of {list(WRITERS)}")
+        self.storage_format = storage_format  # raw | dcp (checkpoint/storage.py)
         self.root, self.mode, self.rank, self.world_size = Path(root), mode, rank, world_size
         self.process_group = process_group
         self.checksum_algorithm = checksum_algorithm
@@ -85,7 +88,7 @@ class CheckpointSaver:
         step = manifest.step
         staging = uncommitted_dir(self.root, step)
         staging.mkdir(parents=True, exist_ok=True)
-        writer = RawFileWriter(staging, self.checksum_algorithm)
+        writer = WRITERS[self.storage_format](staging, self.checksum_algorithm)
         self.fault_hook("checkpoint_snapshot", step)
         if self.mode == "sync":
             dcp.save(state_dict, storage_writer=writer, process_group=self.process_group, no_dist=_no_dist())

@@ -11,6 +11,7 @@ IGNORE_INDEX = -100
 # training.mixed_precision: autocast dtype; parameters and optimizer state stay fp32.
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULES = ("cosine", "constant")  # optim.schedule
+CHECKPOINT_FORMATS = ("raw", "dcp")  # checkpoint.format: raw-bytes data files, or stock DCP's (docs/interop.md)
 ASYNC_MODES = ("sync", "async")  # checkpoint.async_mode
 BEST_METRICS = ("loss", "probe_loss")  # checkpoint.best_metric (lower is better)
 WANDB_MODES = ("disabled", "offline", "online")  # logging.wandb.mode

@@ -55,7 +55,7 @@ class DataConfig:
     # it from these sources on first use (each "pydoc", "stdlib", or a .txt/.jsonl path).
     prepare_if_missing: bool = False
     sources: List[str] = field(default_factory=lambda: ["pydoc"])
-    tokenizer: str = "byte"  # byte | bpe
+    tokenizer: str = "byte"  # byte | bpe | hf:/path/to/tokenizer.json (a local file); must match the data's
     bpe_vocab_size: int = 4096
     # Non-empty: train on these sources, interleaved by weight (data.path is then unused).
     mixture: List[DataSourceConfig] = field(default_factory=list)
@@ -102,6 +102,9 @@ class CheckpointConfig:
     # that both fit one key; YAML integers are accepted as they are.
     interval: str = "0"
     async_mode: str = "sync"  # sync | async (training waits only for the host snapshot)
+    # raw: tensors as raw bytes, read straight into place (the fast load); dcp: stock DCP files that
+    # torch.distributed.checkpoint's FileSystemReader and dcp_to_torch_save read (docs/checkpoint-format.md).
+    format: str = "raw"  # raw | dcp
     save_final: bool = True  # also save after the last step (when interval > 0)
     keep_last: int = 2  # rolling tier: newest committed checkpoints kept (>= 1)
     keep_every: int = 0  # permanent tier: steps divisible by this are never deleted; 0: off

@@ -15,10 +15,14 @@ from typing import Callable, List
 
 from omegaconf import DictConfig, OmegaConf
 
+from checkpoint.discovery import resolve_resume
+from checkpoint.manifest import CheckpointError
+from checkpoint.weight_source import source_problems
 from configs.constants import (
     ACTIVATION_CHECKPOINTING,
     ASYNC_MODES,
     BEST_METRICS,
+    CHECKPOINT_FORMATS,
     DEVICES,
     GUARD_ACTIONS,
     LOG_LEVELS,
@@ -124,6 +128,7 @@ def _checkpoint(cfg: DictConfig, problems: List[str], check: Callable) -> None:
     c = cfg.checkpoint
     check(lambda: parse_interval(c.interval))
     _choice(problems, "checkpoint.async_mode", c.async_mode, ASYNC_MODES)
+    _choice(problems, "checkpoint.format", c.format, CHECKPOINT_FORMATS)
     _at_least(problems, "checkpoint.keep_last", c.keep_last, 1,
               "the newest committed checkpoint is always kept; 0 would keep none")
     _at_least(problems, "checkpoint.keep_every", c.keep_every, 0, "0 turns the permanent tier off")
@@ -173,6 +178,17 @@ def _recovery(cfg: DictConfig, problems: List[str], check: Callable) -> None:
         _at_least(problems, f"recovery.guards.{key}", g[key], 1)
 
 
+def _init_from_problems(cfg: DictConfig) -> List[str]:
+    """model.init_from's shape against model.* (from its JSON files), unless the run will resume:
+    then its checkpoint's weights win and the source may even be gone."""
+    try:
+        if resolve_resume(Path(cfg.checkpoint.dir), str(cfg.checkpoint.resume)) is not None:
+            return []
+    except CheckpointError:  # the resume itself reports it
+        return []
+    return source_problems(model_config(cfg), cfg.model.init_from)
+
+
 def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool = False) -> None:
     """Raise one ConfigError listing every problem of ``cfg`` (a composed training config).
 
@@ -194,6 +210,8 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
     data_problem = data_path_problem(cfg.data) if files and not cfg.dry_run else None
     if data_problem:
         problems.append(data_problem)
+    if cfg.model.init_from and files and not cfg.dry_run:
+        problems += _init_from_problems(cfg)
     _training(cfg, problems, check)
     _parallel(cfg, problems, check, world_size)
     _checkpoint(cfg, problems, check)

@@ -14,13 +14,13 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Optional
 
 import numpy as np
 
 from data.checks import META_FILE, DataError, prepare_command
 from data.sources import iter_documents
-from data.tokenizer import BPETokenizer, ByteTokenizer, check_tokenizer_name
+from data.tokenizer import make_tokenizer, tokenizer_identity
 
 FORMAT_VERSION = 1
 TOKENS_FILE = "tokens.bin"
@@ -37,6 +37,9 @@ class TokenFileMeta:
     num_documents: int
     sha256: str
     sources: List[str]
+    # The tokenizer's identity, one block (data/tokenizer.py: kind, vocab_size, eos_id, the sha256 of
+    # the tokenizer.json saved beside the tokens, the file it came from); absent in older datasets.
+    tokenizer_identity: Optional[Dict] = None
 
 
 def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
@@ -54,15 +57,11 @@ def prepare_token_file(out_dir: str | Path, sources: List[str], tokenizer: str =
     The rename makes concurrent preparation by several ranks harmless: the output is a
     pure function of the inputs and the first finished copy wins.
     """
-    check_tokenizer_name(tokenizer)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        if tokenizer == "byte":
-            tok = ByteTokenizer()
-        else:
-            tok = BPETokenizer.train(iter_documents(sources), vocab_size=bpe_vocab_size)
+        tok = make_tokenizer(tokenizer, iter_documents(sources), bpe_vocab_size)
         dtype = np.uint16 if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
         num_tokens = num_docs = 0
         with (tmp / TOKENS_FILE).open("wb") as f:
@@ -81,6 +80,7 @@ def prepare_token_file(out_dir: str | Path, sources: List[str], tokenizer: str =
             format_version=FORMAT_VERSION, tokenizer=tok.name, vocab_size=tok.vocab_size,
             eos_id=tok.eos_id, dtype=np.dtype(dtype).name, num_tokens=num_tokens,
             num_documents=num_docs, sha256=sha256_file(tmp / TOKENS_FILE), sources=list(sources),
+            tokenizer_identity=tokenizer_identity(tok, tmp),
         )
         (tmp / META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n")
         try:

@@ -3,8 +3,12 @@
   python scripts/prepare_data.py                                   # pydoc topics, bytes
   python scripts/prepare_data.py --sources pydoc stdlib --tokenizer bpe --bpe-vocab-size 8192 \
       --out outputs/data/stdlib-bpe8k
+  python scripts/prepare_data.py --sources my_corpus/ --tokenizer hf:/models/llama3/tokenizer.json --out /data/l3
   python scripts/prepare_data.py --sources my_corpus/ more.jsonl --out /data/mine
 
+Tokenizers: byte, bpe (trained here on the sources), or hf:FILE, a local tokenizer.json (a
+tokenizer_config.json beside it names the end-of-document token); train with the same
+data.tokenizer value.
 Sources: "pydoc" and "stdlib" are built in (offline); anything else is a .txt file (one
 document), a .jsonl file (one {"text": ...} document per line) or a folder of them.
 """
@@ -21,7 +25,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="outputs/data/pydoc-byte", help="output folder")
     parser.add_argument("--sources", nargs="+", default=["pydoc"])
-    parser.add_argument("--tokenizer", default="byte", help="byte | bpe")
+    parser.add_argument("--tokenizer", default="byte", help="byte | bpe | hf:/path/to/tokenizer.json")
     parser.add_argument("--bpe-vocab-size", type=int, default=4096)
     parser.add_argument("--force", action="store_true", help="replace an existing dataset")
     args = parser.parse_args(argv)

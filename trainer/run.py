@@ -16,6 +16,7 @@ from typing import Callable, List
 import torch
 from omegaconf import DictConfig
 
+from checkpoint.init_from import apply_init_from
 from checkpoint.manager import CheckpointManager
 from checkpoint.probe import make_probe
 from checkpoint.state import TrainingState
@@ -117,6 +118,7 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     shutdown.add(80, "the watchdog", rt.close)
     ckpt.preflight()
     resumed = rt.resume(state, probe, dims, plan)  # verified, with bounded fallback
+    resumed = apply_init_from(mcfg.init_from, state, ckpt, resumed, world.device)  # pretrained weights, step 0 only
     start_step = state.step
     tokens_per_step = plan.global_batch_size * cfg.training.seq_len
     log.info(
