@@ -158,8 +158,8 @@ def _recovery(cfg: DictConfig, problems: List[str], check: Callable) -> None:
     _at_least(problems, "recovery.max_fallbacks", r.max_fallbacks, 0)
     _positive(problems, "recovery.device_mtbf_hours", r.device_mtbf_hours)
     _at_least(problems, "recovery.devices", r.devices, 0, "0 uses the world size")
-    for fault in r.faults:
-        problems += fault_problems(fault)
+    for i, fault in enumerate(r.faults):
+        problems += fault_problems(fault, f"recovery.faults[{i}]")
     g = r.guards
     _choice(problems, "recovery.guards.action", g.action, GUARD_ACTIONS)
     _at_least(problems, "recovery.guards.warmup_steps", g.warmup_steps, 0)
