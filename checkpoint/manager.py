@@ -30,7 +30,7 @@ from checkpoint.layout import checkpoint_id, parse
 from checkpoint.lease import check_lease, take_lease
 from checkpoint.loader import any_rank, from_rank0, load_checkpoint
 from checkpoint.manifest import CheckpointError, ConfigMismatch, Manifest, read_manifest
-from checkpoint.preflight import expected_checkpoint_bytes, preflight_checkpoint_dir
+from checkpoint.preflight import PreflightError, expected_checkpoint_bytes, preflight_checkpoint_dir
 from checkpoint.retention import apply_retention
 from checkpoint.save_errors import CheckpointSaveError
 from checkpoint.saver import CheckpointSaver, FaultHook, SaveRecord
@@ -88,14 +88,20 @@ class CheckpointManager:
         """Before resume: take this attempt's lease on checkpoint.dir (checkpoint/lease.py), so an
         older attempt's writers can no longer commit there; then check the directory has room
         for the saves to come (checkpoint/preflight.py)."""
-        attempt = [None]
+        lease = [None, None]  # (attempt, why it could not be taken)
         if self.rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            attempt = [take_lease(self.root)]
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                lease[0] = take_lease(self.root)
+            except OSError as exc:
+                lease[1] = (f"checkpoint.dir={self.root} is not writable by this process: {exc}. Make it writable, "
+                            "or point checkpoint.dir at a writable volume")
         if dist.is_available() and dist.is_initialized() and self.world_size > 1:
-            dist.broadcast_object_list(attempt, src=0)
-        self.saver.attempt = attempt[0]
-        log.info("checkpoint.dir %s: this is attempt %d", self.root, attempt[0])
+            dist.broadcast_object_list(lease, src=0)
+        if lease[1] is not None:
+            raise PreflightError(lease[1])
+        self.saver.attempt = lease[0]
+        log.info("checkpoint.dir %s: this is attempt %d", self.root, lease[0])
         estimate = expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None)
         self.saver.expected_bytes = estimate
         if self.enabled:
