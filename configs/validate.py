@@ -189,9 +189,10 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
             return None
 
     check(lambda: model_config(cfg).validate())
-    check(lambda: check_tokenizer_name(cfg.data.tokenizer))
+    tokenizer_ok = check(lambda: check_tokenizer_name(cfg.data.tokenizer) or True)
     check(lambda: check_data_config(cfg.data))
-    data_problem = data_path_problem(cfg.data) if files and not cfg.dry_run else None
+    # (with an unknown tokenizer, the data path's advice would name it in a prepare command)
+    data_problem = data_path_problem(cfg.data) if files and not cfg.dry_run and tokenizer_ok else None
     if data_problem:
         problems.append(data_problem)
     _training(cfg, problems, check)
