@@ -28,7 +28,7 @@ from pathlib import Path
 
 from metrics.records import read_metrics, step_losses
 from tools.rehearsal import faults_override
-from tools.runs import tiny_overrides
+from tools.runs import prepare_debug_data, tiny_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,10 +74,7 @@ def main(argv=None) -> int:
                         "torchrun --max-restarts 1 restart the group in place")
     a = p.parse_args(argv)
     small = a.nproc // 2 if a.small_nproc is None else a.small_nproc
-    if not (a.data / "meta.json").exists():
-        from data.token_file import prepare_token_file
-
-        prepare_token_file(a.data, ["pydoc"], "byte")
+    prepare_debug_data(a.data)  # the debug experiment's data, with its held-out validation split
     rng = random.Random(a.seed)
     kill_step = rng.randint(a.interval + 1, a.steps - 1)
     kill_rank = rng.randrange(a.nproc)
