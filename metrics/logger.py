@@ -82,7 +82,7 @@ class MetricsLogger:
                     self._tb.add_scalar(k, v, step)
         if step % self.log_interval == 0 or step == self.total_steps:
             eta = _format_eta((self.total_steps - step) * step_seconds_avg)
-            mfu = (f" | {metrics['tflops_per_device']:.3g} TFLOP/s/device | MFU {100 * metrics["mfu"]:.3g}%"
+            mfu = (f" | {metrics['tflops_per_device']:.3g} TFLOP/s/device | MFU {100 * metrics['mfu']:.3g}%"
                    if "mfu" in metrics else "")
             log.info(
                 "step %d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s%s | %.0f ms | mem %.2f GiB | eta %s",
