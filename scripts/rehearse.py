@@ -9,7 +9,8 @@
      lost), then a relaunch at --small-nproc ranks: grad_accum_steps is recomputed so the
      global batch is unchanged; the steps after the resume must match within --rtol
      (a different reduction order changes the last bits; contract 2);
-then a report table; the exit status is non-zero on any divergence.
+then a report table and, next to report.json, losses.png: the three runs' curves overlaid
+(metrics/plots.py; resumes as vertical lines); the exit status is non-zero on any divergence.
 
     python scripts/rehearse.py --nproc 2 --small-nproc 1 --steps 12 --seed 7
 """
@@ -26,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from metrics.plots import plot_runs
 from metrics.records import read_metrics, step_losses
 from tools.rehearsal import faults_override
 from tools.runs import prepare_debug_data, tiny_overrides
@@ -127,6 +129,9 @@ def main(argv=None) -> int:
             print(f"   diverged steps {res['diverged']}, missing steps {res['missing']}; log: {log}")
     (root / "report.json").write_text(json.dumps([dict(zip(("scenario", "ranks", "resumed_from", "rc", "seconds",
                                                              "rule", "result"), r)) for r in rows], indent=1))
+    runs = [root / name for name in ("baseline", "same_layout", "smaller_world") if (root / name).is_dir()]
+    plot_runs(runs, root / "losses.png", title=f"rehearsal {stamp}: baseline vs killed and resumed")
+    print(f"report {root / 'report.json'}, plot {root / 'losses.png'}")
     return 0 if all(r[-1]["ok"] for r in rows) else 1
 
 
