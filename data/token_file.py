@@ -99,12 +99,12 @@ def prepare_token_file(out_dir: str | Path, sources: List[str], tokenizer: str =
             tok.save(tmp / VALIDATION_DIR)
             val_meta = TokenFileMeta(**{**asdict(meta), "num_tokens": val.num_tokens,
                                         "num_documents": val.num_documents, "sha256": val.sha256})
-            (tmp / VALIDATION_DIR / META_FILE).write_text(json.dumps(asdict(val_meta), indent=2) + "\n")
+            (tmp / VALIDATION_DIR / META_FILE).write_text(_meta_json(val_meta))
             meta.validation = asdict(ValidationSplit(
                 fraction=validation_fraction, rule=SPLIT_RULE, path=VALIDATION_DIR,
                 num_documents=val.num_documents, num_tokens=val.num_tokens, sha256=val.sha256))
         tok.save(tmp)
-        (tmp / META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n")
+        (tmp / META_FILE).write_text(_meta_json(meta))
         try:
             os.rename(tmp, out_dir)
         except OSError:
@@ -113,6 +113,14 @@ def prepare_token_file(out_dir: str | Path, sources: List[str], tokenizer: str =
         return read_meta(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _meta_json(meta: TokenFileMeta) -> str:
+    """meta.json's text; without a split there is no validation block (the file is as before splits existed)."""
+    fields = asdict(meta)
+    if fields["validation"] is None:
+        del fields["validation"]
+    return json.dumps(fields, indent=2) + "\n"
 
 
 @dataclass
