@@ -17,9 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, NamedTuple, Optional
 
 import torch
 
@@ -31,8 +30,7 @@ from model.generation import Sampling, generate
 from model.llama import build_model
 
 
-@dataclass
-class Loaded:
+class Loaded(NamedTuple):
     model: torch.nn.Module
     data: Optional[Path]  # the prepared dataset the model was trained on (its tokenizer), if known
     train_seq_len: Optional[int]  # positions the model was trained on, if known
