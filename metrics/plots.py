@@ -75,7 +75,7 @@ def plot_runs(run_dirs: Sequence[Path | str], out: Path | str, title: str | None
     axes = fig.subplots(5, 1, sharex=True)
     loss_ax, lr_ax, norm_ax, speed_ax, ckpt_ax = axes
     mfu_ax = speed_ax.twinx()
-    panels = {"loss": (loss_ax, "-", "training loss"), "val_loss": (loss_ax, "o--", "validation loss"),
+    panels = {"loss": (loss_ax, "-", "training loss"), "val_loss": (loss_ax, "D-", "validation loss"),
               "lr": (lr_ax, "-", "learning rate"), "grad_norm": (norm_ax, "-", "grad norm (before clipping)"),
               "tokens_per_s": (speed_ax, "-", "tokens/s"), "mfu": (mfu_ax, ":", "MFU"),
               "checkpoint_blocking_s": (ckpt_ax, "o-", "blocking s"),
@@ -84,8 +84,9 @@ def plot_runs(run_dirs: Sequence[Path | str], out: Path | str, title: str | None
     for run, color in zip(runs, colors):
         for name, (steps, values) in run.series.items():
             ax, style, what = panels[name]
-            (line,) = ax.plot(steps, values, style, color=color, label=f"{run.label}: {what}",
-                              markersize=3, linewidth=1.2 if style == "-" else 1.0)
+            emphasis = {"markersize": 7, "linewidth": 2.2, "zorder": 3} if name == "val_loss" else \
+                {"markersize": 3, "linewidth": 1.2 if style == "-" else 1.0}
+            (line,) = ax.plot(steps, values, style, color=color, label=f"{run.label}: {what}", **emphasis)
             line.set_gid(f"{run.label}|{name}")
         for i, step in enumerate(run.resumes):
             for ax in axes:
