@@ -89,3 +89,24 @@ def test_events_reach_tensorboard_and_wandb(tmp_path, monkeypatch, caplog):
     assert logged["val_loss"] == (4, 2.5) and logged["mfu"] == (6, 0.001) and logged["events/alarm"] == (4, 1)
     assert wandb.summary["events/resume_count"] == 1 and wandb.summary["events/alarm_count"] == 1
     assert wandb.summary["last_checkpoint"]["background_s"] == 1.5 and wandb.summary["last_checkpoint"]["step"] == 4
+
+
+@pytest.mark.distributed  # starts train.py
+def test_a_real_run_sends_validation_mfu_and_saves_to_tensorboard_and_offline_wandb(pydoc_data, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from helpers.launch import run_train
+    from tools.runs import debug_overrides
+
+    run_dir = tmp_path / "backends"
+    proc = run_train(debug_overrides(run_dir, pydoc_data, steps=4, extra={
+        "checkpoint.interval": 2, "eval.interval": 2, "logging.tensorboard": "true", "logging.wandb.mode": "offline"}),
+        extra_env={"WANDB_MODE": "offline", "WANDB_API_KEY": "", "WANDB_SILENT": "true"})
+    assert "wandb logging" not in proc.stderr and "wandb disabled" not in proc.stderr
+    tb = EventAccumulator(str(run_dir / "tensorboard"))
+    tb.Reload()
+    steps = lambda tag: [e.step for e in tb.Scalars(tag)]  # noqa: E731
+    evals = {r["step"]: r["val_loss"] for r in read_metrics(run_dir, "eval")}
+    assert [(e.step, e.value) for e in tb.Scalars("val_loss")] == [(s, pytest.approx(v)) for s, v in evals.items()]
+    assert sorted(evals) == [2, 4] and steps("checkpoint/blocking_s") == [2, 4] and steps("mfu") == [1, 2, 3, 4]
+    assert list((run_dir / "wandb").glob("offline-run-*"))
