@@ -83,8 +83,8 @@ def prepare_token_file(out_dir: str | Path, sources: List[str], tokenizer: str =
         train = split[False].close()
         val = split[True].close() if True in split else None
         if train.num_documents == 0:
-            held = f" (all {val.num_documents} held out for validation)" if val else ""
-            raise ValueError(f"data sources {sources} yielded no training documents{held}")
+            held = f" for training (all {val.num_documents} were held out for validation)" if val else ""
+            raise ValueError(f"data sources {sources} yielded no documents{held}")
         meta = TokenFileMeta(
             format_version=FORMAT_VERSION, tokenizer=tok.name, vocab_size=tok.vocab_size,
             eos_id=tok.eos_id, dtype=np.dtype(dtype).name, num_tokens=train.num_tokens,
