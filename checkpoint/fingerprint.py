@@ -12,6 +12,8 @@ betas and eps. Free to change on resume (RESUME_MUTABLE):
 - data loading knobs and the data's location (``data.num_workers``, ``data.prefetch_factor``,
   ``data.prepare_if_missing``, ``data.path``; what the data is, the data state's fingerprint
   checks);
+- what is evaluated and when (``eval.*``, ``data.validation``, ``data.validation_fraction``):
+  evaluation draws no random numbers and leaves the weights alone;
 - ``checkpoint.*``, ``logging.*``, ``recovery.*``, and the run's name and paths.
 The manifest stores the whole resolved config; the hash covers the hashed part only.
 """
@@ -33,6 +35,8 @@ RESUME_MUTABLE = RESUME_SCHEDULE + (
     "training.micro_batch_size", "data.num_workers", "data.prefetch_factor", "data.prepare_if_missing",
     # Where the data lives may change; what it is is checked by the data state's fingerprint.
     "data.path", "data.allow_resume_changes",
+    # Evaluation does not change the trajectory (tests/test_evaluate.py shows the losses stay bitwise).
+    "eval", "data.validation", "data.validation_fraction",
 )
 
 

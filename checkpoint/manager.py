@@ -73,6 +73,7 @@ class CheckpointManager:
             after_commit=self._after_commit, fault_hook=fault_hook, storage_format=c.format)
         self.last_saved_step: Optional[int] = None
         self.save_failure: Optional[CheckpointSaveError] = None  # on_save_error=stop: raised once agreed
+        self._eval: Optional[Tuple[int, float]] = None  # (step, validation loss) of the latest evaluation
 
     @property
     def enabled(self) -> bool:
@@ -261,6 +262,10 @@ class CheckpointManager:
                                   "stopping with checkpoint.on_save_error=stop")
         raise failure
 
+    def record_eval(self, step: int, val_loss: float) -> None:
+        """The validation loss after ``step``: a save of that step records it in its manifest."""
+        self._eval = (step, val_loss)
+
     def save(self, step: int, loss: Optional[float], unverified_reason: Optional[str] = None) -> None:
         """Save now (preemption, the loop's due saves); ``unverified_reason``: not marked verified."""
         probe_loss = self.probe() if self.probe is not None else None
@@ -273,7 +278,8 @@ class CheckpointManager:
             created_at=s.meta["wall_clock"], config_hash=self.config_hash, config=self.full_config,
             world_size=self.world_size, layout=dict(self.layout), init_from=self.init_from,
             global_batch_size=self.cfg.training.global_batch_size, loss=loss, probe_loss=probe_loss,
-            checksum_algorithm=None, components=s.components())
+            checksum_algorithm=None, components=s.components(),
+            val_loss=self._eval[1] if self._eval is not None and self._eval[0] == step else None)
         if unverified_reason is not None:
             manifest.verified, manifest.unverified_reason = False, unverified_reason
             log.warning("checkpoint %s will not be marked verified: %s", manifest.checkpoint_id, unverified_reason)

@@ -67,6 +67,11 @@ class DataConfig:
     # Resume although the checkpoint's data fingerprint, seed, seq_len or global batch
     # differ (the changes are logged); otherwise such a resume is refused.
     allow_resume_changes: bool = False
+    # Validation set (data/validation.py): none | held_out (the documents the preparation kept out
+    # of data.path) | the path of a prepared dataset with the same tokenizer. Evaluated per `eval`.
+    validation: str = "none"
+    # Fraction of documents prepare_if_missing holds out of data.path (data/split.py); 0: none.
+    validation_fraction: float = 0.0
 
 
 @dataclass
@@ -78,6 +83,14 @@ class TrainingConfig:
     mixed_precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler)
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     ema_decay: float = 0.0  # EMA of the weights (training/ema.py), checkpointed; 0 disables
+
+
+@dataclass
+class EvalConfig:
+    """Validation loss (training/evaluate.py) on data.validation; off while data.validation=none."""
+
+    interval: int = 100  # steps between evaluations (also after the last step and before every save); 0: off
+    batches: int = 8  # fixed validation batches of training.global_batch_size sequences each
 
 
 @dataclass
@@ -109,7 +122,7 @@ class CheckpointConfig:
     keep_last: int = 2  # rolling tier: newest committed checkpoints kept (>= 1)
     keep_every: int = 0  # permanent tier: steps divisible by this are never deleted; 0: off
     keep_best: int = 0  # milestone tier: the N best by best_metric are kept; 0: off
-    best_metric: str = "loss"  # loss | probe_loss (lower is better)
+    best_metric: str = "loss"  # loss | probe_loss | val_loss (lower is better)
     resume: str = "auto"  # auto | never | must | <path or step>
     allow_config_change: bool = False  # resume although the config hash differs (logged)
     checksum: bool = True  # checksum every file at save (xxh3-64, or crc32 without xxhash)
@@ -192,6 +205,9 @@ class LoggingConfig:
     level: str = "INFO"
     wandb: WandbConfig = field(default_factory=WandbConfig)
     tensorboard: bool = False
+    # Peak dense TFLOP/s of one device at the training precision, the denominator of MFU
+    # (docs/training.md has a table); the default is an H100 SXM's bf16 peak.
+    peak_tflops: float = 989.0
 
 
 @dataclass
@@ -206,6 +222,7 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
@@ -218,5 +235,5 @@ def register() -> None:
 
 
 __all__ = ["Config", "ModelConfig", "ParallelConfig", "DataConfig", "TrainingConfig",
-           "OptimConfig", "CheckpointConfig", "RecoveryConfig", "LoggingConfig", "register",
+           "EvalConfig", "OptimConfig", "CheckpointConfig", "RecoveryConfig", "LoggingConfig", "register",
            "MISSING"]

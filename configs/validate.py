@@ -39,6 +39,7 @@ from configs.constants import (
 from data.batching import make_batch_plan
 from data.checks import check_data_config, data_path_problem
 from data.tokenizer import check_tokenizer_name
+from data.validation import validation_problem
 from model.config import ModelConfig
 from parallel.dims import check_tensor_parallel_fits, resolve_parallel_dims
 from recovery.faults import fault_problems
@@ -144,6 +145,28 @@ def _checkpoint(cfg: DictConfig, problems: List[str], check: Callable) -> None:
                         "path of a committed checkpoint directory (one holding manifest.json)")
 
 
+def _eval(cfg: DictConfig, problems: List[str], files: bool) -> None:
+    """data.validation, data.validation_fraction, eval.*, and what checkpoint.best_metric=val_loss needs."""
+    d, e, c = cfg.data, cfg.eval, cfg.checkpoint
+    if not 0 <= d.validation_fraction < 1:
+        problems.append(f"data.validation_fraction={d.validation_fraction} must be in [0, 1) (0 holds nothing out)")
+    if str(d.validation).strip() == "held_out" and d.prepare_if_missing and not d.validation_fraction > 0:
+        problems.append("data.validation=held_out with data.prepare_if_missing=true needs data.validation_fraction > 0 "
+                        "(the fraction of documents to hold out, e.g. 0.01)")
+    _at_least(problems, "eval.interval", e.interval, 0, "0 turns evaluation off")
+    _at_least(problems, "eval.batches", e.batches, 1)
+    evaluates = str(d.validation).strip() != "none" and e.interval > 0
+    if c.best_metric == "val_loss" and c.keep_best > 0 and not evaluates:
+        problems.append("checkpoint.best_metric=val_loss ranks checkpoints by their validation loss, but this run "
+                        f"does not evaluate (data.validation={d.validation}, eval.interval={e.interval}); set "
+                        "data.validation and eval.interval > 0, or choose best_metric loss or probe_loss")
+    if files and not cfg.dry_run:
+        prepared_yet = not (d.prepare_if_missing and not (Path(d.path) / "meta.json").is_file())
+        problem = validation_problem(d, prepared_yet=prepared_yet)
+        if problem:
+            problems.append(problem)
+
+
 def _recovery(cfg: DictConfig, problems: List[str], check: Callable) -> None:
     r = cfg.recovery
     unknown = sorted(set(r.timeouts) - set(WATCHDOG_PHASES))
@@ -216,9 +239,11 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
     _training(cfg, problems, check)
     _parallel(cfg, problems, check, world_size)
     _checkpoint(cfg, problems, check)
+    _eval(cfg, problems, files)
     _recovery(cfg, problems, check)
     _choice(problems, "logging.level", str(cfg.logging.level).upper(), LOG_LEVELS)
     _at_least(problems, "logging.log_interval", cfg.logging.log_interval, 1)
     _choice(problems, "logging.wandb.mode", cfg.logging.wandb.mode, WANDB_MODES)
+    _positive(problems, "logging.peak_tflops", cfg.logging.peak_tflops)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))

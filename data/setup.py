@@ -27,8 +27,10 @@ def prepare_if_missing(data_cfg, world) -> None:
         # One process per node builds it (the output is deterministic and renamed into
         # place atomically, so nodes sharing a file system may race harmlessly).
         if world.local_rank == 0:
-            log.info("preparing %s from %s (tokenizer %s)", path, list(data_cfg.sources), data_cfg.tokenizer)
-            prepare_token_file(path, list(data_cfg.sources), data_cfg.tokenizer, data_cfg.bpe_vocab_size)
+            log.info("preparing %s from %s (tokenizer %s, validation fraction %g)", path, list(data_cfg.sources),
+                     data_cfg.tokenizer, data_cfg.validation_fraction)
+            prepare_token_file(path, list(data_cfg.sources), data_cfg.tokenizer, data_cfg.bpe_vocab_size,
+                               validation_fraction=data_cfg.validation_fraction)
         if dist.is_initialized():
             dist.barrier()
 
