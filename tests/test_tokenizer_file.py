@@ -108,7 +108,7 @@ def test_a_run_trains_on_it_and_its_export_carries_the_tokenizer(prepared, tmp_p
 
     _, path, out = prepared
     run_dir = tmp_path / "run"
-    run_train(debug_overrides(run_dir, out, steps=4, extra={"data.tokenizer": f"hf:{path}",
+    run_train(debug_overrides(run_dir, out, steps=4, extra={"data.tokenizer": f"hf:{path}", "data.validation": "none",
                                                              "checkpoint.interval": 4}))
     proc = run([sys.executable, str(ROOT / "scripts" / "export.py"), str(run_dir / "checkpoints" / "step_00000004"),
                 str(tmp_path / "hf"), "--format", "hf"])
