@@ -49,23 +49,19 @@ def philox_key(seed: int, name: str) -> int:
 
 
 def as_matrix(shape: Tuple[int, ...]) -> Tuple[int, int]:
-    """(rows, cols) the tiles are laid over: dim 0 x the rest; a vector is one row."""
-    if len(shape) == 1:
-        return 1, shape[0]
-    return shape[0], math.prod(shape[1:])
+    """(rows, cols) the tiles are laid over; a vector is one row. The model has no parameter of
+    more than two dimensions."""
+    if len(shape) > 2:
+        raise NotImplementedError(f"init tiles cover vectors and matrices, not a {len(shape)}-D parameter {shape}")
+    return (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
 
 
 def shard_box(shape: Tuple[int, ...], local_shape: Tuple[int, ...], offset: Tuple[int, ...]):
     """The shard as (row range, column range) of the matrix view."""
+    as_matrix(shape)
     if len(shape) == 1:
         return range(0, 1), range(offset[0], offset[0] + local_shape[0])
-    if any(o != 0 or n != s for o, n, s in zip(offset[2:], local_shape[2:], shape[2:])):
-        raise NotImplementedError(f"a {len(shape)}-D parameter sharded beyond dims 0 and 1: {shape} -> {local_shape}")
-    if len(shape) > 2 and local_shape[1] != shape[1]:
-        raise NotImplementedError(f"a {len(shape)}-D parameter sharded along dim 1: {shape} -> {local_shape}")
-    cols = math.prod(shape[1:])
-    col_start = offset[1] * cols // shape[1]
-    return range(offset[0], offset[0] + local_shape[0]), range(col_start, col_start + cols * local_shape[1] // shape[1])
+    return range(offset[0], offset[0] + local_shape[0]), range(offset[1], offset[1] + local_shape[1])
 
 
 def _tiles(span: range, size: int) -> range:
