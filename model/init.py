@@ -9,9 +9,9 @@ counter = t in the top word: a tile's values depend on nothing else, and no tile
 can run into another's. A rank draws only the tiles that overlap its shard (a box of rows
 x columns: TP splits rows or columns, FSDP2 then splits rows again), in float32 on the
 host, scaled by the parameter's std in float32, and copies one band of tiles at a time to
-the shard's device. Memory: the shard plus one band; time: the shard plus the tile edges
-it cuts (``drawn_elements``). The values do not depend on the device either (CPU and CUDA
-runs start from the same numbers).
+the shard's device, on up to torch.get_num_threads() threads. Memory: the shard plus one
+band per thread; time: the shard plus the tile edges it cuts (``drawn_elements``). The
+values do not depend on the device either (CPU and CUDA runs start from the same numbers).
 
 The scheme (``init_std``): embeddings and every linear N(0, init_std); the two projections
 writing into the residual stream (attention.wo, feed_forward.w2) N(0, init_std / sqrt(2
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Tuple
 
 import numpy as np
@@ -31,6 +32,7 @@ from torch import nn
 from model.config import ModelConfig
 
 TILE_ROWS, TILE_COLS = 4, 1024
+MAX_THREADS = 16  # bands drawn in parallel, at most torch.get_num_threads()
 RESIDUAL_PROJECTIONS = ("attention.wo.weight", "feed_forward.w2.weight")
 
 
@@ -94,7 +96,8 @@ def fill_normal_(local: torch.Tensor, shape: Tuple[int, ...], offset: Tuple[int,
     key = philox_key(seed, name)
     n_tile_cols = -(-cols // TILE_COLS)
     scale = np.float32(std)
-    for i in _tiles(box_rows, TILE_ROWS):
+
+    def fill_band(i: int) -> None:
         tile_rows = _tile_span(i, TILE_ROWS, rows)
         band_rows = range(max(tile_rows.start, box_rows.start), min(tile_rows.stop, box_rows.stop))
         band = np.empty((len(band_rows), len(box_cols)), dtype=np.float32)
@@ -108,6 +111,18 @@ def fill_normal_(local: torch.Tensor, shape: Tuple[int, ...], offset: Tuple[int,
                                                                     band_rows.stop - tile_rows.start,
                                                                     c0 - tile_cols.start:c1 - tile_cols.start]
         out[band_rows.start - box_rows.start:band_rows.stop - box_rows.start].copy_(torch.from_numpy(band))
+
+    bands = _tiles(box_rows, TILE_ROWS)
+    threads = min(torch.get_num_threads(), MAX_THREADS, len(bands))
+    if threads <= 1:
+        for i in bands:
+            fill_band(i)
+        return
+    # Bands are independent (their own tiles, their own rows of out) and numpy draws without
+    # the GIL: the rank's intra-op threads share the work; at most ``threads`` bands in flight.
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in pool.map(fill_band, bands):
+            pass
 
 
 def local_block(param: torch.Tensor):

@@ -7,8 +7,9 @@ Each rank builds the model on the meta device, parallelises it (parallelize_mode
 FSDP2/TP plan as training) and materialises it (materialize_parallel_model). Around the last
 step it resets the kernel's peak-RSS counter (/proc/self/clear_refs, Linux) and reports the
 peak RSS growth (VmHWM after minus VmRSS before), the bytes of the rank's own shards, and the
-wall time; the full fp32 model is 4 bytes x parameters. tests/test_init_memory.py asserts the
-memory bound on the `1b` preset; nothing asserts the time.
+wall time, next to the time torch's own host RNG (one ``normal_()``, not layout-invariant)
+takes for as many elements on the same rank; the full fp32 model is 4 bytes x parameters.
+tests/test_init_memory.py asserts the memory bound on the `1b` preset; nothing asserts the time.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def _status_kib(field: str) -> int:
 
 
 def worker(args) -> None:
+    import torch
     import torch.distributed as dist
     from omegaconf import OmegaConf
     from torch.distributed.tensor import DTensor
@@ -60,9 +62,17 @@ def worker(args) -> None:
     seconds = time.perf_counter() - start
     peak = _status_kib("VmHWM")
     shard_bytes = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * 4 for p in model.parameters())
+    # The reference: torch's own host RNG filling the same number of fp32 elements in one call
+    # (no tiles, not layout-invariant), on the same core at the same time.
+    del model
+    baseline = torch.empty(shard_bytes // 4)
+    start = time.perf_counter()
+    baseline.normal_()
+    normal_seconds = time.perf_counter() - start
     result = {"rank": world.rank, "world_size": world.world_size, "model": mcfg.name, "layout": dims.describe(),
               "params": count_params(mcfg).total, "full_fp32_bytes": 4 * count_params(mcfg).total,
-              "shard_bytes": shard_bytes, "rss_growth_bytes": (peak - rss_before) * 1024, "init_seconds": seconds}
+              "shard_bytes": shard_bytes, "rss_growth_bytes": (peak - rss_before) * 1024, "init_seconds": seconds,
+              "torch_normal_seconds": normal_seconds}
     results = [None] * world.world_size if dist.is_initialized() else [result]
     if dist.is_initialized():
         dist.all_gather_object(results, result)
@@ -74,7 +84,9 @@ def worker(args) -> None:
         for r in results:
             print(f"rank {r['rank']}: init {r['init_seconds']:.1f} s, peak RSS growth "
                   f"{r['rss_growth_bytes'] / 1e9:.2f} GB = {r['rss_growth_bytes'] / r['full_fp32_bytes']:.2f} x the "
-                  f"full fp32 model ({r['full_fp32_bytes'] / 1e9:.2f} GB); own shards {r['shard_bytes'] / 1e9:.2f} GB")
+                  f"full fp32 model ({r['full_fp32_bytes'] / 1e9:.2f} GB); own shards {r['shard_bytes'] / 1e9:.2f} GB; "
+                  f"{r['init_seconds'] / r['torch_normal_seconds']:.1f}x the time of one torch normal_() over as "
+                  f"many elements ({r['torch_normal_seconds']:.1f} s)")
 
 
 def main() -> None:

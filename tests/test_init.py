@@ -60,3 +60,12 @@ def test_a_shard_draws_its_own_size_plus_the_tile_edges():
     assert 128 * 3584 < drawn <= 128 * (3584 + 2 * TILE_COLS)
     # a two-row shard pays at most one tile of rows
     assert drawn_elements((1024, 8192), (2, 8192), (6, 0)) <= TILE_ROWS * 8192
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_parameters_equal_cpu_parameters():
+    """The tiles are drawn on the host and copied band by band: the device does not change the values."""
+    cfg = ModelConfig(dim=256, n_layers=2, n_heads=4, vocab_size=3000)
+    on_cpu, on_gpu = build_model(cfg, seed=3), build_model(cfg, "cuda", seed=3)
+    for (name, a), b in zip(on_cpu.named_parameters(), on_gpu.parameters()):
+        assert b.is_cuda and torch.equal(a, b.cpu()), name
