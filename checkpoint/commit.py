@@ -35,10 +35,11 @@ def rank_files(directory: Path, rank: int) -> List[Path]:
 
 
 def acknowledge(directory: Path, rank: int, algorithm: str | None,
-                known: Optional[Dict[str, FileEntry]] = None) -> Dict[str, FileEntry]:
+                known: Optional[Dict[str, FileEntry]] = None, attempt: Optional[int] = None) -> Dict[str, FileEntry]:
     """Phase 2: record this rank's files durably in ``acks/rank_R.json``. Checksums come from
     ``known`` (what the writer hashed while writing; a file whose size has changed since is
-    refused); files the writer did not report are read back and checksummed here."""
+    refused); files the writer did not report are read back and checksummed here. ``attempt``
+    (checkpoint/lease.py) is recorded, so the coordinator never counts another attempt's ack."""
     files = rank_files(directory, rank)
     known = known or {}
     entries: Dict[str, FileEntry] = {}
@@ -54,14 +55,15 @@ def acknowledge(directory: Path, rank: int, algorithm: str | None,
     entries.update({p.name: FileEntry(size=p.stat().st_size, checksum=sums.get(p.name)) for p in rest})
     ack_dir = Path(directory) / ACKS
     ack_dir.mkdir(exist_ok=True)
-    payload = {"rank": rank, "files": {k: vars(v) for k, v in entries.items()}}
+    payload = {"rank": rank, "attempt": attempt, "files": {k: vars(v) for k, v in entries.items()}}
     atomic_write_text(ack_dir / f"rank_{rank:05d}.json", json.dumps(payload))
     return entries
 
 
 def collect_acknowledgements(directory: Path, world_size: int, timeout_s: float,
-                             poll_s: float = 0.05) -> Dict[str, FileEntry]:
-    """Phase 3a (coordinator): wait for every rank's acknowledgement; their files, merged."""
+                             poll_s: float = 0.05, attempt: Optional[int] = None) -> Dict[str, FileEntry]:
+    """Phase 3a (coordinator): wait for every rank's acknowledgement; their files, merged. With
+    ``attempt``, an acknowledgement written by another attempt's rank is refused."""
     ack_dir = Path(directory) / ACKS
     deadline = time.monotonic() + timeout_s
     while True:
@@ -76,6 +78,10 @@ def collect_acknowledgements(directory: Path, world_size: int, timeout_s: float,
     files: Dict[str, FileEntry] = {}
     for r in range(world_size):
         payload = json.loads((ack_dir / f"rank_{r:05d}.json").read_text())
+        if attempt is not None and payload.get("attempt") != attempt:
+            raise CheckpointError(f"{directory}: the acknowledgement of rank {r} was written by attempt "
+                                  f"{payload.get('attempt')}, this is attempt {attempt}: two attempts are writing "
+                                  "this checkpoint; left uncommitted")
         files.update({k: FileEntry(**v) for k, v in payload["files"].items()})
     return files
 

@@ -6,11 +6,14 @@ betas and eps. Free to change on resume (RESUME_MUTABLE):
 - the schedule (RESUME_SCHEDULE: ``training.steps``, ``optim.lr``, ``optim.lr_min``,
   ``optim.warmup_steps``, ``optim.schedule``, ``optim.weight_decay``, ``training.grad_clip``):
   applied from this run's config at the resumed step (training/schedule.py:apply_config);
+- ``model.init_from``: a resumed run keeps its checkpoint's weights and ignores it;
 - the world layout (``parallel.*``) and ``training.micro_batch_size`` (grad accumulation is
   recomputed, the global batch is fixed);
 - data loading knobs and the data's location (``data.num_workers``, ``data.prefetch_factor``,
   ``data.prepare_if_missing``, ``data.path``; what the data is, the data state's fingerprint
   checks);
+- what is evaluated and when (``eval.*``, ``data.validation``, ``data.validation_fraction``):
+  evaluation draws no random numbers and leaves the weights alone;
 - ``checkpoint.*``, ``logging.*``, ``recovery.*``, and the run's name and paths.
 The manifest stores the whole resolved config; the hash covers the hashed part only.
 """
@@ -27,10 +30,13 @@ from omegaconf import DictConfig, OmegaConf
 RESUME_SCHEDULE = ("training.steps", "optim.lr", "optim.lr_min", "optim.warmup_steps", "optim.schedule",
                    "optim.weight_decay", "training.grad_clip")
 RESUME_MUTABLE = RESUME_SCHEDULE + (
+    "model.init_from",  # where the first weights came from: a resumed run keeps its checkpoint's
     "parallel", "checkpoint", "logging", "recovery", "run_name", "output_root", "run_dir", "dry_run",
     "training.micro_batch_size", "data.num_workers", "data.prefetch_factor", "data.prepare_if_missing",
     # Where the data lives may change; what it is is checked by the data state's fingerprint.
     "data.path", "data.allow_resume_changes",
+    # Evaluation does not change the trajectory (tests/test_evaluate.py shows the losses stay bitwise).
+    "eval", "data.validation", "data.validation_fraction",
 )
 
 

@@ -3,16 +3,22 @@
 Ties the modules together: TrainingState (what), CheckpointSaver (how, sync or async, with
 the commit protocol), loader (resume, resharding), discovery and retention (which). Recovery
 (recovery/runtime.py) drives it through the public methods below; nothing else reaches in.
+
+A save the storage refused (CheckpointSaveError: disk full, read-only, over quota) is an
+alarm in metrics.jsonl either way; ``checkpoint.on_save_error=continue`` trains on (the next
+interval tries again), ``stop`` keeps it in ``save_failure`` until recovery/runtime.py has
+agreed with the other ranks on the step to stop at, then ``raise_save_failure`` raises it.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -21,10 +27,12 @@ from checkpoint.discovery import clean_uncommitted, list_committed, mark_bad, re
 from checkpoint.fingerprint import config_differences, config_hash, full_config, hashed_config, schedule_changes
 from checkpoint.integrity import default_algorithm
 from checkpoint.layout import checkpoint_id, parse
+from checkpoint.lease import check_lease, take_lease
 from checkpoint.loader import any_rank, from_rank0, load_checkpoint
 from checkpoint.manifest import CheckpointError, ConfigMismatch, Manifest, read_manifest
-from checkpoint.preflight import expected_checkpoint_bytes, preflight_checkpoint_dir
+from checkpoint.preflight import PreflightError, expected_checkpoint_bytes, preflight_checkpoint_dir
 from checkpoint.retention import apply_retention
+from checkpoint.save_errors import CheckpointSaveError
 from checkpoint.saver import CheckpointSaver, FaultHook, SaveRecord
 from checkpoint.state import TrainingState
 
@@ -46,8 +54,9 @@ class CheckpointManager:
         self.layout = {k: getattr(dims, k) for k in ("dp_replicate", "dp_shard", "tp")}
         self.root = Path(c.dir)
         # "auto": recovery/runtime.py measures a first save, then calls set_interval (Young/Daly)
-        self.interval = AUTO_MEASURE_STEPS if str(c.interval).strip() == "auto" else int(c.interval)
+        self.interval = AUTO_MEASURE_STEPS if str(c.interval).strip().lower() == "auto" else int(c.interval)
         self.metrics, self.probe = metrics, probe
+        self.init_from: Optional[Dict] = None  # the weights' pretrained source, for the manifests (init_from.py)
         self.full_config = full_config(cfg)
         self.hashed = hashed_config(self.full_config)
         self.config_hash = config_hash(self.hashed)
@@ -61,8 +70,10 @@ class CheckpointManager:
             self.root, c.async_mode, rank, world_size, process_group=group,
             checksum_algorithm=default_algorithm() if c.checksum else None,
             commit_timeout_s=c.commit_timeout_s, pin_memory=device.type == "cuda",
-            after_commit=self._after_commit, fault_hook=fault_hook)
+            after_commit=self._after_commit, fault_hook=fault_hook, storage_format=c.format)
         self.last_saved_step: Optional[int] = None
+        self.save_failure: Optional[CheckpointSaveError] = None  # on_save_error=stop: raised once agreed
+        self._eval: Optional[Tuple[int, float]] = None  # (step, validation loss) of the latest evaluation
 
     @property
     def enabled(self) -> bool:
@@ -76,9 +87,29 @@ class CheckpointManager:
 
     # -- before step 1 -------------------------------------------------------------------
     def preflight(self) -> None:
+        """Before resume: take this attempt's lease on checkpoint.dir (checkpoint/lease.py), so an
+        older attempt's writers can no longer commit there; then check the directory has room
+        for the saves to come (checkpoint/preflight.py)."""
+        lease = [None, None]  # (attempt, why it could not be taken)
+        if self.rank == 0:
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                lease[0] = take_lease(self.root)
+            except OSError as exc:
+                lease[1] = (f"checkpoint.dir={self.root} is not writable by this process: {exc}. Make it writable, "
+                            "or point checkpoint.dir at a writable volume")
+        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+            dist.broadcast_object_list(lease, src=0)
+        if lease[1] is not None:
+            raise PreflightError(lease[1])
+        self.saver.attempt = lease[0]
+        log.info("checkpoint.dir %s: this is attempt %d", self.root, lease[0])
+        estimate = expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None)
+        self.saver.expected_bytes = estimate
         if self.enabled:
-            expected = expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None)
-            preflight_checkpoint_dir(self.root, expected, self.ckpt_cfg.keep_last, self.rank)
+            room = preflight_checkpoint_dir(self.root, estimate, self.ckpt_cfg.keep_last, self.rank,
+                                            strict=self.ckpt_cfg.on_save_error == "stop")
+            self.saver.expected_bytes = room.checkpoint_bytes
 
     def resume(self, verify: Optional[VerifyHook] = None) -> str:
         """Load per checkpoint.resume; returns what happened, for the banner's 'resume:' field.
@@ -135,8 +166,13 @@ class CheckpointManager:
                     raise CheckpointError(f"no usable checkpoint left in {self.root} after {skipped}: {exc}") from exc
                 log.warning("falling back from %s to %s: %s", failed.name, path.name, exc)
 
+    def collect(self) -> None:
+        """Wait for the save in flight (if any); a failure of the storage is handled as after a step."""
+        self._storage_guard(self.saver.wait)
+        self._report()
+
     def wait(self) -> None:
-        """Block until the save in flight (if any) is done on this rank, and report it."""
+        """Block until the save in flight (if any) is done on this rank, and report it (raises its failure)."""
         self.saver.wait()
         self._report()
 
@@ -163,6 +199,7 @@ class CheckpointManager:
         manifest = load_checkpoint(self.state, path, seed=self.cfg.seed, verify=self.ckpt_cfg.verify_on_load,
                                    threads=self.ckpt_cfg.load_threads, device=self.device)
         log.info("loaded %s in %.2f s", path, time.perf_counter() - t0)
+        self.init_from = manifest.init_from  # a resumed run's weights descend from the same source
         problem = verify(manifest, path) if verify is not None else None
         if any_rank(problem is not None, self.device):
             raise CheckpointError(f"{path} failed post-load verification: {problem or 'on another rank'}")
@@ -178,12 +215,56 @@ class CheckpointManager:
                    verified_gate: Optional[Callable[[], Optional[str]]] = None) -> List[SaveRecord]:
         """Call after every optimizer step (1-based ``step``): saves when due; returns the records
         of the saves that finished since the last call. ``verified_gate()``, asked only when a
-        save happens, gives the reason this save must not be marked verified (or None)."""
+        save happens, gives the reason this save must not be marked verified (or None). A save
+        the storage refused does not raise here (see the module docstring)."""
         if self.due(step):
-            self.save(step, loss, verified_gate() if verified_gate is not None else None)
+            self._storage_guard(self.saver.wait)  # the previous save's outcome first
+            if self.save_failure is None:  # with on_save_error=stop the run ends at this step: no new save
+                self._storage_guard(lambda: self.save(step, loss, verified_gate() if verified_gate else None))
         else:
-            self.saver.poll()
+            self._storage_guard(self.saver.poll)
         return self._report()
+
+    def _storage_guard(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except CheckpointSaveError as exc:
+            self._save_failed(exc)
+
+    def _save_failed(self, exc: CheckpointSaveError) -> None:
+        """A save the storage refused: an alarm (log, metrics.jsonl); with on_save_error=stop kept
+        for ``raise_save_failure``."""
+        stop = self.ckpt_cfg.on_save_error == "stop"
+        try:
+            free = shutil.disk_usage(self.root).free
+        except OSError:
+            free = None
+        if stop:  # the whole message ends the run (train.py prints it)
+            log.error("%s; stopping (checkpoint.on_save_error=stop)", str(exc).splitlines()[0])
+        else:
+            log.error("checkpoint.on_save_error=continue, training goes on: %s", exc)
+        self.log_event(exc.step, kind="alarm", check="checkpoint_save", action=self.ckpt_cfg.on_save_error,
+                       checkpoint_id=checkpoint_id(exc.step), errno=exc.errno, directory=str(self.root),
+                       free_bytes=free, checkpoint_bytes=self.saver.expected_bytes,
+                       message=str(exc).splitlines()[0])
+        if self.last_saved_step == exc.step:
+            self.last_saved_step = None  # not saved: a preemption at this step saves again
+        if stop and self.save_failure is None:
+            self.save_failure = exc
+
+    def raise_save_failure(self) -> None:
+        """Every rank agreed that a save failed with on_save_error=stop: raise it here too (this
+        rank's own copy of the failure, once its side of that save has finished)."""
+        self._storage_guard(self.saver.wait)
+        failure, self.save_failure = self.save_failure, None
+        if failure is None:
+            raise CheckpointError("a checkpoint save failed on another rank (its message is in that rank's log); "
+                                  "stopping with checkpoint.on_save_error=stop")
+        raise failure
+
+    def record_eval(self, step: int, val_loss: float) -> None:
+        """The validation loss after ``step``: a save of that step records it in its manifest."""
+        self._eval = (step, val_loss)
 
     def save(self, step: int, loss: Optional[float], unverified_reason: Optional[str] = None) -> None:
         """Save now (preemption, the loop's due saves); ``unverified_reason``: not marked verified."""
@@ -195,9 +276,10 @@ class CheckpointManager:
         manifest = Manifest(
             checkpoint_id=checkpoint_id(step), step=step, tokens=s.tokens, samples=s.samples,
             created_at=s.meta["wall_clock"], config_hash=self.config_hash, config=self.full_config,
-            world_size=self.world_size, layout=dict(self.layout),
+            world_size=self.world_size, layout=dict(self.layout), init_from=self.init_from,
             global_batch_size=self.cfg.training.global_batch_size, loss=loss, probe_loss=probe_loss,
-            checksum_algorithm=None, components=s.components())
+            checksum_algorithm=None, components=s.components(),
+            val_loss=self._eval[1] if self._eval is not None and self._eval[0] == step else None)
         if unverified_reason is not None:
             manifest.verified, manifest.unverified_reason = False, unverified_reason
             log.warning("checkpoint %s will not be marked verified: %s", manifest.checkpoint_id, unverified_reason)
@@ -205,18 +287,26 @@ class CheckpointManager:
         self.last_saved_step = step
 
     def close(self) -> None:
-        """Wait for the in-flight save and for retention; report."""
-        self.saver.close()
-        self._report()
-        self._housekeeping.shutdown(wait=True)
+        """Wait for the in-flight save and for retention; report. A last save the storage refused
+        raises here with on_save_error=stop (an alarm either way)."""
+        try:
+            self._storage_guard(self.saver.close)
+            self._report()
+        finally:
+            self._housekeeping.shutdown(wait=True)
+        if self.save_failure is not None:
+            failure, self.save_failure = self.save_failure, None
+            raise failure
 
     # -- helpers ---------------------------------------------------------------------------
     def _after_commit(self, manifest: Manifest) -> None:
+        self.saver.expected_bytes = manifest.total_bytes  # the size the messages of failed saves quote
         self._housekeeping.submit(self._retention, manifest.step)
 
     def _retention(self, step: int) -> None:
         c = self.ckpt_cfg
         try:
+            check_lease(self.root, self.saver.attempt)  # an older attempt's writer deletes nothing
             apply_retention(self.root, c.keep_last, c.keep_every, c.keep_best, c.best_metric,
                             fault_hook=self.saver.fault_hook)
         except Exception:  # retention must never stop training; the next commit retries

@@ -3,7 +3,7 @@
 ``manifest.json`` is written by the coordinator after every rank acknowledged its files and
 before the commit rename, so a committed checkpoint always has one. It lists every data
 file with its size and checksum, and the facts recovery needs without loading any tensor:
-step, losses (logged and probe), config hash, layout, counters, wall-clock.
+step, losses (logged, probe and validation), config hash, layout, counters, wall-clock.
 """
 
 from __future__ import annotations
@@ -50,11 +50,16 @@ class Manifest:
     checksum_algorithm: Optional[str]
     files: Dict[str, FileEntry] = field(default_factory=dict)
     components: List[str] = field(default_factory=list)  # model, optim, scheduler, rng, ...
+    # model.init_from of the run these weights descend from: {path, kind, hash} (checkpoint/init_from.py)
+    init_from: Optional[Dict] = None
     format_version: int = FORMAT_VERSION
     # False when a guard (recovery/guards) raised an alarm since the previous save: the state
     # may be corrupt, so rollback and retention do not count this checkpoint as a clean one.
     verified: bool = True
     unverified_reason: Optional[str] = None
+    # Validation loss of these weights (training/evaluate.py runs before every save when the run
+    # evaluates); None when it does not, or for a save the loop did not plan (preemption).
+    val_loss: Optional[float] = None
 
     @property
     def total_bytes(self) -> int:

@@ -1,8 +1,14 @@
-"""Before step 1: can the checkpoint directory take a checkpoint at all?
+"""Before step 1: can the checkpoint directory take the saves this run will make?
 
 Checked: it exists (or can be created), this process can write and fsync a file there, and
-it has free space for at least one checkpoint of the expected size (a warning when it has
-less than keep_last + 1, the most retention keeps while a new save is written).
+it has room for the checkpoints the run will hold at its peak: retention deletes only after a
+new save commits, so while one is written the directory holds keep_last + 1 of them. The
+committed checkpoints already there count as held (they take their room already), leftovers
+of interrupted saves as free (resume removes them). One checkpoint's size is the newest
+committed checkpoint's (its manifest), else the estimate from the model.
+
+Short of room, the run stops here (``checkpoint.on_save_error=stop``, the default), before it
+trains up to a save that cannot succeed; with ``continue`` it warns and trains on.
 """
 
 from __future__ import annotations
@@ -10,15 +16,21 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
+from checkpoint.discovery import list_checkpoints, list_committed
+
 log = logging.getLogger("trainer")
+
+MARGIN = 1.05  # the manifest, acknowledgements and file-system overhead on top of the data files
 
 
 class PreflightError(RuntimeError):
-    """The checkpoint directory cannot hold a checkpoint; the message names the path and numbers."""
+    """The checkpoint directory cannot hold the run's checkpoints; the message names the path and numbers."""
 
 
 def expected_checkpoint_bytes(model: torch.nn.Module, optimizer_states: int = 2, ema: bool = False) -> int:
@@ -27,11 +39,53 @@ def expected_checkpoint_bytes(model: torch.nn.Module, optimizer_states: int = 2,
     return params * (1 + optimizer_states + (1 if ema else 0))
 
 
+@dataclass(frozen=True)
+class Room:
+    """What the directory holds and needs. ``checkpoint_bytes``: one checkpoint, from ``source``."""
+
+    free: int  # free bytes now, plus leftovers that resume removes
+    checkpoint_bytes: int
+    source: str  # where checkpoint_bytes comes from (the newest manifest, or the model's size)
+    committed: int  # committed checkpoints already in the directory
+    keep_last: int
+
+    @property
+    def to_write(self) -> int:
+        """Checkpoints still to fit before retention starts deleting (at least the next one)."""
+        return max(1, self.keep_last + 1 - self.committed)
+
+    @property
+    def needed(self) -> int:
+        return int(self.to_write * self.checkpoint_bytes * MARGIN)
+
+
 def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**30:.3f} GiB"
 
 
-def preflight_checkpoint_dir(root: Path, expected_bytes: int, keep_last: int, rank: int) -> None:
+def leftover_bytes(root: Path) -> int:
+    """Bytes in ``*.uncommitted``/``*.deleting`` directories (resume removes them)."""
+    total = 0
+    for c in list_checkpoints(root):
+        if not c.committed and c.path.name.endswith((".uncommitted", ".deleting")):
+            total += sum(p.stat().st_size for p in c.path.rglob("*") if p.is_file())
+    return total
+
+
+def room_for(root: Path, estimate_bytes: int, keep_last: int) -> Room:
+    """The room ``root`` has and the size of one checkpoint (the newest manifest's, else ``estimate_bytes``)."""
+    committed = list_committed(Path(root), include_bad=True)
+    newest = next((c for c in committed if c.manifest is not None and c.manifest.total_bytes > 0), None)
+    size, source = ((newest.manifest.total_bytes, f"the size in {newest.checkpoint_id}'s manifest") if newest
+                    else (estimate_bytes, "estimated from the model: no committed checkpoint yet"))
+    free = shutil.disk_usage(root).free + leftover_bytes(root)
+    return Room(free, size, source, len(committed), keep_last)
+
+
+def preflight_checkpoint_dir(root: Path, expected_bytes: int, keep_last: int, rank: int,
+                             strict: bool = True) -> Optional[Room]:
+    """Raise PreflightError if ``root`` cannot take this run's checkpoints (``strict``; else a
+    warning for lack of room). Returns what was measured."""
     root = Path(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -43,14 +97,23 @@ def preflight_checkpoint_dir(root: Path, expected_bytes: int, keep_last: int, ra
             f.write(b"x" * 4096)
             f.flush()
             os.fsync(f.fileno())
-        probe.unlink()
     except OSError as exc:
-        raise PreflightError(f"checkpoint.dir={root} is not writable by this process: {exc}") from exc
-    free = shutil.disk_usage(root).free
-    if free < expected_bytes * 1.05:
-        raise PreflightError(
-            f"checkpoint.dir={root} has {_gib(free)} free but one checkpoint needs about {_gib(expected_bytes)}; "
-            "free space, point checkpoint.dir elsewhere, or set checkpoint.interval=0 to train without saving")
-    if rank == 0 and free < expected_bytes * (keep_last + 1):
-        log.warning("checkpoint.dir=%s has %s free: less than keep_last + 1 = %d checkpoints of %s",
-                    root, _gib(free), keep_last + 1, _gib(expected_bytes))
+        raise PreflightError(f"checkpoint.dir={root} is not writable by this process: {exc}. Make it writable, "
+                             "or point checkpoint.dir at a writable volume") from exc
+    finally:
+        probe.unlink(missing_ok=True)
+    room = room_for(root, expected_bytes, keep_last)
+    if room.free >= room.needed:
+        return room
+    message = (f"checkpoint.dir={root} has {room.free:,} bytes ({_gib(room.free)}) free, counting leftovers of "
+               f"interrupted saves, but this run needs {room.needed:,} bytes ({_gib(room.needed)}): "
+               f"{room.to_write} more checkpoint(s) of {room.checkpoint_bytes:,} bytes ({room.source}), because "
+               f"while a save is written the directory holds checkpoint.keep_last + 1 = {keep_last + 1} and "
+               f"{room.committed} committed checkpoint(s) are there already. Free space there, point "
+               "checkpoint.dir at a larger volume, or lower checkpoint.keep_last; "
+               "checkpoint.on_save_error=continue trains anyway (a save that fails is an alarm)")
+    if strict:
+        raise PreflightError(message)
+    if rank == 0:
+        log.warning("%s", message)
+    return room

@@ -1,7 +1,8 @@
 """Which committed checkpoints to keep: a pure policy, and its application off the training thread.
 
 Tiers: ``rolling`` (the newest keep_last), ``permanent`` (step divisible by keep_every),
-``best`` (the keep_best lowest values of the tracked metric), and ``verified``: when every
+``best`` (the keep_best lowest values of ``checkpoint.best_metric``, a manifest field: ``loss``,
+``probe_loss`` or ``val_loss``; a checkpoint without a value is never best), and ``verified``: when every
 kept checkpoint was saved after a guard alarm, the newest clean one stays for rollback. The
 newest committed checkpoint is always kept. Only committed checkpoints are considered: an in-flight save
 never counts as kept, and retention only runs after a newer commit.

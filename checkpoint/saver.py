@@ -8,12 +8,19 @@ async: the training thread waits for the previous save, then stages a host copy
 DCP's collectives run on a dedicated gloo group: sharing the default group with training
 collectives from another thread aborts or deadlocks gloo (docs/checkpoint-format.md).
 Fault hooks (``fault_hook(phase, step, path)``) sit between the phases.
+
+A failure in a phase is agreed on that group (DCP agrees on its own), so every rank ends the
+same save the same way. When the storage refused it (disk full, read-only, over quota) the
+coordinator removes the uncommitted directory and every rank raises ``CheckpointSaveError``
+(checkpoint/save_errors.py); the manager decides whether the run stops. ``attempt`` is this
+attempt's lease (checkpoint/lease.py): checked before acknowledging and before committing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,11 +31,14 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from checkpoint.commit import acknowledge, collect_acknowledgements, commit_checkpoint, seal, update_latest
+from checkpoint.discovery import latest_committed
 from checkpoint.integrity import checksum_file
 from checkpoint.layout import committed_dir, uncommitted_dir
-from checkpoint.manifest import FileEntry, Manifest
+from checkpoint.lease import check_lease
+from checkpoint.manifest import CheckpointError, FileEntry, Manifest
+from checkpoint.save_errors import CheckpointSaveError, describe_save_failure, rank_errors, storage_errno
 from checkpoint.staging import HostStager
-from checkpoint.storage import RawFileWriter
+from checkpoint.storage import WRITERS, RawFileWriter
 from configs.constants import ASYNC_MODES
 
 log = logging.getLogger("trainer")
@@ -38,6 +48,16 @@ FaultHook = Callable[..., None]
 
 def _no_dist() -> bool:
     return not (dist.is_available() and dist.is_initialized())
+
+
+class RankFailures(CheckpointError):
+    """A phase of a save failed on some ranks; every rank raises this, with each rank's failure
+    (``failures``: {rank: exception}; storage errors are OSErrors with their errno)."""
+
+    def __init__(self, phase: str, failures: Dict[int, BaseException]):
+        super().__init__(f"{phase} failed on rank(s) {sorted(failures)}: "
+                         + "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(failures.items())))
+        self.failures = failures
 
 
 @dataclass
@@ -56,9 +76,12 @@ class CheckpointSaver:
     def __init__(self, root: Path, mode: str, rank: int, world_size: int, process_group=None,
                  checksum_algorithm: Optional[str] = "xxh3_64", commit_timeout_s: float = 600.0,
                  pin_memory: bool = False, after_commit: Optional[Callable[[Manifest], None]] = None,
-                 fault_hook: Optional[FaultHook] = None):
+                 fault_hook: Optional[FaultHook] = None, storage_format: str = "raw"):
         if mode not in ASYNC_MODES:
             raise ValueError(f"checkpoint.async_mode={mode!r}: choose one of {list(ASYNC_MODES)}")
+        if storage_format not in WRITERS:
+            raise ValueError(f"checkpoint.format={storage_format!r}: choose one of {list(WRITERS)}")
+        self.storage_format = storage_format  # raw | dcp (checkpoint/storage.py)
         self.root, self.mode, self.rank, self.world_size = Path(root), mode, rank, world_size
         self.process_group = process_group
         self.checksum_algorithm = checksum_algorithm
@@ -70,6 +93,8 @@ class CheckpointSaver:
         self._in_flight: Optional[Future] = None
         self._in_flight_step: Optional[int] = None
         self._finished: List[SaveRecord] = []
+        self.attempt: Optional[int] = None  # the lease (checkpoint/lease.py) the manager took; None: unchecked
+        self.expected_bytes: Optional[int] = None  # one checkpoint's size, for the messages of failed saves
 
     @property
     def is_coordinator(self) -> bool:
@@ -83,18 +108,23 @@ class CheckpointSaver:
         self.wait()
         waited = time.perf_counter() - t0
         step = manifest.step
-        staging = uncommitted_dir(self.root, step)
-        staging.mkdir(parents=True, exist_ok=True)
-        writer = RawFileWriter(staging, self.checksum_algorithm)
+        staging = uncommitted_dir(self.root, step)  # DCP creates it in its (agreed) planning step
+        writer = WRITERS[self.storage_format](staging, self.checksum_algorithm)
         self.fault_hook("checkpoint_snapshot", step)
         if self.mode == "sync":
-            dcp.save(state_dict, storage_writer=writer, process_group=self.process_group, no_dist=_no_dist())
-            size, committed = self._finish(staging, manifest, writer)
+            try:
+                dcp.save(state_dict, storage_writer=writer, process_group=self.process_group, no_dist=_no_dist())
+                size, committed = self._finish(staging, manifest, writer)
+            except BaseException as exc:
+                raise self._failed(exc, step, staging)
             self._finished.append(SaveRecord(step, manifest.checkpoint_id, "sync", time.perf_counter() - t0,
                                              waited, 0.0, size, committed))
             return
-        upload = dcp.async_save(state_dict, storage_writer=writer, process_group=self.process_group,
-                                async_stager=self.stager, no_dist=_no_dist())
+        try:
+            upload = dcp.async_save(state_dict, storage_writer=writer, process_group=self.process_group,
+                                    async_stager=self.stager, no_dist=_no_dist())
+        except BaseException as exc:
+            raise self._failed(exc, step, staging)
         blocking = time.perf_counter() - t0
         self._in_flight = self._executor.submit(self._persist, upload, writer, staging, manifest, blocking,
                                                waited)
@@ -136,28 +166,95 @@ class CheckpointSaver:
     def _persist(self, upload: Future, writer: RawFileWriter, staging: Path, manifest: Manifest,
                  blocking: float, waited: float) -> SaveRecord:
         t0 = time.perf_counter()
-        upload.result()  # DCP write done on every rank (its final gather), .metadata written
-        size, committed = self._finish(staging, manifest, writer)
+        try:
+            upload.result()  # DCP write done on every rank (its final gather), .metadata written
+            size, committed = self._finish(staging, manifest, writer)
+        except BaseException as exc:
+            raise self._failed(exc, manifest.step, staging)
         return SaveRecord(manifest.step, manifest.checkpoint_id, "async", blocking, waited,
                           time.perf_counter() - t0, size, committed)
 
     def _finish(self, staging: Path, manifest: Manifest, writer: RawFileWriter) -> tuple:
-        """Acknowledge (every rank), then collect, seal, commit and move ``latest`` (coordinator)."""
+        """Acknowledge (every rank), then collect, seal, commit and move ``latest`` (coordinator).
+        Each of the two phases ends with an agreement, so all ranks succeed or fail it together."""
         step = manifest.step
-        self.fault_hook("checkpoint_write", step, path=staging)
-        acknowledge(staging, self.rank, self.checksum_algorithm, known=writer.written)
-        if not self.is_coordinator:
+
+        def ack() -> None:
+            self.fault_hook("checkpoint_write", step, path=staging)
+            check_lease(self.root, self.attempt)
+            acknowledge(staging, self.rank, self.checksum_algorithm, known=writer.written, attempt=self.attempt)
+
+        self._agreed("acknowledging the checkpoint files", ack)
+        committed: List[Manifest] = []
+        self._agreed("committing the checkpoint",
+                     lambda: committed.append(self._commit(staging, manifest)) if self.is_coordinator else None)
+        if not committed:
             return 0, False
-        files = collect_acknowledgements(staging, self.world_size, self.commit_timeout_s)
+        manifest = committed[0]
+        self.fault_hook("checkpoint_committed", step, path=committed_dir(self.root, step))
+        if self.after_commit is not None:
+            self.after_commit(manifest)
+        return manifest.total_bytes, True
+
+    def _commit(self, staging: Path, manifest: Manifest) -> Manifest:
+        """Coordinator: collect the acknowledgements, seal, rename into place, move ``latest``."""
+        step = manifest.step
+        files = collect_acknowledgements(staging, self.world_size, self.commit_timeout_s, attempt=self.attempt)
         meta = staging / ".metadata"
         files[".metadata"] = FileEntry(meta.stat().st_size, checksum_file(meta, self.checksum_algorithm)
                                        if self.checksum_algorithm else None)
         manifest = dataclasses.replace(manifest, files=files, checksum_algorithm=self.checksum_algorithm)
         seal(staging, manifest)
         self.fault_hook("checkpoint_commit", step, path=staging)
-        final = commit_checkpoint(staging, committed_dir(self.root, step))
-        update_latest(self.root, manifest.checkpoint_id)
-        self.fault_hook("checkpoint_committed", step, path=final)
-        if self.after_commit is not None:
-            self.after_commit(manifest)
-        return manifest.total_bytes, True
+        check_lease(self.root, self.attempt)  # the last look before the rename
+        commit_checkpoint(staging, committed_dir(self.root, step))
+        try:
+            check_lease(self.root, self.attempt)  # a newer attempt that started meanwhile keeps `latest`
+            update_latest(self.root, manifest.checkpoint_id)
+        except OSError as exc:  # committed all the same: discovery scans the directory, `latest` is for people
+            log.warning("%s committed, but the latest pointer was not updated: %s", manifest.checkpoint_id, exc)
+        return manifest
+
+    def _agreed(self, phase: str, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on this rank, then agree on the outcome over the checkpoint group: if it
+        failed on any rank, every rank raises RankFailures (this rank's own error as its cause)."""
+        error: Optional[BaseException] = None
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - agreed, then raised again on every rank
+            error = exc
+        if _no_dist() or self.world_size == 1:
+            if error is not None:
+                raise error
+            return
+        mine = None
+        if isinstance(error, OSError) and error.errno is not None:
+            mine = ("os", error.errno, error.strerror, error.filename)
+        elif error is not None:
+            mine = ("other", type(error).__name__, str(error), None)
+        outcomes: List = [None] * self.world_size
+        dist.all_gather_object(outcomes, mine, group=self.process_group)
+        failures: Dict[int, BaseException] = {}
+        for r, outcome in enumerate(outcomes):
+            if outcome is not None:
+                what, a, b, filename = outcome
+                failures[r] = OSError(a, b, filename) if what == "os" else CheckpointError(f"{a}: {b}")
+        if failures:
+            raise RankFailures(phase, failures) from error
+
+    def _failed(self, exc: BaseException, step: int, staging: Path) -> BaseException:
+        """What a failed save raises. A storage failure (every rank knows by now): the coordinator
+        removes the uncommitted directory; CheckpointSaveError with the numbers. Anything else
+        (a stale writer, a bug, an injected exception) is raised as it is."""
+        code = storage_errno(exc)
+        if code is None:
+            return exc
+        if self.is_coordinator:
+            shutil.rmtree(staging, ignore_errors=True)
+        newest = latest_committed(self.root)
+        errors = [f"rank {r}: {e}" for r, e in rank_errors(exc, self.rank)]
+        message = describe_save_failure(step, self.root, staging, errors, code, self.expected_bytes,
+                                        newest.checkpoint_id if newest else None)
+        err = CheckpointSaveError(message, step, code)
+        err.__cause__ = exc
+        return err

@@ -143,6 +143,20 @@ class RawFileWriter(FileSystemWriter):
         return results, offset
 
 
+class StockFileWriter(FileSystemWriter):
+    """checkpoint.format=dcp: stock DCP's data files (a ``torch.save`` archive per tensor chunk),
+    one per rank, which FileSystemReader, ``dcp_to_torch_save`` and other DCP tools read. It does
+    not hash while writing (``written`` stays empty): the acknowledgement reads each file back to
+    checksum it, and a load deserialises every tensor (docs/checkpoint-format.md has the cost)."""
+
+    def __init__(self, path, checksum_algorithm: Optional[str] = None, sync_files: bool = True):
+        super().__init__(path, single_file_per_rank=True, sync_files=sync_files, thread_count=1, overwrite=True)
+        self.written: Dict[str, FileEntry] = {}
+
+
+WRITERS = {"raw": RawFileWriter, "dcp": StockFileWriter}  # checkpoint.format -> the writer of the data files
+
+
 @dataclasses.dataclass
 class _Request:
     """One read item as a byte span of its file, and where its bytes go."""

@@ -11,8 +11,9 @@ IGNORE_INDEX = -100
 # training.mixed_precision: autocast dtype; parameters and optimizer state stay fp32.
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULES = ("cosine", "constant")  # optim.schedule
+CHECKPOINT_FORMATS = ("raw", "dcp")  # checkpoint.format: raw-bytes data files, or stock DCP's (docs/interop.md)
 ASYNC_MODES = ("sync", "async")  # checkpoint.async_mode
-BEST_METRICS = ("loss", "probe_loss")  # checkpoint.best_metric (lower is better)
+BEST_METRICS = ("loss", "probe_loss", "val_loss")  # checkpoint.best_metric (lower is better)
 WANDB_MODES = ("disabled", "offline", "online")  # logging.wandb.mode
 
 # recovery.guards.action (recovery/guards/guard.py explains each).
@@ -34,10 +35,11 @@ DEFAULT_TIMEOUTS = {
 DEFAULT_WRITE_TIMEOUT_S = 900.0  # a background checkpoint write stuck longer aborts the rank
 
 # recovery.faults (recovery/faults.py): what can be injected, where, and how a checkpoint is damaged.
-FAULT_KINDS = ("sigkill", "hang", "exception", "nan_loss", "corrupt", "bitflip_param", "bitflip_grad")
+FAULT_KINDS = ("sigkill", "hang", "exception", "nan_loss", "corrupt", "bitflip_param", "bitflip_grad", "disk_full")
 SAVE_PHASES = ("checkpoint_snapshot", "checkpoint_write", "checkpoint_commit", "checkpoint_committed")
-FAULT_PHASES = ("step", "data_wait", "gradients") + SAVE_PHASES + ("checkpoint_retention", "checkpoint_load")
+FAULT_PHASES = ("step", "data_wait", "gradients", "eval") + SAVE_PHASES + ("checkpoint_retention", "checkpoint_load")
 CORRUPTIONS = ("truncate", "flip_byte", "delete_file", "delete_manifest")
+DISK_FULL_PHASES = ("checkpoint_write", "checkpoint_commit")  # where a disk_full fault raises ENOSPC
 
 # parallel.*
 DEVICES = ("auto", "cpu", "cuda")  # parallel.device
@@ -47,6 +49,8 @@ ACTIVATION_CHECKPOINTING = ("none", "full", "selective")  # parallel.activation_
 OPTIMIZERS = ("adamw",)  # optim.name
 OPTIMIZER_IMPLEMENTATIONS = ("auto", "fused", "foreach", "for-loop")  # optim.implementation
 TOKENIZERS = ("byte", "bpe")  # data.tokenizer
+# data.validation, besides the path of a prepared dataset (data/validation.py).
+VALIDATION_CHOICES = ("none", "held_out")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")  # logging.level
 ON_SAVE_ERROR = ("stop", "continue")  # checkpoint.on_save_error
 RESUME_WORDS = ("auto", "never", "must")  # checkpoint.resume, besides a step number or a checkpoint path

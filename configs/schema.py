@@ -55,7 +55,7 @@ class DataConfig:
     # it from these sources on first use (each "pydoc", "stdlib", or a .txt/.jsonl path).
     prepare_if_missing: bool = False
     sources: List[str] = field(default_factory=lambda: ["pydoc"])
-    tokenizer: str = "byte"  # byte | bpe
+    tokenizer: str = "byte"  # byte | bpe | hf:/path/to/tokenizer.json (a local file); must match the data's
     bpe_vocab_size: int = 4096
     # Non-empty: train on these sources, interleaved by weight (data.path is then unused).
     mixture: List[DataSourceConfig] = field(default_factory=list)
@@ -67,6 +67,11 @@ class DataConfig:
     # Resume although the checkpoint's data fingerprint, seed, seq_len or global batch
     # differ (the changes are logged); otherwise such a resume is refused.
     allow_resume_changes: bool = False
+    # Validation set (data/validation.py): none | held_out (the documents the preparation kept out
+    # of data.path) | the path of a prepared dataset with the same tokenizer. Evaluated per `eval`.
+    validation: str = "none"
+    # Fraction of documents prepare_if_missing holds out of data.path (data/split.py); 0: none.
+    validation_fraction: float = 0.0
 
 
 @dataclass
@@ -78,6 +83,14 @@ class TrainingConfig:
     mixed_precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler)
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     ema_decay: float = 0.0  # EMA of the weights (training/ema.py), checkpointed; 0 disables
+
+
+@dataclass
+class EvalConfig:
+    """Validation loss (training/evaluate.py) on data.validation; off while data.validation=none."""
+
+    interval: int = 100  # steps between evaluations (also after the last step and before every save); 0: off
+    batches: int = 8  # fixed validation batches of training.global_batch_size sequences each
 
 
 @dataclass
@@ -102,11 +115,14 @@ class CheckpointConfig:
     # that both fit one key; YAML integers are accepted as they are.
     interval: str = "0"
     async_mode: str = "sync"  # sync | async (training waits only for the host snapshot)
+    # raw: tensors as raw bytes, read straight into place (the fast load); dcp: stock DCP files that
+    # torch.distributed.checkpoint's FileSystemReader and dcp_to_torch_save read (docs/checkpoint-format.md).
+    format: str = "raw"  # raw | dcp
     save_final: bool = True  # also save after the last step (when interval > 0)
     keep_last: int = 2  # rolling tier: newest committed checkpoints kept (>= 1)
     keep_every: int = 0  # permanent tier: steps divisible by this are never deleted; 0: off
     keep_best: int = 0  # milestone tier: the N best by best_metric are kept; 0: off
-    best_metric: str = "loss"  # loss | probe_loss (lower is better)
+    best_metric: str = "loss"  # loss | probe_loss | val_loss (lower is better)
     resume: str = "auto"  # auto | never | must | <path or step>
     allow_config_change: bool = False  # resume although the config hash differs (logged)
     checksum: bool = True  # checksum every file at save (xxh3-64, or crc32 without xxhash)
@@ -122,7 +138,7 @@ class CheckpointConfig:
 class FaultConfig:
     """One injected fault (recovery/faults.py): fires once per run directory."""
 
-    kind: str = "sigkill"  # sigkill | hang | exception | nan_loss | corrupt | bitflip_param | bitflip_grad
+    kind: str = "sigkill"  # sigkill | hang | exception | nan_loss | corrupt | bitflip_param | bitflip_grad | disk_full
     phase: str = "step"  # step | data_wait | gradients | checkpoint_* phases (configs/constants.py: FAULT_PHASES)
     step: int = -1  # 1-based step (for checkpoint phases: the checkpoint's step); -1: any
     rank: int = 0  # -1: every rank
@@ -189,6 +205,9 @@ class LoggingConfig:
     level: str = "INFO"
     wandb: WandbConfig = field(default_factory=WandbConfig)
     tensorboard: bool = False
+    # Peak dense TFLOP/s of one device at the training precision, the denominator of MFU
+    # (docs/training.md has a table); the default is an H100 SXM's bf16 peak.
+    peak_tflops: float = 989.0
 
 
 @dataclass
@@ -203,6 +222,7 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
@@ -215,5 +235,5 @@ def register() -> None:
 
 
 __all__ = ["Config", "ModelConfig", "ParallelConfig", "DataConfig", "TrainingConfig",
-           "OptimConfig", "CheckpointConfig", "RecoveryConfig", "LoggingConfig", "register",
+           "EvalConfig", "OptimConfig", "CheckpointConfig", "RecoveryConfig", "LoggingConfig", "register",
            "MISSING"]

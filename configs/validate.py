@@ -15,10 +15,14 @@ from typing import Callable, List
 
 from omegaconf import DictConfig, OmegaConf
 
+from checkpoint.discovery import resolve_resume
+from checkpoint.manifest import CheckpointError
+from checkpoint.weight_source import source_problems
 from configs.constants import (
     ACTIVATION_CHECKPOINTING,
     ASYNC_MODES,
     BEST_METRICS,
+    CHECKPOINT_FORMATS,
     DEVICES,
     GUARD_ACTIONS,
     LOG_LEVELS,
@@ -35,6 +39,7 @@ from configs.constants import (
 from data.batching import make_batch_plan
 from data.checks import check_data_config, data_path_problem
 from data.tokenizer import check_tokenizer_name
+from data.validation import validation_problem
 from model.config import ModelConfig
 from parallel.dims import check_tensor_parallel_fits, resolve_parallel_dims
 from recovery.faults import fault_problems
@@ -124,6 +129,7 @@ def _checkpoint(cfg: DictConfig, problems: List[str], check: Callable) -> None:
     c = cfg.checkpoint
     check(lambda: parse_interval(c.interval))
     _choice(problems, "checkpoint.async_mode", c.async_mode, ASYNC_MODES)
+    _choice(problems, "checkpoint.format", c.format, CHECKPOINT_FORMATS)
     _at_least(problems, "checkpoint.keep_last", c.keep_last, 1,
               "the newest committed checkpoint is always kept; 0 would keep none")
     _at_least(problems, "checkpoint.keep_every", c.keep_every, 0, "0 turns the permanent tier off")
@@ -137,6 +143,28 @@ def _checkpoint(cfg: DictConfig, problems: List[str], check: Callable) -> None:
     if resume not in RESUME_WORDS and not resume.isdigit() and not (Path(resume) / "manifest.json").is_file():
         problems.append(f"checkpoint.resume={resume!r}: use one of {list(RESUME_WORDS)}, a step number, or the "
                         "path of a committed checkpoint directory (one holding manifest.json)")
+
+
+def _eval(cfg: DictConfig, problems: List[str], files: bool) -> None:
+    """data.validation, data.validation_fraction, eval.*, and what checkpoint.best_metric=val_loss needs."""
+    d, e, c = cfg.data, cfg.eval, cfg.checkpoint
+    if not 0 <= d.validation_fraction < 1:
+        problems.append(f"data.validation_fraction={d.validation_fraction} must be in [0, 1) (0 holds nothing out)")
+    if str(d.validation).strip() == "held_out" and d.prepare_if_missing and not d.validation_fraction > 0:
+        problems.append("data.validation=held_out with data.prepare_if_missing=true needs data.validation_fraction > 0 "
+                        "(the fraction of documents to hold out, e.g. 0.01)")
+    _at_least(problems, "eval.interval", e.interval, 0, "0 turns evaluation off")
+    _at_least(problems, "eval.batches", e.batches, 1)
+    evaluates = str(d.validation).strip() != "none" and e.interval > 0
+    if c.best_metric == "val_loss" and c.keep_best > 0 and not evaluates:
+        problems.append("checkpoint.best_metric=val_loss ranks checkpoints by their validation loss, but this run "
+                        f"does not evaluate (data.validation={d.validation}, eval.interval={e.interval}); set "
+                        "data.validation and eval.interval > 0, or choose best_metric loss or probe_loss")
+    if files and not cfg.dry_run:
+        prepared_yet = not (d.prepare_if_missing and not (Path(d.path) / "meta.json").is_file())
+        problem = validation_problem(d, prepared_yet=prepared_yet)
+        if problem:
+            problems.append(problem)
 
 
 def _recovery(cfg: DictConfig, problems: List[str], check: Callable) -> None:
@@ -158,8 +186,8 @@ def _recovery(cfg: DictConfig, problems: List[str], check: Callable) -> None:
     _at_least(problems, "recovery.max_fallbacks", r.max_fallbacks, 0)
     _positive(problems, "recovery.device_mtbf_hours", r.device_mtbf_hours)
     _at_least(problems, "recovery.devices", r.devices, 0, "0 uses the world size")
-    for fault in r.faults:
-        problems += fault_problems(fault)
+    for i, fault in enumerate(r.faults):
+        problems += fault_problems(fault, f"recovery.faults[{i}]")
     g = r.guards
     _choice(problems, "recovery.guards.action", g.action, GUARD_ACTIONS)
     _at_least(problems, "recovery.guards.warmup_steps", g.warmup_steps, 0)
@@ -171,6 +199,17 @@ def _recovery(cfg: DictConfig, problems: List[str], check: Callable) -> None:
         _at_least(problems, f"recovery.guards.{key}", g[key], 0)
     for key in ("max_consecutive_skips", "max_rollbacks"):
         _at_least(problems, f"recovery.guards.{key}", g[key], 1)
+
+
+def _init_from_problems(cfg: DictConfig) -> List[str]:
+    """model.init_from's shape against model.* (from its JSON files), unless the run will resume:
+    then its checkpoint's weights win and the source may even be gone."""
+    try:
+        if resolve_resume(Path(cfg.checkpoint.dir), str(cfg.checkpoint.resume)) is not None:
+            return []
+    except CheckpointError:  # the resume itself reports it
+        return []
+    return source_problems(model_config(cfg), cfg.model.init_from)
 
 
 def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool = False) -> None:
@@ -189,17 +228,22 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
             return None
 
     check(lambda: model_config(cfg).validate())
-    check(lambda: check_tokenizer_name(cfg.data.tokenizer))
+    tokenizer_ok = check(lambda: check_tokenizer_name(cfg.data.tokenizer) or True)
     check(lambda: check_data_config(cfg.data))
-    data_problem = data_path_problem(cfg.data) if files and not cfg.dry_run else None
+    # (with an unknown tokenizer, the data path's advice would name it in a prepare command)
+    data_problem = data_path_problem(cfg.data) if files and not cfg.dry_run and tokenizer_ok else None
     if data_problem:
         problems.append(data_problem)
+    if cfg.model.init_from and files and not cfg.dry_run:
+        problems += _init_from_problems(cfg)
     _training(cfg, problems, check)
     _parallel(cfg, problems, check, world_size)
     _checkpoint(cfg, problems, check)
+    _eval(cfg, problems, files)
     _recovery(cfg, problems, check)
     _choice(problems, "logging.level", str(cfg.logging.level).upper(), LOG_LEVELS)
     _at_least(problems, "logging.log_interval", cfg.logging.log_interval, 1)
     _choice(problems, "logging.wandb.mode", cfg.logging.wandb.mode, WANDB_MODES)
+    _positive(problems, "logging.peak_tflops", cfg.logging.peak_tflops)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))

@@ -13,8 +13,12 @@ class DataError(ValueError):
 
 
 def prepared_name(sources: Sequence[str], tokenizer: str) -> str:
-    """The folder name data.prepare_if_missing builds under: "<sources>-<tokenizer>" (pydoc-byte)."""
-    return "+".join(Path(str(s)).stem for s in sources) + "-" + str(tokenizer)
+    """The folder name data.prepare_if_missing builds under: "<sources>-<tokenizer>" (pydoc-byte; for
+    data.tokenizer=hf:/models/llama3/tokenizer.json, pydoc-hf-llama3)."""
+    label = str(tokenizer)
+    if label.startswith("hf:"):
+        label = "hf-" + Path(label[3:]).parent.name
+    return "+".join(Path(str(s)).stem for s in sources) + "-" + label
 
 
 def prepare_command(path, sources: Sequence[str] = ("pydoc",), tokenizer: str = "byte") -> str:

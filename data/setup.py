@@ -9,11 +9,13 @@ from typing import List, Tuple
 import torch.distributed as dist
 
 from data.batching import BatchPlan
+from data.checks import DataError
 from data.order import SampleOrder
 from data.pipeline import DataPipeline
 from data.state import MEANING_FIELDS
 from data.token_file import META_FILE, prepare_token_file
 from data.token_source import TokenSource
+from data.tokenizer import tokenizer_mismatch
 
 log = logging.getLogger("trainer")
 
@@ -25,8 +27,10 @@ def prepare_if_missing(data_cfg, world) -> None:
         # One process per node builds it (the output is deterministic and renamed into
         # place atomically, so nodes sharing a file system may race harmlessly).
         if world.local_rank == 0:
-            log.info("preparing %s from %s (tokenizer %s)", path, list(data_cfg.sources), data_cfg.tokenizer)
-            prepare_token_file(path, list(data_cfg.sources), data_cfg.tokenizer, data_cfg.bpe_vocab_size)
+            log.info("preparing %s from %s (tokenizer %s, validation fraction %g)", path, list(data_cfg.sources),
+                     data_cfg.tokenizer, data_cfg.validation_fraction)
+            prepare_token_file(path, list(data_cfg.sources), data_cfg.tokenizer, data_cfg.bpe_vocab_size,
+                               validation_fraction=data_cfg.validation_fraction)
         if dist.is_initialized():
             dist.barrier()
 
@@ -52,9 +56,14 @@ def build_data_pipeline(data_cfg, seq_len: int, seed: int, plan: BatchPlan, dp_r
     that changes the sample order when ``data.allow_resume_changes``."""
     prepare_if_missing(data_cfg, world)
     sources, weights = open_sources(data_cfg, seq_len)
+    for source in sources:  # data made with another tokenizer than data.tokenizer is refused
+        meta = source.shards[0].meta
+        problem = tokenizer_mismatch(data_cfg.tokenizer, meta.tokenizer, meta.tokenizer_identity, str(source.path))
+        if problem:
+            raise DataError(problem)
     tokenizer, vocab_size, eos_id = sources[0].tokenizer
     if vocab_size > model_vocab_size:
-        raise ValueError(
+        raise DataError(
             f"dataset {sources[0].path} uses tokenizer {tokenizer} with vocab size {vocab_size}, larger than "
             f"model.vocab_size={model_vocab_size}; raise model.vocab_size to at least {vocab_size}"
         )

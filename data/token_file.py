@@ -2,7 +2,9 @@
 
 Documents are concatenated, each followed by the tokenizer's EOS id. ``meta.json`` holds
 the tokenizer, vocab size, EOS id, dtype, token and document counts, the sources, and the
-sha256 of ``tokens.bin`` (the dataset fingerprint that checkpoints record).
+sha256 of ``tokens.bin`` (the dataset fingerprint that checkpoints record). With a validation
+fraction, the documents data/split.py holds out go to the ``validation`` sub-folder instead
+(a prepared dataset of its own) and ``meta.json`` describes the split in its ``validation`` block.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Optional
 
 import numpy as np
 
 from data.checks import META_FILE, DataError, prepare_command
 from data.sources import iter_documents
-from data.tokenizer import BPETokenizer, ByteTokenizer, check_tokenizer_name
+from data.split import SPLIT_RULE, VALIDATION_DIR, ValidationSplit, check_fraction, held_out
+from data.tokenizer import make_tokenizer, tokenizer_identity
 
 FORMAT_VERSION = 1
 TOKENS_FILE = "tokens.bin"
@@ -37,6 +40,11 @@ class TokenFileMeta:
     num_documents: int
     sha256: str
     sources: List[str]
+    # The tokenizer's identity, one block (data/tokenizer.py: kind, vocab_size, eos_id, the sha256 of
+    # the tokenizer.json saved beside the tokens, the file it came from); absent in older datasets.
+    tokenizer_identity: Optional[Dict] = None
+    # The held-out validation split (data/split.py: ValidationSplit as a dict); None: nothing held out.
+    validation: Optional[dict] = None
 
 
 def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
@@ -48,41 +56,55 @@ def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
 
 
 def prepare_token_file(out_dir: str | Path, sources: List[str], tokenizer: str = "byte",
-                       bpe_vocab_size: int = 4096) -> TokenFileMeta:
+                       bpe_vocab_size: int = 4096, validation_fraction: float = 0.0) -> TokenFileMeta:
     """Tokenize ``sources`` into ``out_dir``; written to a temporary folder, then renamed.
 
+    ``validation_fraction`` > 0 holds documents out of training (data/split.py) into
+    ``out_dir/validation``; a BPE tokenizer is then trained on the training documents only.
     The rename makes concurrent preparation by several ranks harmless: the output is a
     pure function of the inputs and the first finished copy wins.
     """
-    check_tokenizer_name(tokenizer)
+    check_fraction(validation_fraction)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        if tokenizer == "byte":
-            tok = ByteTokenizer()
-        else:
-            tok = BPETokenizer.train(iter_documents(sources), vocab_size=bpe_vocab_size)
+        training_docs = (t for t in iter_documents(sources) if not held_out(t, validation_fraction))
+        tok = make_tokenizer(tokenizer, training_docs, bpe_vocab_size)  # a BPE learns from training documents only
         dtype = np.uint16 if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
-        num_tokens = num_docs = 0
-        with (tmp / TOKENS_FILE).open("wb") as f:
-            for text in iter_documents(sources):
-                ids = tok.encode(text)
-                ids.append(tok.eos_id)
-                f.write(np.asarray(ids, dtype=dtype).tobytes())
-                num_tokens += len(ids)
-                num_docs += 1
-            f.flush()
-            os.fsync(f.fileno())
-        if num_docs == 0:
-            raise ValueError(f"data sources {sources} yielded no documents")
+        split = {False: _Writer(tmp, dtype)}  # held out? -> where its tokens go
+        if validation_fraction > 0:
+            split[True] = _Writer(tmp / VALIDATION_DIR, dtype)
+        for text in iter_documents(sources):
+            ids = tok.encode(text)
+            ids.append(tok.eos_id)
+            split[held_out(text, validation_fraction)].write(ids)
+        train = split[False].close()
+        val = split[True].close() if True in split else None
+        if train.num_documents == 0:
+            held = f" for training (all {val.num_documents} were held out for validation)" if val else ""
+            raise ValueError(f"data sources {sources} yielded no documents{held}")
         tok.save(tmp)
         meta = TokenFileMeta(
             format_version=FORMAT_VERSION, tokenizer=tok.name, vocab_size=tok.vocab_size,
-            eos_id=tok.eos_id, dtype=np.dtype(dtype).name, num_tokens=num_tokens,
-            num_documents=num_docs, sha256=sha256_file(tmp / TOKENS_FILE), sources=list(sources),
+            eos_id=tok.eos_id, dtype=np.dtype(dtype).name, num_tokens=train.num_tokens,
+            num_documents=train.num_documents, sha256=train.sha256, sources=list(sources),
+            tokenizer_identity=tokenizer_identity(tok, tmp),
         )
-        (tmp / META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n")
+        if val is not None:
+            if val.num_documents == 0:
+                raise ValueError(
+                    f"validation fraction {validation_fraction} held out none of the {train.num_documents} "
+                    f"documents of {sources}; raise it, or prepare a separate validation set and pass it as "
+                    "data.validation=<path>")
+            tok.save(tmp / VALIDATION_DIR)
+            val_meta = TokenFileMeta(**{**asdict(meta), "num_tokens": val.num_tokens,
+                                        "num_documents": val.num_documents, "sha256": val.sha256})
+            (tmp / VALIDATION_DIR / META_FILE).write_text(_meta_json(val_meta))
+            meta.validation = asdict(ValidationSplit(
+                fraction=validation_fraction, rule=SPLIT_RULE, path=VALIDATION_DIR,
+                num_documents=val.num_documents, num_tokens=val.num_tokens, sha256=val.sha256))
+        (tmp / META_FILE).write_text(_meta_json(meta))
         try:
             os.rename(tmp, out_dir)
         except OSError:
@@ -91,6 +113,42 @@ def prepare_token_file(out_dir: str | Path, sources: List[str], tokenizer: str =
         return read_meta(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _meta_json(meta: TokenFileMeta) -> str:
+    """meta.json's text; without a split there is no validation block (the file is as before splits existed)."""
+    fields = asdict(meta)
+    if fields["validation"] is None:
+        del fields["validation"]
+    return json.dumps(fields, indent=2) + "\n"
+
+
+@dataclass
+class _Written:
+    num_tokens: int
+    num_documents: int
+    sha256: str
+
+
+class _Writer:
+    """Appends documents' ids to ``directory``/tokens.bin; ``close`` fsyncs and hashes it."""
+
+    def __init__(self, directory: Path, dtype):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path, self.dtype = directory / TOKENS_FILE, dtype
+        self.file = self.path.open("wb")
+        self.num_tokens = self.num_documents = 0
+
+    def write(self, ids: List[int]) -> None:
+        self.file.write(np.asarray(ids, dtype=self.dtype).tobytes())
+        self.num_tokens += len(ids)
+        self.num_documents += 1
+
+    def close(self) -> _Written:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        return _Written(self.num_tokens, self.num_documents, sha256_file(self.path))
 
 
 def read_meta(path: str | Path) -> TokenFileMeta:

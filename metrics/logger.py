@@ -1,5 +1,13 @@
 """Per-step metrics: a log line every log_interval steps, metrics.jsonl every step (rank 0),
-and optional wandb (never crashes a run; resumes its own run id) and TensorBoard."""
+and optional wandb (never crashes a run; resumes its own run id) and TensorBoard.
+
+Events (checkpoint saves, resumes, alarms, rollbacks, evaluations) go to metrics.jsonl as
+rows with a ``kind``, and to the backends: each numeric field as the scalar
+``<kind>/<field>`` and a running count ``events/<kind>`` at the event's step (TensorBoard);
+in wandb the same keys, charted against their own ``<kind>/step`` axis (an async save is
+reported a few steps after the step it saved, and wandb drops rows older than its current
+step), plus the summary fields ``events/<kind>_count`` and ``last_<kind>``. The validation
+loss is the top-level scalar ``val_loss`` beside ``loss``."""
 
 from __future__ import annotations
 
@@ -8,6 +16,7 @@ import logging
 import os
 import resource
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -46,6 +55,8 @@ class MetricsLogger:
         self._jsonl = None
         self._wandb = None
         self._tb = None
+        self._event_counts: Counter = Counter()
+        self._wandb_axes: set = set()  # event kinds whose wandb charts have their step axis defined
         if not is_main:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -71,16 +82,61 @@ class MetricsLogger:
                     self._tb.add_scalar(k, v, step)
         if step % self.log_interval == 0 or step == self.total_steps:
             eta = _format_eta((self.total_steps - step) * step_seconds_avg)
+            mfu = (f" | {metrics['tflops_per_device']:.3g} TFLOP/s/device | MFU {100 * metrics['mfu']:.3g}%"
+                   if "mfu" in metrics else "")
             log.info(
-                "step %d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | %.0f ms | mem %.2f GiB | eta %s",
+                "step %d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s%s | %.0f ms | mem %.2f GiB | eta %s",
                 step, self.total_steps, metrics["loss"], metrics["lr"], metrics["grad_norm"],
-                metrics["tokens_per_s"], 1000 * metrics["step_s"], metrics["memory_gib"], eta,
+                metrics["tokens_per_s"], mfu, 1000 * metrics["step_s"], metrics["memory_gib"], eta,
             )
 
+    def log_eval(self, step: int, loss: float, tokens: int, seconds: float) -> None:
+        """A validation result after 1-based ``step`` (training/evaluate.py)."""
+        if not self.is_main:
+            return
+        log.info("eval after step %d | val_loss %.4f | %d tokens | %.2f s", step, loss, tokens, seconds)
+        self.log_event(step, kind="eval", val_loss=loss, val_tokens=tokens, eval_s=seconds)
+        self._to_backends(step, {"val_loss": loss})  # beside "loss", on the training step axis
+
     def log_event(self, step: int, **fields) -> None:
-        """Non-step records (checkpoint timings, alarms) go to metrics.jsonl with a kind."""
-        if self.is_main:
-            self._jsonl.write(json.dumps({"step": step, **fields}) + "\n")
+        """Non-step records (checkpoint timings, resumes, alarms, evaluations): metrics.jsonl with a
+        kind, and the wandb and TensorBoard scalars described in the module docstring."""
+        if not self.is_main:
+            return
+        self._jsonl.write(json.dumps({"step": step, **fields}) + "\n")
+        kind = str(fields.get("kind", "event"))
+        self._event_counts[kind] += 1
+        scalars = {f"{kind}/{k}": v for k, v in fields.items() if _is_number(v)}
+        scalars[f"events/{kind}"] = self._event_counts[kind]
+        self._to_backends(step, scalars, kind)
+        if self._wandb is not None:
+            try:
+                summary = self._wandb.summary
+                summary[f"events/{kind}_count"] = summary.get(f"events/{kind}_count", 0) + 1
+                summary[f"last_{kind}"] = {"step": step, **{k: v for k, v in fields.items() if k != "kind"}}
+            except Exception as exc:  # a metrics backend must never stop training
+                log.warning("wandb summary of a %s event failed: %s: %s", kind, type(exc).__name__, exc)
+
+    def _to_backends(self, step: int, scalars: Dict[str, Any], kind: Optional[str] = None) -> None:
+        """TensorBoard scalars at ``step``; wandb at its current step (never an older one, which it
+        drops), an event's keys charted against their own ``<kind>/step`` axis."""
+        if self._tb is not None:
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is None:
+            return
+        try:
+            row = dict(scalars)
+            if kind is not None:
+                if kind not in self._wandb_axes:
+                    self._wandb.define_metric(f"{kind}/step")
+                    for pattern in (f"{kind}/*", f"events/{kind}"):
+                        self._wandb.define_metric(pattern, step_metric=f"{kind}/step")
+                    self._wandb_axes.add(kind)
+                row[f"{kind}/step"] = step
+            self._wandb.log(row, step=max(step, self._wandb.step))
+        except Exception as exc:
+            log.warning("wandb logging at step %d failed: %s: %s", step, type(exc).__name__, exc)
 
     def close(self) -> None:
         if self._jsonl is not None:
@@ -89,6 +145,10 @@ class MetricsLogger:
             self._wandb.finish()
         if self._tb is not None:
             self._tb.close()
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _start_wandb(run_dir: Path, cfg) -> Optional[Any]:

@@ -25,6 +25,9 @@ class ModelConfig:
     dropout: float = 0.0
     tie_embeddings: bool = False
     init_std: float = 0.02
+    # Start from these weights instead of init_std's random ones (checkpoint/init_from.py): a Hugging
+    # Face Llama folder, a scripts/export.py safetensors file or a committed checkpoint. Not a shape.
+    init_from: Optional[str] = None
 
     @property
     def kv_heads(self) -> int:

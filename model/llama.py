@@ -21,6 +21,7 @@ from torch import nn
 
 from model.config import ModelConfig
 from model.init import init_parameters
+from model.kv_cache import KVCache, LayerCache
 
 
 class RMSNorm(nn.Module):
@@ -65,7 +66,8 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: LayerCache | None = None) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds only its share of the heads.
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
@@ -73,10 +75,14 @@ class Attention(nn.Module):
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        mask = None
+        if cache is not None:  # decoding (model/kv_cache.py): attend to the cached positions as well
+            k, v, mask = cache.extend(k, v)
         out = F.scaled_dot_product_attention(
             q, k, v,
+            attn_mask=mask,
             dropout_p=self.dropout if self.training else 0.0,
-            is_causal=True,
+            is_causal=cache is None,
             enable_gqa=q.shape[1] != k.shape[1],
         )
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)
@@ -106,8 +112,10 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        decoding = {} if cache is None else {"cache": cache}  # by keyword: the TP plan sees (x, cos, sin)
+        x = x + self.attention(self.attention_norm(x), cos, sin, **decoding)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -147,17 +155,23 @@ class Transformer(nn.Module):
             seed = int(torch.randint(0, 2**62, ()))
         init_parameters(self, cfg, seed)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (batch, seq) int64 -> logits (batch, seq, vocab)."""
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """tokens (batch, seq) int64 -> logits (batch, seq, vocab). With a ``cache`` (inference,
+        model/kv_cache.py) the tokens continue the cached positions and are added to the cache."""
         seqlen = tokens.shape[1]
-        if seqlen > self.cfg.max_seq_len:
+        start = 0 if cache is None else cache.pos
+        if start + seqlen > self.cfg.max_seq_len:
             raise ValueError(
-                f"sequence length {seqlen} exceeds model.max_seq_len={self.cfg.max_seq_len}"
+                f"sequence length {start + seqlen} exceeds model.max_seq_len={self.cfg.max_seq_len}"
             )
+        if cache is not None:
+            cache.check_room(seqlen)
         h = self.embed_dropout(self.tok_embeddings(tokens))
-        cos, sin = self.rope_cos[:seqlen], self.rope_sin[:seqlen]
-        for block in self.layers.values():
-            h = block(h, cos, sin)
+        cos, sin = self.rope_cos[start:start + seqlen], self.rope_sin[start:start + seqlen]
+        for i, block in enumerate(self.layers.values()):
+            h = block(h, cos, sin) if cache is None else block(h, cos, sin, cache=cache.layer(i))
+        if cache is not None:
+            cache.advance(seqlen)
         return self.output(self.norm(h))
 
 

@@ -6,12 +6,22 @@ step a hung peer should be noticed in seconds to minutes, not NCCL's 30: train.p
 ``set_collective_timeout(parallel.collective_timeout_after_first_step_s, groups)`` for the
 training groups (the default group and the device mesh's sub-groups). Verified on gloo by
 tests/test_parallel.py (a stalled peer on a mesh sub-group fails after the new timeout).
+
+Under torchrun a worker must not outlive its launcher (an orphan would train on and commit
+next to the relaunched job): ``init_distributed`` first asks the kernel to SIGKILL this process
+when the agent that started it exits (``die_with_launcher``), and connects to the agent's
+store with a timeout of its own (``STORE_CONNECT_TIMEOUT_S``), not the collective timeout:
+the store is up before the agent starts any worker, so a connection that takes longer means
+the agent (on another node, for a multi-node job) is gone.
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -19,6 +29,11 @@ import torch
 import torch.distributed as dist
 
 from configs.constants import DEVICES
+
+# Connecting to torchrun's store (with the client's retries it took up to 2.2x this: tests/test_orphans.py);
+# once connected, waits on the store get the collective timeout.
+STORE_CONNECT_TIMEOUT_S = 30.0
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 @dataclass(frozen=True)
@@ -46,8 +61,25 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     raise ValueError(f"parallel.device={choice!r}: choose one of {list(DEVICES)}")
 
 
+def die_with_launcher(environ=os.environ) -> bool:
+    """Under torchrun (TORCHELASTIC_RUN_ID set) on Linux: SIGKILL this process when the agent that
+    started it exits, however it exits (PR_SET_PDEATHSIG). SIGKILL, not SIGTERM: SIGTERM would
+    start a preemption save, i.e. a commit after the launcher is gone. True when set.
+
+    The kernel sends it when the *thread* that forked this process ends; torchrun starts its
+    workers from the agent's main thread, which lives as long as the agent."""
+    if "TORCHELASTIC_RUN_ID" not in environ or not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+    return True
+
+
 def init_distributed(device_choice: str, timeout_s: float) -> WorldInfo:
     """Join the process group torchrun set up (or run alone when launched by plain python)."""
+    die_with_launcher()
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
@@ -62,16 +94,29 @@ def init_distributed(device_choice: str, timeout_s: float) -> WorldInfo:
     return WorldInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
-def _restart_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dict:
+def _restart_store(rank: int, world_size: int, timeout: datetime.timedelta,
+                   connect_timeout_s: float = STORE_CONNECT_TIMEOUT_S) -> dict:
     """After a torchrun restart (``--max-restarts``) the agent's store still holds the previous
     attempt's keys, and gloo ranks would read their peers' old addresses from it. Key this
-    attempt's process group under its restart count so every attempt starts clean."""
+    attempt's process group under its restart count so every attempt starts clean.
+
+    The agent's store is up before any worker starts: connecting to it gets
+    ``connect_timeout_s``; waits on it afterwards (peers joining) get ``timeout``."""
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if restart is None or "MASTER_ADDR" not in os.environ:
         return {}  # not under torchrun: the default env:// rendezvous
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=not agent_hosts_store and rank == 0, timeout=timeout)
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if agent_hosts_store:
+        connect = datetime.timedelta(seconds=min(connect_timeout_s, timeout.total_seconds()))
+        try:
+            store = dist.TCPStore(host, port, world_size, is_master=False, timeout=connect)
+        except RuntimeError as exc:  # DistStoreError
+            raise RuntimeError(f"rank {rank} could not connect to torchrun's store at {host}:{port} within "
+                               f"{connect.total_seconds():.0f} s: its agent is gone ({exc})") from exc
+        store.set_timeout(timeout)
+    else:  # rank 0 hosts the store; the others wait for it as long as for any peer
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
     return {"store": dist.PrefixStore(f"/trainer/attempt_{restart}", store), "rank": rank, "world_size": world_size}
 
 

@@ -10,7 +10,9 @@ Kinds: ``sigkill`` (the process dies with no chance to clean up), ``hang`` (slee
 watchdog must notice), ``exception``, ``nan_loss`` (poisons a parameter so the next loss is
 NaN; needs ``model=``), ``corrupt`` (damages the committed checkpoint at ``path=`` the way
 real storage does, see ``corrupt_checkpoint``), ``bitflip_param`` / ``bitflip_grad`` (one flipped bit in a weight before
-the forward pass, or in a gradient after backward: silent corruption for recovery/guards).
+the forward pass, or in a gradient after backward: silent corruption for recovery/guards),
+``disk_full`` (the checkpoint writer gets ``OSError(ENOSPC)`` as from a full disk, at
+``checkpoint_write`` on the ranks it names or at ``checkpoint_commit`` on the coordinator).
 Phases: the watchdog's (``step``, ``data_wait``, ...) plus the
 checkpoint's internal ones (``checkpoint_snapshot``, ``checkpoint_write``,
 ``checkpoint_commit``, ``checkpoint_retention``, ``checkpoint_committed``,
@@ -25,6 +27,7 @@ call its ``maybe_inject``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Iterable, List, Optional
 
 from checkpoint.layout import MANIFEST
-from configs.constants import CORRUPTIONS, FAULT_KINDS, FAULT_PHASES
+from configs.constants import CORRUPTIONS, DISK_FULL_PHASES, FAULT_KINDS, FAULT_PHASES
 from configs.schema import FaultConfig
 
 log = logging.getLogger("trainer")
@@ -49,24 +52,29 @@ def fault_name(fault: FaultConfig) -> str:
         f"-{fault.corruption}" if fault.kind == "corrupt" else "")
 
 
-def fault_problems(fault) -> list:
-    """What is wrong with one ``recovery.faults`` entry (a FaultConfig or its DictConfig)."""
+def fault_problems(fault, key: str = "recovery.faults") -> list:
+    """What is wrong with one ``recovery.faults`` entry (a FaultConfig or its DictConfig); ``key``
+    names the entry in the messages (``recovery.faults[2]``)."""
     kind, phase = fault.kind, fault.phase
     out = []
     if kind not in FAULT_KINDS:
-        out.append(f"recovery.faults: kind={kind!r}: choose one of {list(FAULT_KINDS)}")
+        out.append(f"{key}.kind={kind!r}: choose one of {list(FAULT_KINDS)}")
     if phase not in FAULT_PHASES:
-        out.append(f"recovery.faults: phase={phase!r}: choose one of {list(FAULT_PHASES)}")
+        out.append(f"{key}.phase={phase!r}: choose one of {list(FAULT_PHASES)}")
     if kind == "corrupt" and fault.corruption not in CORRUPTIONS:
-        out.append(f"recovery.faults: corruption={fault.corruption!r}: choose one of {list(CORRUPTIONS)}")
+        out.append(f"{key}.corruption={fault.corruption!r}: choose one of {list(CORRUPTIONS)}")
     if kind == "corrupt" and phase != "checkpoint_committed":
-        out.append("recovery.faults: a corrupt fault damages a committed checkpoint: use phase=checkpoint_committed")
+        out.append(f"{key}: a corrupt fault damages a committed checkpoint: use phase=checkpoint_committed "
+                   f"(not {phase!r})")
     if kind == "bitflip_param" and phase != "step":
-        out.append("recovery.faults: bitflip_param flips a weight before the forward pass: use phase=step")
+        out.append(f"{key}: bitflip_param flips a weight before the forward pass: use phase=step (not {phase!r})")
     if kind == "bitflip_grad" and phase != "gradients":
-        out.append("recovery.faults: bitflip_grad flips a gradient after backward: use phase=gradients")
+        out.append(f"{key}: bitflip_grad flips a gradient after backward: use phase=gradients (not {phase!r})")
     if kind.startswith("bitflip") and not 0 <= fault.bit < 32:
-        out.append(f"recovery.faults: bit={fault.bit} must be in [0, 32) (an fp32 word)")
+        out.append(f"{key}.bit={fault.bit} must be in [0, 32) (an fp32 word)")
+    if kind == "disk_full" and phase not in DISK_FULL_PHASES:
+        out.append(f"{key}: disk_full fails a checkpoint write: use phase one of {list(DISK_FULL_PHASES)} "
+                   f"(not {phase!r})")
     return out
 
 
@@ -150,6 +158,8 @@ class FaultInjector:
                 raise ValueError(f"a corrupt fault needs the checkpoint path at its injection point ({fault.phase})")
             what = corrupt_checkpoint(Path(path), fault.corruption)
             log.warning("fault injection: corrupted %s (%s)", path, what)
+        elif fault.kind == "disk_full":
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected disk_full fault)", str(path))
 
 
 def flip_bit_in_model(model, bit: int, grad: bool = False):

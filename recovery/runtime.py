@@ -21,7 +21,7 @@ from checkpoint.saver import SaveRecord
 from recovery.faults import FaultInjector
 from recovery.guards.rollback import roll_back
 from recovery.interval import choose_interval_steps, cluster_mtbf_s
-from recovery.preemption import Preemption
+from recovery.preemption import Preemption, torchrun_grace_problem
 from recovery.stragglers import StragglerMonitor
 from recovery.verify import ResumeVerifier, refuse_all_bad
 from recovery.watchdog import Watchdog
@@ -38,11 +38,14 @@ class RecoveryRuntime:
         if rc.watchdog:
             self.watchdog = Watchdog(run_dir, world.rank, dict(rc.timeouts), rc.checkpoint_write_timeout_s).start()
         self.preemption = Preemption(list(rc.preemption_signals), rc.preemption_grace_s).install()
+        problem = torchrun_grace_problem(rc.preemption_grace_s)
+        if problem and world.rank == 0:
+            log.warning("%s", problem)
         self.stragglers = StragglerMonitor(rc.straggler_interval, rc.straggler_factor)
         self._first_step_done = False
         self._writing: Optional[int] = None  # step of the background write the watchdog times
-        self.auto_interval = AutoInterval(cfg, world.world_size) if str(cfg.checkpoint.interval).strip() == "auto" \
-            else None
+        self.auto_interval = AutoInterval(cfg, world.world_size) \
+            if str(cfg.checkpoint.interval).strip().lower() == "auto" else None
 
     # -- heartbeats and injection points ---------------------------------------------------
     def beat(self, phase: str, step: int) -> None:
@@ -92,7 +95,8 @@ class RecoveryRuntime:
     # -- after every step ----------------------------------------------------------------
     def end_of_step(self, step: int, step_s: float, loss: float) -> bool:
         """After 1-based ``step``: save when due, then the bookkeeping; True: stop now (preempted,
-        the save committed)."""
+        the save committed). A save the storage refused, with checkpoint.on_save_error=stop,
+        raises CheckpointSaveError here, on every rank at the same step."""
         ckpt = self.ckpt
         if ckpt.due(step):
             self.beat("checkpoint_snapshot", step)
@@ -105,7 +109,10 @@ class RecoveryRuntime:
         self.beat("step", step)
         self._watch_write()
         self.stragglers.record(step, step_s)
-        if not self.preemption.should_stop():
+        preempted, save_failed = self.preemption.agree(ckpt.save_failure is not None)
+        if save_failed:
+            ckpt.raise_save_failure()
+        if not preempted:
             return False
         self._save_before_exit(step, loss)
         return True
@@ -133,6 +140,9 @@ class RecoveryRuntime:
             self.watchdog.set_timeout("shutdown", max(1.0, left))
             self.beat("shutdown", step)
         t0 = time.perf_counter()
+        ckpt.collect()  # a previous save that failed is an alarm (with on_save_error=stop the run ends here)
+        if ckpt.save_failure is not None:
+            ckpt.raise_save_failure()
         if ckpt.last_saved_step != step:
             ckpt.save(step, loss)
         ckpt.wait()  # committed (coordinator) before anyone exits

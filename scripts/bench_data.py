@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from configs.schema import DataConfig
 from data.batching import make_batch_plan
 from data.setup import build_data_pipeline
-from data.token_file import META_FILE, prepare_token_file
+from tools.runs import prepare_debug_data
 
 WORLD = SimpleNamespace(local_rank=0, device=torch.device("cpu"))
 
@@ -106,8 +106,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     args = parser.parse_args(argv)
-    if not (Path(args.data) / META_FILE).exists():
-        prepare_token_file(args.data, ["pydoc"], "byte")
+    prepare_debug_data(Path(args.data))  # the debug experiment's data, as train.py would build it
 
     print(f"data {args.data}, seq_len {args.seq_len}, global batch {args.global_batch} "
           f"(micro {args.micro_batch}), {torch.get_num_threads()} torch threads, "

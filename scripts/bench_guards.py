@@ -23,11 +23,12 @@ import torch
 from omegaconf import OmegaConf
 
 from configs.schema import GuardsConfig, OptimConfig
-from data.token_file import TokenFile, prepare_token_file
+from data.token_file import TokenFile
 from model.config import ModelConfig
 from model.llama import build_model
 from recovery.guards import TrainingGuards
 from recovery.guards.norms import layer_grad_norms
+from tools.runs import prepare_debug_data
 from training.optimizer import build_optimizer
 from training.schedule import build_scheduler
 from training.step import Precision, token_loss_sum, train_step
@@ -107,8 +108,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(1)
-    if not (Path(args.data) / "meta.json").exists():
-        prepare_token_file(args.data, ["pydoc"], "byte")
+    prepare_debug_data(Path(args.data))  # the debug experiment's data, as train.py would build it
     tokens = np.asarray(TokenFile(args.data).tokens)
     run_dir = Path("outputs/bench_guards")
     off, on = [], []

@@ -1,57 +1,56 @@
-"""Consolidate a checkpoint's weights into one safetensors file (offline, one CPU process).
+"""Export a checkpoint's weights (offline, one CPU process, one tensor in memory at a time).
 
-  python scripts/export.py outputs/debug/checkpoints/step_00000300 out/model.safetensors --dtype bf16
+  python scripts/export.py outputs/debug/checkpoints/step_00000300 outputs/debug-hf --format hf
+  python scripts/export.py CKPT out/model.safetensors --dtype bf16
   python scripts/export.py CKPT out/model.safetensors --weights ema --torch-save out/model.pt
 
-Works for a checkpoint written at any layout (FSDP/TP shards are reassembled from DCP's
-metadata). The safetensors metadata records the step, config hash and source checkpoint.
-Tied weights are written once per name (safetensors forbids shared storage).
+--format hf writes a folder that transformers' LlamaForCausalLM.from_pretrained loads with no
+code from this project: config.json, generation_config.json, safetensors shards of at most
+--max-shard-size (5GB = 5*10^9 bytes by default; model.safetensors.index.json when there are
+several), Hugging Face tensor names with q/k rows in its rotary order (docs/interop.md), and
+the tokenizer files of the data the run trained on (its data.path, or --tokenizer).
+--format safetensors (the default) writes one file with this project's names; its metadata
+records the step, config hash, source checkpoint and model config. Tied weights are written
+under both names there (safetensors forbids shared storage); the hf folder holds them once.
+Works for a checkpoint written at any layout and in either storage format (raw or dcp).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import resource
 from pathlib import Path
 
-import torch
-
-from checkpoint.export import load_tensors
-from checkpoint.manifest import read_manifest
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def export(checkpoint: Path, out: Path, dtype: str = "fp32", weights: str = "model",
-           torch_save: Path | None = None, verify: bool = True) -> dict:
-    from safetensors.torch import save_file
-
-    manifest = read_manifest(checkpoint)
-    tensors = load_tensors(checkpoint, prefix=f"{weights}.", verify=verify)
-    tensors = {k: v.to(DTYPES[dtype]).contiguous().clone() for k, v in sorted(tensors.items())}
-    meta = {"step": str(manifest.step), "config_hash": manifest.config_hash, "weights": weights,
-            "dtype": dtype, "source": str(Path(checkpoint).resolve()),
-            "model": json.dumps(manifest.config.get("model", {}))}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out), metadata=meta)
-    if torch_save is not None:
-        torch_save.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(tensors, torch_save)
-    return {"tensors": len(tensors), "bytes": sum(t.numel() * t.element_size() for t in tensors.values()), **meta}
+from checkpoint.export import DTYPES, export_hf, export_safetensors
+from checkpoint.safetensors_io import parse_size
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", type=Path, help="a committed step_N directory")
-    p.add_argument("out", type=Path, help="the .safetensors file to write")
+    p.add_argument("out", type=Path, help="the .safetensors file (--format safetensors) or folder (--format hf)")
+    p.add_argument("--format", choices=["safetensors", "hf"], default="safetensors")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--weights", choices=["model", "ema"], default="model", help="training weights or their EMA")
-    p.add_argument("--torch-save", type=Path, default=None, help="also write a torch.save file here")
+    p.add_argument("--max-shard-size", default="5GB", help="hf: largest shard file (5GB, 500MB, 2GiB, bytes)")
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="hf: the prepared dataset folder (or tokenizer.json) whose tokenizer to include "
+                        "(default: the checkpoint's data.path)")
+    p.add_argument("--torch-save", type=Path, default=None,
+                   help="safetensors: also write a torch.save file here (holds the whole model in memory)")
     p.add_argument("--no-verify", action="store_true", help="skip the checksum check")
     a = p.parse_args()
-    info = export(a.checkpoint, a.out, a.dtype, a.weights, a.torch_save, verify=not a.no_verify)
-    print(f"wrote {a.out}: {info['tensors']} tensors, {info['bytes'] / 2**20:.1f} MiB {a.dtype} "
-          f"({a.weights} weights of step {info['step']})")
+    if a.format == "hf":
+        info = export_hf(a.checkpoint, a.out, a.dtype, a.weights, parse_size(a.max_shard_size),
+                         verify=not a.no_verify, tokenizer=a.tokenizer)
+        print(f"wrote {a.out}: {info['tensors']} tensors in {info['shards']} shard(s), "
+              f"{info['bytes'] / 2**20:.1f} MiB {a.dtype} ({a.weights} weights of step {info['step']}); "
+              f"tokenizer: {info['tokenizer']}")
+    else:
+        info = export_safetensors(a.checkpoint, a.out, a.dtype, a.weights, a.torch_save, verify=not a.no_verify)
+        print(f"wrote {a.out}: {info['tensors']} tensors, {info['bytes'] / 2**20:.1f} MiB {a.dtype} "
+              f"({a.weights} weights of step {info['step']})")
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
 
 
 if __name__ == "__main__":

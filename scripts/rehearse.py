@@ -9,7 +9,8 @@
      lost), then a relaunch at --small-nproc ranks: grad_accum_steps is recomputed so the
      global batch is unchanged; the steps after the resume must match within --rtol
      (a different reduction order changes the last bits; contract 2);
-then a report table; the exit status is non-zero on any divergence.
+then a report table and, next to report.json, losses.png: the three runs' curves overlaid
+(metrics/plots.py; resumes as vertical lines); the exit status is non-zero on any divergence.
 
     python scripts/rehearse.py --nproc 2 --small-nproc 1 --steps 12 --seed 7
 """
@@ -26,9 +27,10 @@ import sys
 import time
 from pathlib import Path
 
+from metrics.plots import plot_runs
 from metrics.records import read_metrics, step_losses
 from tools.rehearsal import faults_override
-from tools.runs import tiny_overrides
+from tools.runs import prepare_debug_data, tiny_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,10 +76,7 @@ def main(argv=None) -> int:
                         "torchrun --max-restarts 1 restart the group in place")
     a = p.parse_args(argv)
     small = a.nproc // 2 if a.small_nproc is None else a.small_nproc
-    if not (a.data / "meta.json").exists():
-        from data.token_file import prepare_token_file
-
-        prepare_token_file(a.data, ["pydoc"], "byte")
+    prepare_debug_data(a.data)  # the debug experiment's data, with its held-out validation split
     rng = random.Random(a.seed)
     kill_step = rng.randint(a.interval + 1, a.steps - 1)
     kill_rank = rng.randrange(a.nproc)
@@ -130,6 +129,12 @@ def main(argv=None) -> int:
             print(f"   diverged steps {res['diverged']}, missing steps {res['missing']}; log: {log}")
     (root / "report.json").write_text(json.dumps([dict(zip(("scenario", "ranks", "resumed_from", "rc", "seconds",
                                                              "rule", "result"), r)) for r in rows], indent=1))
+    runs = [root / name for name in ("baseline", "same_layout", "smaller_world") if (root / name).is_dir()]
+    try:
+        plot_runs(runs, root / "losses.png", title=f"rehearsal {stamp}: baseline vs killed and resumed")
+        print(f"report {root / 'report.json'}, plot {root / 'losses.png'}")
+    except SystemExit as no_matplotlib:  # the verdict does not depend on the picture
+        print(f"report {root / 'report.json'}; no plot: {no_matplotlib}")
     return 0 if all(r[-1]["ok"] for r in rows) else 1
 
 

@@ -12,9 +12,8 @@ pytest.register_assert_rewrite("helpers")  # helpers' asserts report their value
 
 @pytest.fixture(scope="session")
 def pydoc_data(tmp_path_factory) -> Path:
-    """The default corpus (pydoc topics, byte tokenizer), prepared once per test session."""
-    from data.token_file import prepare_token_file
+    """The debug experiment's corpus (pydoc topics, byte tokenizer, its held-out validation split),
+    prepared once per test session as data.prepare_if_missing builds it."""
+    from tools.runs import prepare_debug_data
 
-    out = tmp_path_factory.mktemp("data") / "pydoc-byte"
-    prepare_token_file(out, ["pydoc"], "byte")
-    return out
+    return prepare_debug_data(tmp_path_factory.mktemp("data") / "pydoc-byte")

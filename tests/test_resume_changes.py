@@ -8,6 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from checkpoint.discovery import list_committed
+from checkpoint.manifest import read_manifest
 from helpers.launch import run_train
 from metrics.records import read_metrics
 from recovery.verify import schedule_lr
@@ -74,3 +75,16 @@ def test_a_refused_change_condemns_nothing_and_every_checkpoint_still_loads(firs
         proc = run_train(debug_overrides(run_dir, pydoc_data, FIRST, {"checkpoint.interval": 10,
                                                                       "checkpoint.resume": step}))
         assert f"post-load verification of step_{step:08d} passed" in proc.stderr
+
+
+def test_a_new_global_batch_is_accepted_with_both_flags(first_run, pydoc_data, tmp_path):
+    run_dir = _copy(first_run, tmp_path / "run")
+    change = {"checkpoint.interval": 10, "training.global_batch_size": 16}
+    refused = run_train(debug_overrides(run_dir, pydoc_data, 50, change), check=False)
+    assert refused.returncode == 2 and "training.global_batch_size: 8 -> 16" in refused.stderr
+    run_train(debug_overrides(run_dir, pydoc_data, 50, {**change, "checkpoint.allow_config_change": "true",
+                                                        "recovery.allow_global_batch_change": "true"}))
+    [resumed] = read_metrics(run_dir, "resume")
+    assert resumed["checkpoint_id"] == "step_00000040"
+    manifest = read_manifest(run_dir / "checkpoints" / "step_00000050")
+    assert manifest.samples == 40 * 8 + 10 * 16 and manifest.global_batch_size == 16

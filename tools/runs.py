@@ -5,6 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Mapping, Sequence, Union
 
+from omegaconf import OmegaConf
+
+DEBUG_EXPERIMENT = Path(__file__).resolve().parents[1] / "configs" / "experiment" / "debug.yaml"
+
 Extra = Union[Mapping[str, object], Sequence[str], None]
 
 
@@ -18,6 +22,18 @@ def _as_dict(extra: Extra) -> Dict[str, str]:
         key, _, value = item.partition("=")
         out[key] = value
     return out
+
+
+def prepare_debug_data(path: Path) -> Path:
+    """The debug experiment's dataset (its sources, tokenizer and held-out validation split) at
+    ``path``, built as data.prepare_if_missing would build it; left alone when already there."""
+    from data.token_file import META_FILE, prepare_token_file
+
+    path = Path(path)
+    if not (path / META_FILE).exists():
+        data = OmegaConf.load(DEBUG_EXPERIMENT).data
+        prepare_token_file(path, list(data.sources), data.tokenizer, validation_fraction=data.validation_fraction)
+    return path
 
 
 def debug_overrides(run_dir: Path, data_dir: Path, steps: int = 8, extra: Extra = None) -> List[str]:

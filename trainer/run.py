@@ -16,6 +16,7 @@ from typing import Callable, List
 import torch
 from omegaconf import DictConfig
 
+from checkpoint.init_from import apply_init_from
 from checkpoint.manager import CheckpointManager
 from checkpoint.probe import make_probe
 from checkpoint.state import TrainingState
@@ -24,6 +25,7 @@ from data.batching import make_batch_plan
 from data.setup import build_data_pipeline
 from metrics.logger import MetricsLogger, memory_gib, setup_logging
 from metrics.run_dir import write_run_config
+from metrics.throughput import Throughput
 from model.counting import count_params
 from model.llama import build_model
 from parallel.dims import resolve_parallel_dims
@@ -34,6 +36,7 @@ from recovery.guards import RollbackRequested
 from recovery.guards.guard import build_guards
 from recovery.runtime import RecoveryRuntime
 from training.ema import EMA
+from training.evaluate import build_evaluator
 from training.optimizer import build_optimizer
 from training.schedule import build_scheduler
 from training.step import Precision, train_step
@@ -98,12 +101,16 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.training.steps)
     precision = Precision(cfg.training.mixed_precision, world.device)
     data = build_data_pipeline(cfg.data, cfg.training.seq_len, cfg.seed, plan, parallel.dp_rank, world,
-                               model_vocab_size=mcfg.vocab_size)
+                               model_vocab_size=mcfg.vocab_size,
+                               allow_global_batch_change=cfg.recovery.allow_global_batch_change)
     shutdown.add(20, "the data workers", data.close)
     ema = EMA(model, cfg.training.ema_decay) if cfg.training.ema_decay > 0 else None
     metrics = MetricsLogger(run_dir, cfg, world.is_main, cfg.training.steps)
     shutdown.add(30, "the metrics files", metrics.close)
     probe = make_probe(model, data, world.device, precision.autocast)
+    evaluator = build_evaluator(cfg, model, data, plan, parallel.dp_rank, world.device, parallel.dp_group,
+                                precision.autocast, parallel.loss_parallel)  # None: data.validation=none
+    throughput = Throughput(mcfg, cfg.training.seq_len, world.world_size, cfg.logging.peak_tflops)  # MFU
     guards = build_guards(cfg, model, world, parallel, probe, metrics)  # silent corruption, loss spikes
     state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, optim_config=cfg.optim,
                           rank=world.rank, world_size=world.world_size)  # everything a checkpoint holds
@@ -116,6 +123,7 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     shutdown.add(80, "the watchdog", rt.close)
     ckpt.preflight()
     resumed = rt.resume(state, probe, dims, plan)  # verified, with bounded fallback
+    resumed = apply_init_from(mcfg.init_from, state, ckpt, resumed, world.device)  # pretrained weights, step 0 only
     start_step = state.step
     tokens_per_step = plan.global_batch_size * cfg.training.seq_len
     log.info(
@@ -162,7 +170,13 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
             "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
             "tokens_per_s": tokens_per_step / step_s, "step_s": step_s, "data_s": result.data_seconds,
             "memory_gib": memory_gib(world.device), "tokens": (step + 1) * tokens_per_step,
+            **throughput(tokens_per_step / step_s),
         }, step_seconds_avg=sum(recent) / len(recent))
+        if evaluator is not None and evaluator.due(step + 1, saving=ckpt.due(step + 1)):
+            rt.phase("eval", step + 1)
+            val = evaluator.evaluate()
+            metrics.log_eval(step + 1, val.loss, val.tokens, val.seconds)
+            ckpt.record_eval(step + 1, val.loss)  # the manifest of a save at this step records it
         if rt.end_of_step(step + 1, step_s, result.loss):  # saves when due; True: preempted, saved, committed
             break
         step += 1

@@ -87,7 +87,7 @@ def main() -> None:
     if a.scaler_growth_interval is not None:
         import torch
 
-        import training.step as step
+        from training import step
 
         original_init = step.Precision.__init__
 

@@ -9,7 +9,7 @@ import configs.validate  # noqa: F401
 
 assert "torch" not in sys.modules, "config validation imported torch"
 
-import trainer.run  # noqa: E402, F401
+from trainer import run  # noqa: E402, F401  (the module, as a run imports it)
 
 tools = sorted(m for m in sys.modules if m == "tools" or m.startswith("tools."))
 assert not tools, f"a training run imported {tools}"

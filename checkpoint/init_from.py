@@ -1,0 +1,160 @@
+"""``model.init_from``: start a run at step 0 from pretrained weights (fresh optimizer and schedule).
+
+It runs after the model is parallelised and materialised and after the resume: a run that
+resumed keeps its checkpoint's weights and says that init_from was ignored. Otherwise every
+rank overwrites its own shards in place, through DCP: the planner asks each rank for exactly
+the rows and columns its FSDP2 / tensor-parallel shards hold, and
+
+- a Hugging Face folder or this project's safetensors export is read with safetensors'
+  ``get_slice`` (checkpoint/safetensors_io.py), HF names and q/k row order translated
+  (checkpoint/hf_config.py, checkpoint/hf_weights.py);
+- a committed checkpoint is read by checkpoint/storage.py like a resume, for the ``model``
+  component only, its files checksummed while they stream (each rank verifies its share).
+
+No rank holds the full model. The source's kind, path and content hash go into the banner and
+into the manifest of every checkpoint the run saves (``Manifest.init_from``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+from checkpoint.hf_config import hf_name, rotary_heads
+from checkpoint.integrity import checksum_file, default_algorithm
+from checkpoint.loader import any_rank, verification_shares
+from checkpoint.manifest import CheckpointError, check_files, read_manifest
+from checkpoint.safetensors_io import SafetensorsReader, source_tensors
+from checkpoint.storage import RAW, RawFileReader
+from checkpoint.weight_source import WeightSource, open_source, source_problems
+from model.config import ModelConfig
+
+log = logging.getLogger("trainer")
+
+
+def _dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank_world() -> tuple:
+    return (dist.get_rank(), dist.get_world_size()) if _dist() else (0, 1)
+
+
+def source_hash(source: WeightSource) -> str:
+    """A content hash of the source: a checkpoint's manifest (it holds every file's checksum), or
+    the checksums of the safetensors files (rank r checksums files r, r + world, ...) and config.json."""
+    if source.kind == "checkpoint":
+        return hashlib.sha256((source.path / "manifest.json").read_bytes()).hexdigest()[:16]
+    rank, world = _rank_world()
+    algorithm = default_algorithm()
+    mine = {str(f.name): (f.stat().st_size, checksum_file(f, algorithm)) for f in source.files[rank::world]}
+    parts: List[Dict] = [mine]
+    if _dist():
+        parts = [None] * world  # type: ignore[list-item]
+        dist.all_gather_object(parts, mine)
+    digest = hashlib.sha256(algorithm.encode())
+    for name, (size, checksum) in sorted(kv for part in parts for kv in part.items()):
+        digest.update(f"{name} {size} {checksum}\n".encode())
+    if source.kind == "hf":
+        digest.update((source.path / "config.json").read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _safetensors_reader(source: WeightSource, keys: List[str], cfg: ModelConfig) -> SafetensorsReader:
+    """Our names -> the source's: HF names (q/k rows reordered) for a HF folder, ours for an export."""
+    names, heads = {}, {}
+    for key in keys:
+        theirs = hf_name(key) if source.kind == "hf" else key
+        if theirs not in source.tensors and key == "output.weight" and cfg.tie_embeddings:
+            theirs = hf_name("tok_embeddings.weight") if source.kind == "hf" else "tok_embeddings.weight"
+        names[key] = theirs
+        if source.kind == "hf":
+            heads[key] = rotary_heads(key, cfg)
+    missing = sorted(f"{theirs} (for {key})" for key, theirs in names.items() if theirs not in source.tensors)
+    if missing:
+        raise CheckpointError(f"model.init_from={source.path} lacks tensors the model needs: {', '.join(missing)}")
+    return SafetensorsReader(source_tensors(source.tensors, names, heads))
+
+
+def _checkpoint_reader(path: Path, device: torch.device) -> RawFileReader:
+    """A reader that checksums this rank's share of the data files while it streams them (raw
+    format), or after checking them up front (stock DCP format, which deserialises)."""
+    manifest = read_manifest(path)
+    rank, world = _rank_world()
+    others, data = verification_shares(manifest, rank, world)
+    checksums = manifest.checksum_algorithm is not None
+    problems = check_files(path, manifest, others, checksums=checksums) + \
+        check_files(path, manifest, sorted(data), checksums=False)
+    reader = RawFileReader(path, algorithm=manifest.checksum_algorithm)
+    meta = reader.read_metadata()
+    raw = all(list(info.transform_descriptors or ()) == [RAW] for idx, info in meta.storage_data.items()
+              if isinstance(meta.state_dict_metadata[idx.fqn], TensorStorageMetadata))
+    if raw:
+        reader.verify = data
+    elif not problems:
+        problems = check_files(path, manifest, sorted(data), checksums=checksums)
+    if any_rank(bool(problems), device):
+        raise CheckpointError(f"model.init_from={path} failed verification: {'; '.join(problems) or 'another rank'}")
+    return reader
+
+
+@torch.no_grad()
+def load_initial_weights(model: torch.nn.Module, source: WeightSource, device: torch.device) -> int:
+    """Overwrite every rank's shards of ``model`` with ``source``'s weights; the bytes this rank read
+    from safetensors files (0 for a checkpoint, whose reads include verification)."""
+    sd = get_model_state_dict(model)
+    tied = model.cfg.tie_embeddings
+    # Tied: the output layer is the embedding; read it once (the state dict may hold a copy per name).
+    wanted = {k: v for k, v in sd.items() if not (tied and k == "output.weight")}
+    if source.kind == "checkpoint":
+        reader = _checkpoint_reader(source.path, device)
+        dcp.load({"model": wanted}, storage_reader=reader, no_dist=not _dist())
+        if any_rank(bool(reader.problems), device):
+            raise CheckpointError(f"model.init_from={source.path} failed verification while loading: "
+                                  f"{'; '.join(reader.problems) or 'on another rank'} (the weights are partly "
+                                  "overwritten; the run stops)")
+        read = 0
+    else:
+        reader = _safetensors_reader(source, list(wanted), model.cfg)
+        dcp.load(wanted, storage_reader=reader, no_dist=not _dist())
+        read = reader.bytes_read
+    if tied and "output.weight" in sd:
+        sd["output.weight"] = sd["tok_embeddings.weight"]
+    set_model_state_dict(model, sd)
+    return read
+
+
+def apply_init_from(init_from: Optional[str], state, ckpt, resumed: str, device: torch.device) -> str:
+    """trainer/run.py's one call, right after the resume: load ``init_from`` into a fresh run (and
+    restart the EMA from it); returns the banner's resume text, which says what happened."""
+    if not init_from:
+        return resumed
+    if state.step > 0:
+        log.warning("model.init_from=%s ignored: this run resumed from a checkpoint (step %d), whose weights win",
+                    init_from, state.step)
+        return f"{resumed}; model.init_from ignored (resumed: the checkpoint's weights win)"
+    problems = source_problems(state.model.cfg, init_from)
+    if problems:
+        raise CheckpointError(f"model.init_from={init_from} does not fit the model: " + "; ".join(problems))
+    source = open_source(init_from)
+    t0 = time.perf_counter()
+    read = load_initial_weights(state.model, source, device)
+    if state.ema is not None:  # the EMA starts from the weights the run starts from
+        state.ema.load_state_dict({n: p.detach() for n, p in state.ema.params.items()})
+    digest = source_hash(source)
+    record = {"path": str(source.path.resolve()), "kind": source.kind, "hash": digest}
+    ckpt.init_from = record
+    total = sum(e["data_offsets"][1] - e["data_offsets"][0] for _, e in source.tensors.values())
+    share = f"; this rank read {read / 2**20:.2f} of {total / 2**20:.2f} MiB" if total else ""
+    log.info("model.init_from: %s weights from %s (hash %s) in %.2f s%s", source.kind, source.path, digest,
+             time.perf_counter() - t0, share)
+    return f"{resumed}; weights from model.init_from={source.path} ({source.kind}, hash {digest})"

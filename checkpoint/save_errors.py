@@ -1,0 +1,93 @@
+"""A save that the storage refused (disk full, read-only, over quota): one message that says what
+happened, with the numbers, and what to do.
+
+The saver (checkpoint/saver.py) removes the uncommitted directory and raises
+``CheckpointSaveError`` on every rank; the manager (checkpoint/manager.py) stops the run with
+it (``checkpoint.on_save_error=stop``) or records it as an alarm and trains on
+(``continue``). Committed checkpoints are never touched: nothing is deleted to make room.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+from typing import Iterable, List, Optional, Tuple
+
+from checkpoint.manifest import CheckpointError
+
+# errno -> what the storage said, and the first thing to do about it
+_REASONS = {
+    errno.ENOSPC: ("the disk is full (ENOSPC)", "free space there or point checkpoint.dir at a larger volume"),
+    errno.EDQUOT: ("the disk quota is exhausted (EDQUOT)",
+                   "free space in your quota, raise the quota, or point checkpoint.dir elsewhere"),
+    errno.EROFS: ("the file system is read-only (EROFS)",
+                  "remount it read-write or point checkpoint.dir at a writable volume"),
+    errno.EACCES: ("permission denied (EACCES)", "make the directory writable by this user"),
+    errno.EPERM: ("operation not permitted (EPERM)", "make the directory writable by this user"),
+}
+STORAGE_ERRNOS = frozenset(_REASONS) | {errno.EIO, errno.EFBIG, errno.ESTALE}
+
+
+class CheckpointSaveError(CheckpointError):
+    """A checkpoint could not be written or committed because of the storage; nothing committed
+    was lost. ``errno`` is the storage's error number (the first rank's), ``step`` the save's."""
+
+    def __init__(self, message: str, step: int, errno_: Optional[int]):
+        super().__init__(message)
+        self.step, self.errno = step, errno_
+
+
+def rank_errors(exc: BaseException, rank: int) -> List[Tuple[int, BaseException]]:
+    """(rank, error) for each failure behind ``exc``: the per-rank failures of a DCP
+    ``CheckpointException`` or of the saver's ``RankFailures`` ({rank: exception or (exception,
+    traceback)}), else ``exc`` itself as ``rank``'s."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        return sorted(((r, f[0] if isinstance(f, tuple) else f) for r, f in failures.items()),
+                      key=lambda x: x[0])
+    return [(rank, exc)]
+
+
+def storage_errno(exc: BaseException) -> Optional[int]:
+    """The errno of the first storage failure behind ``exc`` (itself, its cause, per-rank
+    failures), or None when the save failed for another reason (a bug, a dead peer, an injected
+    exception), which then stays what it is."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+            return e.errno
+        todo += [err for _, err in rank_errors(e, -1) if err is not e] + [e.__cause__, e.__context__]
+    return None
+
+
+def _bytes(n: Optional[int]) -> str:
+    if n is None:
+        return "unknown"
+    return f"{n:,} bytes ({n / 2**30:.2f} GiB)" if n >= 2**30 else f"{n:,} bytes ({n / 2**20:.1f} MiB)"
+
+
+def describe_save_failure(step: int, root: Path, staging: Path, errors: Iterable[str], errno_: Optional[int],
+                          expected_bytes: Optional[int], newest_committed: Optional[str]) -> str:
+    """The message: which save, where, why (per rank), free bytes, checkpoint size, what to do."""
+    root = Path(root)
+    try:
+        free: Optional[int] = shutil.disk_usage(root).free
+    except OSError:
+        free = None
+    reason, fix = _REASONS.get(errno_, ("the storage refused the write", "check the file system"))
+    errors = list(errors)
+    detail = "; ".join(errors[:4]) + (f"; and {len(errors) - 4} more" if len(errors) > 4 else "")
+    kept = (f"the newest committed checkpoint, {newest_committed}, is intact" if newest_committed
+            else "there is no committed checkpoint yet")
+    return (f"checkpoint of step {step} could not be saved: {reason}. {detail}.\n"
+            f"  directory: {staging} (removed; nothing committed was touched: {kept})\n"
+            f"  free in {root}: {_bytes(free)}; one checkpoint of this run: {_bytes(expected_bytes)}; while a "
+            "save is written the directory holds checkpoint.keep_last + 1 of them\n"
+            f"  what to do: {fix}, or lower checkpoint.keep_last; then relaunch: the run resumes from the newest "
+            "committed checkpoint. checkpoint.on_save_error=continue trains on when a save fails (an alarm in "
+            "metrics.jsonl; the next interval tries again).")

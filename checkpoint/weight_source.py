@@ -1,0 +1,129 @@
+"""What a ``model.init_from`` path holds, read from its small files only (torch-free).
+
+Three kinds of source:
+  hf           a Hugging Face Llama folder: config.json plus model.safetensors, or shards
+               listed in model.safetensors.index.json (what ``save_pretrained`` and
+               ``scripts/export.py --format hf`` write);
+  safetensors  one file written by ``scripts/export.py --format safetensors`` (this project's
+               names; its metadata holds the model config);
+  checkpoint   a committed checkpoint directory (manifest.json); only its model weights are read.
+
+Everything here reads JSON (config.json, the index, a safetensors header, manifest.json), so
+configs/validate.py can compare the source's shape with model.* at start-up, before torch is
+imported; checkpoint/init_from.py then reads the tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+from checkpoint.hf_config import hf_shape_problems, project_shape_problems
+from checkpoint.layout import MANIFEST
+from model.config import ModelConfig
+
+HF_INDEX = "model.safetensors.index.json"
+HF_SINGLE = "model.safetensors"
+
+
+class SourceError(ValueError):
+    """A model.init_from path that cannot be read; the message says what was expected."""
+
+
+@dataclass
+class WeightSource:
+    path: Path
+    kind: str  # hf | safetensors | checkpoint
+    config: Dict  # config.json (hf), or the project's model config (safetensors, checkpoint)
+    files: List[Path] = field(default_factory=list)  # the safetensors files (hf, safetensors)
+    tensors: Dict[str, Tuple[Path, Dict]] = field(default_factory=dict)  # name -> (file, header entry)
+
+
+def read_safetensors_header(path: Path) -> Tuple[Dict[str, Dict], Dict[str, str]]:
+    """({tensor name: {dtype, shape, data_offsets}}, __metadata__) of a safetensors file."""
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > 100 << 20:
+                raise SourceError(f"{path}: a safetensors header of {n} bytes; the file is not safetensors")
+            header = json.loads(f.read(n))
+    except (OSError, struct.error, ValueError) as exc:
+        raise SourceError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc})") from exc
+    meta = header.pop("__metadata__", None) or {}
+    return header, meta
+
+
+def _hf(path: Path) -> WeightSource:
+    config = json.loads((path / "config.json").read_text())
+    if (path / HF_INDEX).is_file():
+        weight_map = json.loads((path / HF_INDEX).read_text())["weight_map"]
+        files = sorted({path / f for f in weight_map.values()})
+    elif (path / HF_SINGLE).is_file():
+        files = [path / HF_SINGLE]
+    else:
+        found = sorted(p.name for p in path.iterdir())
+        raise SourceError(f"model.init_from={path}: a Hugging Face folder needs {HF_SINGLE} or {HF_INDEX} "
+                          f"(safetensors; convert .bin weights with save_pretrained(safe_serialization=True)); "
+                          f"it holds {found}")
+    source = WeightSource(path, "hf", config, files)
+    for f in files:
+        header, _ = read_safetensors_header(f)
+        source.tensors.update({name: (f, entry) for name, entry in header.items()})
+    return source
+
+
+def _export(path: Path) -> WeightSource:
+    header, meta = read_safetensors_header(path)
+    if "model" not in meta:
+        raise SourceError(f"model.init_from={path}: a safetensors file without this project's model config in its "
+                          "metadata (write it with scripts/export.py --format safetensors, or pass a Hugging Face "
+                          "folder with config.json)")
+    source = WeightSource(path, "safetensors", json.loads(meta["model"]), [path])
+    source.tensors = {name: (path, entry) for name, entry in header.items()}
+    return source
+
+
+def _checkpoint(path: Path) -> WeightSource:
+    manifest = json.loads((path / MANIFEST).read_text())
+    model = (manifest.get("config") or {}).get("model")
+    if not model:
+        raise SourceError(f"model.init_from={path}: its manifest records no model config")
+    if "model" not in manifest.get("components", ["model"]):
+        raise SourceError(f"model.init_from={path}: the checkpoint holds no model weights "
+                          f"(components {manifest.get('components')})")
+    return WeightSource(path, "checkpoint", model)
+
+
+def open_source(path: str | Path) -> WeightSource:
+    """The source at ``path``; SourceError says what it expected when ``path`` is none of the three."""
+    path = Path(path)
+    try:
+        if path.is_dir() and (path / MANIFEST).is_file():
+            return _checkpoint(path)
+        if path.is_dir() and (path / "config.json").is_file():
+            return _hf(path)
+        if path.is_file() and path.suffix == ".safetensors":
+            return _export(path)
+    except (OSError, ValueError, KeyError) as exc:
+        if isinstance(exc, SourceError):
+            raise
+        raise SourceError(f"model.init_from={path}: unreadable ({type(exc).__name__}: {exc})") from exc
+    what = "does not exist" if not path.exists() else "is none of them"
+    raise SourceError(f"model.init_from={path} {what}: give a Hugging Face Llama folder (config.json + "
+                      "safetensors), a .safetensors file from scripts/export.py, or a committed checkpoint "
+                      "directory (step_N with manifest.json)")
+
+
+def source_problems(cfg: ModelConfig, path: str | Path) -> List[str]:
+    """Why model.init_from=``path`` cannot initialise a model of shape ``cfg`` (empty: it can)."""
+    try:
+        source = open_source(path)
+    except SourceError as exc:
+        return [str(exc)]
+    where = str(source.path)
+    if source.kind == "hf":
+        return hf_shape_problems(cfg, source.config, where)
+    return project_shape_problems(cfg, source.config, where)

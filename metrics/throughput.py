@@ -1,0 +1,33 @@
+"""Model FLOPs utilisation: what fraction of the devices' peak the model's arithmetic uses.
+
+    TFLOP/s per device = flops_per_token x tokens/s / devices / 1e12
+    MFU                = TFLOP/s per device / logging.peak_tflops
+
+``flops_per_token`` (model/counting.py) counts the training FLOPs of the model itself:
+6 x matmul parameters plus the attention matmuls, forward and backward. Activation
+recomputation, the optimizer and communication are not counted (that would be hardware FLOPs
+utilisation), so MFU compares runs and layouts on the work the model needs, not on what the
+hardware happened to execute. ``logging.peak_tflops`` is one device's dense peak at the
+training precision (docs/training.md lists common GPUs).
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from model.config import ModelConfig
+from model.counting import flops_per_token
+
+
+class Throughput:
+    def __init__(self, cfg: ModelConfig, seq_len: int, devices: int, peak_tflops: float):
+        if devices < 1 or not peak_tflops > 0:
+            raise ValueError(f"devices ({devices}) must be >= 1 and logging.peak_tflops ({peak_tflops}) > 0")
+        self.flops_per_token = flops_per_token(cfg, seq_len)
+        self.devices = devices
+        self.peak_tflops = peak_tflops
+
+    def __call__(self, tokens_per_s: float) -> Dict[str, float]:
+        """{"tflops_per_device", "mfu"} at a training throughput of ``tokens_per_s`` (all devices)."""
+        tflops = self.flops_per_token * tokens_per_s / self.devices / 1e12
+        return {"tflops_per_device": tflops, "mfu": tflops / self.peak_tflops}

@@ -1,0 +1,117 @@
+"""Sample text from a trained model: a committed checkpoint (any layout) or an export of it.
+
+  python scripts/generate.py outputs/debug/checkpoints/step_00000300 --prompt "The import statement"
+  python scripts/generate.py CKPT --prompt "Lists" --temperature 0 --max-new-tokens 120   # greedy
+  python scripts/generate.py out/model.safetensors --data outputs/data/pydoc-byte --prompt "..."
+
+A checkpoint directory (step_N, with manifest.json) holds the model's shape in its manifest and
+the data path whose tokenizer decodes the ids (data/tokenizer.py); ``--data`` overrides that
+path, and an export (scripts/export.py's .safetensors) needs it. Decoding uses a KV cache
+(model/kv_cache.py). ``--temperature 0`` is greedy and deterministic; sampling is seeded by
+``--seed``. Generation stops at the end-of-document token or after ``--max-new-tokens``.
+Hugging Face folders are not read yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Dict, NamedTuple, Optional
+
+import torch
+
+from checkpoint.export import load_tensors
+from checkpoint.manifest import read_manifest
+from data.tokenizer import load_tokenizer
+from model.config import ModelConfig
+from model.generation import Sampling, generate
+from model.llama import build_model
+
+
+class Loaded(NamedTuple):
+    model: torch.nn.Module
+    data: Optional[Path]  # the prepared dataset the model was trained on (its tokenizer), if known
+    train_seq_len: Optional[int]  # positions the model was trained on, if known
+    source: str
+
+
+def _config_data_path(config: Dict) -> Optional[Path]:
+    data = config.get("data", {})
+    mixture = data.get("mixture") or []
+    path = mixture[0]["path"] if mixture else data.get("path")
+    return Path(path) if path else None
+
+
+def _build(model_cfg: Dict, tensors: Dict[str, torch.Tensor], device: str) -> torch.nn.Module:
+    model = build_model(ModelConfig(**model_cfg), device=device, seed=0)
+    model.load_state_dict(tensors, strict=True)  # copies (and casts an export's bf16) into the fp32 weights
+    return model.eval()
+
+
+def load(path: Path, weights: str = "model", device: str = "cpu", verify: bool = True) -> Loaded:
+    """The model in ``path``: a committed checkpoint directory or a .safetensors export."""
+    path = Path(path)
+    if path.is_dir() and (path / "manifest.json").is_file():
+        manifest = read_manifest(path)
+        tensors = load_tensors(path, prefix=f"{weights}.", verify=verify)
+        model = _build(manifest.config["model"], tensors, device)
+        return Loaded(model, _config_data_path(manifest.config), manifest.config.get("training", {}).get("seq_len"),
+                      f"{path} ({weights} weights of step {manifest.step})")
+    if path.is_file() and path.suffix == ".safetensors":
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+        if "model" not in meta:
+            raise ValueError(f"{path} has no 'model' entry in its metadata: not an export of this project "
+                             "(scripts/export.py writes one)")
+        model = _build(json.loads(meta["model"]), load_file(str(path)), device)
+        return Loaded(model, None, None, f"{path} ({meta.get('weights', 'model')} weights of step {meta.get('step')})")
+    if path.is_dir() and (path / "config.json").is_file():
+        raise ValueError(f"{path} looks like a Hugging Face folder; reading those is not supported yet: generate "
+                         "from the checkpoint it was converted from, or load it with transformers")
+    raise ValueError(f"{path}: expected a committed checkpoint directory (with manifest.json) or a .safetensors "
+                     "file written by scripts/export.py")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", type=Path, help="a committed step_N checkpoint directory or a .safetensors export")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy (deterministic)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens; 0: all")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling; 1: off")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", type=Path, default=None,
+                   help="prepared dataset whose tokenizer to use (default: the checkpoint's data.path)")
+    p.add_argument("--weights", choices=["model", "ema"], default="model", help="a checkpoint's weights or their EMA")
+    p.add_argument("--device", default="cpu")
+    a = p.parse_args(argv)
+    try:
+        sampling = Sampling(a.temperature, a.top_k, a.top_p)
+        loaded = load(a.model, a.weights, a.device)
+        data = a.data or loaded.data
+        if data is None or not (data / "meta.json").is_file():
+            raise ValueError(f"no prepared dataset at {data} to take the tokenizer from; pass --data DIR (the "
+                             "dataset the model was trained on)")
+        tokenizer = load_tokenizer(data)
+        prompt = tokenizer.encode(a.prompt)
+        generator = torch.Generator(device=a.device).manual_seed(a.seed)
+        new = generate(loaded.model, prompt, a.max_new_tokens, sampling, generator, stop_id=tokenizer.eos_id,
+                       vocab_limit=tokenizer.vocab_size)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if loaded.train_seq_len and len(prompt) + len(new) > loaded.train_seq_len:
+        print(f"note: {len(prompt) + len(new)} positions, past training.seq_len={loaded.train_seq_len}, which the "
+              "model was never trained on; the text there may degrade", file=sys.stderr)
+    print(tokenizer.decode(prompt + new))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

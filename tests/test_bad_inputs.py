@@ -1,0 +1,141 @@
+"""Every bad config value gets a clear message before anything is allocated: the key, the value
+and the valid choices (or the bound), all problems in one block; train.py prints that block
+without a traceback and exits with code 2, a Hydra compose error (unknown key, wrong type) too.
+
+Most values are checked in-process with validate_config (fast); a few real train.py launches
+show the exit code, the single block and that nothing was written into the run directory."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from configs.schema import register
+from configs.validate import ConfigError, validate_config
+from helpers.launch import ROOT, run
+
+register()
+
+PHASES = "['first_step', 'step', 'data_wait', 'checkpoint_snapshot', 'checkpoint_load', 'eval', 'shutdown']"
+
+# (override, what the message must say: the key, the value, the valid choices or the bound)
+BAD = [
+    ("checkpoint.interval=often", ["checkpoint.interval='often'", "a step count", "auto"]),
+    ("checkpoint.interval=-5", ["checkpoint.interval=-5", ">= 0", "auto"]),
+    ("checkpoint.interval=1.5", ["checkpoint.interval='1.5'", "a step count", "auto"]),
+    ("checkpoint.keep_last=0", ["checkpoint.keep_last=0", ">= 1"]),
+    ("checkpoint.keep_every=-1", ["checkpoint.keep_every=-1", ">= 0"]),
+    ("checkpoint.keep_best=-1", ["checkpoint.keep_best=-1", ">= 0"]),
+    ("checkpoint.best_metric=accuracy", ["checkpoint.best_metric='accuracy'", "['loss', 'probe_loss', 'val_loss']"]),
+    ("checkpoint.async_mode=background", ["checkpoint.async_mode='background'", "['sync', 'async']"]),
+    ("checkpoint.on_save_error=ignore", ["checkpoint.on_save_error='ignore'", "['stop', 'continue']"]),
+    ("checkpoint.resume=latest", ["checkpoint.resume='latest'", "['auto', 'never', 'must']", "a step number"]),
+    ("checkpoint.resume=/nonexistent/step_00000010",
+     ["checkpoint.resume='/nonexistent/step_00000010'", "['auto', 'never', 'must']", "manifest.json"]),
+    ("checkpoint.load_threads=0", ["checkpoint.load_threads=0", ">= 1"]),
+    ("checkpoint.commit_timeout_s=0", ["checkpoint.commit_timeout_s=0.0", "> 0"]),
+    ("+recovery.timeouts.stepp=3", ["recovery.timeouts", "['stepp']", PHASES]),
+    ("recovery.timeouts.step=0", ["recovery.timeouts.step=0.0", "> 0"]),
+    ("recovery.checkpoint_write_timeout_s=0", ["recovery.checkpoint_write_timeout_s=0.0", "> 0"]),
+    ("recovery.faults=[{kind:explode}]", ["recovery.faults[0].kind='explode'", "'sigkill', 'hang'", "'disk_full'"]),
+    ("recovery.faults=[{phase:lunch}]", ["recovery.faults[0].phase='lunch'", "'step', 'data_wait', 'gradients'"]),
+    ("recovery.faults=[{kind:corrupt,phase:step}]", ["recovery.faults[0]", "corrupt", "phase=checkpoint_committed",
+                                                      "(not 'step')"]),
+    ("recovery.faults=[{kind:corrupt,phase:checkpoint_committed,corruption:shred}]",
+     ["recovery.faults[0].corruption='shred'", "['truncate', 'flip_byte', 'delete_file', 'delete_manifest']"]),
+    ("recovery.faults=[{kind:bitflip_param,bit:40}]", ["recovery.faults[0].bit=40", "[0, 32)"]),
+    ("recovery.faults=[{kind:disk_full,phase:step}]", ["recovery.faults[0]", "disk_full",
+                                                        "['checkpoint_write', 'checkpoint_commit']", "(not 'step')"]),
+    ("recovery.preemption_signals=[SIGFOO]", ["recovery.preemption_signals", "'SIGFOO'", "SIGTERM, SIGUSR1"]),
+    ("recovery.preemption_grace_s=0", ["recovery.preemption_grace_s=0.0", "> 0"]),
+    ("recovery.guards.action=panic", ["recovery.guards.action='panic'",
+                                      "['log', 'skip_step', 'block_verified', 'rollback']"]),
+    ("recovery.straggler_factor=1.0", ["recovery.straggler_factor=1.0", "> 1"]),
+    ("recovery.max_fallbacks=-1", ["recovery.max_fallbacks=-1", ">= 0"]),
+    ("parallel.device=tpu", ["parallel.device='tpu'", "['auto', 'cpu', 'cuda']"]),
+    ("parallel.param_dtype=fp16", ["parallel.param_dtype='fp16'", "['fp32', 'bf16']"]),
+    ("parallel.reduce_dtype=int8", ["parallel.reduce_dtype='int8'", "['fp32', 'bf16']"]),
+    ("parallel.activation_checkpoint=some", ["parallel.activation_checkpoint='some'", "['none', 'full', 'selective']"]),
+    ("parallel.collective_timeout_s=0", ["parallel.collective_timeout_s=0.0", "> 0"]),
+    ("training.mixed_precision=fp8", ["training.mixed_precision='fp8'", "['fp32', 'bf16', 'fp16']"]),
+    ("training.ema_decay=1.0", ["training.ema_decay=1.0", "[0, 1)"]),
+    ("training.grad_clip=-1", ["training.grad_clip=-1.0", ">= 0"]),
+    ("data.tokenizer=sentencepiece", ["data.tokenizer", "'sentencepiece'", "['byte', 'bpe']"]),
+    ("optim.schedule=linear", ["optim.schedule='linear'", "['cosine', 'constant']"]),
+    ("optim.name=sgd", ["optim.name='sgd'", "['adamw']"]),
+    ("optim.implementation=fast", ["optim.implementation='fast'", "['auto', 'fused', 'foreach', 'for-loop']"]),
+    ("optim.lr_min=1.0", ["optim.lr_min=1.0", "between 0 and optim.lr=0.003"]),
+    ("logging.level=LOUD", ["logging.level='LOUD'", "['DEBUG', 'INFO', 'WARNING', 'ERROR', 'CRITICAL']"]),
+    ("logging.wandb.mode=cloud", ["logging.wandb.mode='cloud'", "['disabled', 'offline', 'online']"]),
+]
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose(config_name="config", overrides=["+experiment=debug", *overrides])
+
+
+@pytest.mark.parametrize("override, needles", BAD, ids=[b[0] for b in BAD])
+def test_a_bad_value_is_named_with_its_choices(override, needles):
+    cfg = _compose(override)
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg, world_size=1)
+    lines = str(err.value).splitlines()
+    assert lines[0] == "invalid configuration:" and len(lines) == 2, lines  # this one problem, and only it
+    for needle in needles:
+        assert needle in lines[1], (needle, lines[1])
+
+
+def test_the_bad_values_are_at_least_25_and_each_key_once():
+    keys = [b[0].split("=")[0].lstrip("+") for b in BAD]
+    assert len(BAD) >= 25
+    assert {"checkpoint.interval", "checkpoint.keep_last", "checkpoint.best_metric", "recovery.faults",
+            "parallel.device", "parallel.param_dtype", "parallel.reduce_dtype", "data.tokenizer",
+            "checkpoint.resume"} <= set(keys)
+    assert any(k.startswith("recovery.timeouts.") for k in keys)
+
+
+def test_an_invalid_tokenizer_does_not_suggest_preparing_data_with_it(tmp_path):
+    cfg = _compose("data.tokenizer=sentencepiece", f"data.path={tmp_path / 'missing'}", "data.prepare_if_missing=true")
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg, world_size=1, files=True)
+    assert "--tokenizer sentencepiece" not in str(err.value)
+
+
+def _train(tmp_path: Path, *overrides: str):
+    run_dir = tmp_path / "run"
+    proc = run([sys.executable, str(ROOT / "train.py"), "+experiment=debug", f"output_root={tmp_path}",
+                "run_name=run", *overrides], timeout=120)
+    return proc, run_dir
+
+
+@pytest.mark.distributed
+def test_train_py_prints_one_block_and_exits_2(tmp_path):
+    overrides = [b[0] for b in BAD if b[0].split("=")[0] in (
+        "checkpoint.interval", "checkpoint.keep_last", "recovery.faults", "parallel.device", "checkpoint.resume",
+        "+recovery.timeouts.stepp")]
+    overrides = list(dict.fromkeys(o.split("=")[0] for o in overrides))  # one value per key
+    chosen = [next(b for b in BAD if b[0].startswith(k + "=")) for k in overrides]
+    proc, run_dir = _train(tmp_path, *[c[0] for c in chosen])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.count("error: ConfigError: invalid configuration:") == 1
+    block = proc.stderr[proc.stderr.index("error: ConfigError"):]
+    for _, needles in chosen:
+        assert all(n in block for n in needles), (needles, block)
+    assert not any(run_dir.iterdir())  # refused before anything was built or written (Hydra made the folder)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("override, needle", [
+    ("checkpoint.keep_lats=3", "Key 'keep_lats' not in 'CheckpointConfig'"),  # a typo in a key
+    ("training.steps=many", "Value 'many' of type 'str' could not be converted to Integer"),
+])
+def test_train_py_exits_2_when_hydra_cannot_compose(tmp_path, override, needle):
+    proc, run_dir = _train(tmp_path, override)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert needle in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+    assert not run_dir.exists() or not any(run_dir.iterdir())

@@ -1,0 +1,64 @@
+"""Run by test_export_memory.py: build a large checkpoint, or export one and report its peak memory.
+
+  python tests/workers/export_memory.py make ROOT PRESET      # a freshly initialised configs/model/PRESET.yaml,
+                                                               # saved by the project's saver (weights only)
+  python tests/workers/export_memory.py export CKPT OUT ARGS   # scripts/export.py's export, then one JSON line:
+                                                               # RSS before it, peak RSS (VmHWM), the weights' bytes
+
+Peak RSS comes from /proc/self/status (VmHWM: the high-water mark of resident memory), read after
+the export; the baseline is VmRSS right before it, after every import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from checkpoint.export import CheckpointTensors, export_hf, model_config_of
+from checkpoint.manifest import Manifest
+from checkpoint.saver import CheckpointSaver
+from model.config import ModelConfig
+from model.counting import count_params
+from model.llama import build_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def make(root: Path, preset: str) -> None:
+    cfg = ModelConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "model" / f"{preset}.yaml")))
+    t0 = time.perf_counter()
+    model = build_model(cfg, seed=0)
+    manifest = Manifest("step_00000001", 1, 0, 0, 0.0, "export_memory", {"model": dataclasses.asdict(cfg)}, 1,
+                        {"dp_shard": 1, "tp": 1}, 1, None, None, None, components=["model"])
+    CheckpointSaver(root, "sync", 0, 1).save({"model": model.state_dict()}, manifest)
+    print(json.dumps({"params": sum(p.numel() for p in model.parameters()), "seconds": time.perf_counter() - t0}))
+
+
+def export(ckpt: Path, out: Path, dtype: str) -> None:
+    cfg = model_config_of(CheckpointTensors(ckpt, verify=False).manifest)
+    fp32_bytes = 4 * count_params(cfg).total  # the model's weights in fp32 (a tied tensor once)
+    before = status_kib("VmRSS")
+    t0 = time.perf_counter()
+    info = export_hf(ckpt, out, dtype=dtype)
+    print(json.dumps({"rss_before": before * 1024, "peak_rss": status_kib("VmHWM") * 1024,
+                      "fp32_weight_bytes": fp32_bytes, "written_bytes": info["bytes"], "shards": info["shards"],
+                      "seconds": time.perf_counter() - t0}))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "make":
+        make(Path(sys.argv[2]), sys.argv[3])
+    else:
+        export(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])

@@ -1,0 +1,82 @@
+"""Run by test_interop.py, alone and under torchrun: model.init_from into a parallelised model.
+
+Builds the debug model (model.* overrides apply) the way trainer/run.py does (meta build,
+parallelize, materialize), loads SOURCE with checkpoint/init_from.py, runs one forward pass on
+fixed tokens and dumps, from rank 0: the logits, the gathered parameters, and how many bytes of
+tensors each rank read. With save=DIR it also saves the imported weights as a committed
+checkpoint (the project's saver, every rank writing its shards), for the export round trip.
+
+  python tests/workers/init_from_worker.py OUT.pt SOURCE [model.KEY=V ...] [dp_shard=2 tp=2 ...] [save=DIR]
+  torchrun --nproc-per-node 2 tests/workers/init_from_worker.py OUT.pt SOURCE dp_shard=2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+from checkpoint.init_from import load_initial_weights
+from checkpoint.manifest import Manifest
+from checkpoint.saver import CheckpointSaver
+from checkpoint.weight_source import open_source
+from configs.schema import ParallelConfig
+from model.config import ModelConfig
+from model.llama import build_model
+from parallel.dims import resolve_parallel_dims
+from parallel.init import init_distributed
+from parallel.parallelize import materialize_parallel_model, parallelize_model
+
+ROOT = Path(__file__).resolve().parents[2]
+SEQ_LEN, SEED = 48, 1234
+
+
+def tokens(vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (2, SEQ_LEN), generator=torch.Generator().manual_seed(7))
+
+
+def main() -> None:
+    out, source = Path(sys.argv[1]), sys.argv[2]
+    args = sys.argv[3:]
+    model_args = [a[len("model."):] for a in args if a.startswith("model.")]
+    save = next((a.split("=", 1)[1] for a in args if a.startswith("save=")), None)
+    parallel_args = [a for a in args if not a.startswith(("model.", "save="))]
+    pcfg = OmegaConf.merge(OmegaConf.structured(ParallelConfig(device="cpu")), OmegaConf.from_dotlist(parallel_args))
+    preset = OmegaConf.merge(OmegaConf.load(ROOT / "configs/model/debug.yaml"), OmegaConf.from_dotlist(model_args))
+    mcfg = ModelConfig(**OmegaConf.to_container(preset))
+
+    world = init_distributed("cpu", pcfg.collective_timeout_s)
+    dims = resolve_parallel_dims(pcfg.dp_replicate, pcfg.dp_shard, pcfg.tp, world.world_size)
+    model = build_model(mcfg, materialize=False)
+    parallel = parallelize_model(model, dims, pcfg, world.device, seq_len=SEQ_LEN)
+    materialize_parallel_model(model, parallel, world.device, seed=SEED)
+    read = load_initial_weights(model, open_source(source), world.device)
+    with torch.no_grad():
+        logits = model.eval()(tokens(mcfg.vocab_size))
+    params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+              for n, p in model.named_parameters()}
+    reads = [read]
+    if dist.is_initialized():
+        reads = [None] * world.world_size
+        dist.all_gather_object(reads, read)
+    if save:
+        manifest = Manifest("step_00000001", 1, 0, 0, 0.0, "init_from_worker", {"model": dataclasses.asdict(mcfg)},
+                            world.world_size, {"dp_shard": dims.dp_shard, "tp": dims.tp}, 1, None, None, None,
+                            components=["model"])
+        saver = CheckpointSaver(Path(save), "sync", world.rank, world.world_size)
+        saver.save({"model": get_model_state_dict(model)}, manifest)
+        saver.close()
+    if world.is_main:
+        torch.save({"logits": logits, "params": params, "bytes_read": reads, "layout": dims.describe()}, out)
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

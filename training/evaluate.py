@@ -1,0 +1,120 @@
+"""Validation loss: the mean token loss of fixed held-out batches, the same at every layout.
+
+The batches are ``eval.batches`` global batches of ``training.global_batch_size`` sequences:
+global samples ``[0, batches x G)`` of a seeded order of the validation windows. The order's
+seed is fixed (EVAL_ORDER_SEED, not the run's seed), so runs with different seeds are compared
+on the same windows. Each data-parallel rank reads its slice of every batch in micro-batches
+(data/batching.py, as in training); the summed token losses and target counts are all-reduced
+over the data-parallel ranks in float64 and divided once, so the result is the mean over the
+whole set whatever the layout. The model runs in eval mode (no dropout) without gradients and
+no random number is drawn: evaluating does not change the training trajectory.
+
+The loop calls it when ``due``: every ``eval.interval`` steps, after the last step, and before
+every checkpoint save (so each manifest records the validation loss of its weights, which
+``checkpoint.best_metric=val_loss`` ranks by).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from configs.constants import IGNORE_INDEX
+from data.batching import BatchPlan, SampleRange, rank_micro_batches
+from data.dataset import MicroBatchDataset
+from data.order import SampleOrder
+from data.token_source import TokenSource
+from data.validation import open_validation
+from training.step import _full, _loss_parallel, token_loss_sum
+
+log = logging.getLogger("trainer")
+
+EVAL_ORDER_SEED = 0  # the validation windows' order; fixed, so every run sees the same batches
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float  # mean token loss over every evaluated target token
+    tokens: int  # target tokens evaluated, over all ranks
+    seconds: float
+
+
+class Evaluator:
+    def __init__(self, model: torch.nn.Module, source: TokenSource, plan: BatchPlan, dp_rank: int, *,
+                 batches: int, interval: int, total_steps: int, eos_id: int, device: torch.device,
+                 dp_group: Optional[dist.ProcessGroup] = None, autocast: Optional[Callable] = None,
+                 cross_document_loss: bool = True, loss_parallel: bool = False):
+        needed = batches * plan.global_batch_size
+        if needed > source.num_sequences:
+            raise ValueError(
+                f"eval.batches={batches} x training.global_batch_size={plan.global_batch_size} = {needed} validation "
+                f"sequences, but the validation set {source.path} holds {source.num_sequences} sequences of "
+                f"seq_len {source.seq_len} + 1 ({source.num_tokens:,} tokens); lower eval.batches to at most "
+                f"{max(source.num_sequences // plan.global_batch_size, 0)} or validate on more text")
+        self.model, self.device, self.dp_group = model, device, dp_group
+        self.autocast = autocast or contextlib.nullcontext
+        self.loss_parallel = loss_parallel
+        self.interval, self.total_steps = interval, total_steps
+        self.source = source
+        self.dataset = MicroBatchDataset(SampleOrder([source], [1.0], EVAL_ORDER_SEED), eos_id, cross_document_loss)
+        self.micro_batches: List[SampleRange] = [
+            r for b in range(batches) for r in rank_micro_batches(plan, b * plan.global_batch_size, dp_rank)]
+        self.num_sequences = needed
+
+    def due(self, step: int, saving: bool = False) -> bool:
+        """Evaluate after 1-based ``step``? Every ``interval`` steps, after the last step, before a save."""
+        return step % self.interval == 0 or step == self.total_steps or saving
+
+    def sequence_ids(self) -> np.ndarray:
+        """Window ids of every evaluated sequence, over all ranks (what a test compares)."""
+        return self.dataset.order.sequence_ids(np.arange(self.num_sequences))
+
+    @torch.no_grad()
+    def evaluate(self) -> EvalResult:
+        """Every rank calls it (collectives inside); every rank gets the same result."""
+        start = time.perf_counter()
+        was_training = self.model.training
+        self.model.eval()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        count = 0
+        try:
+            for samples in self.micro_batches:
+                inputs, targets = (t.to(self.device) for t in self.dataset[samples])
+                with self.autocast():
+                    logits = self.model(inputs)
+                with _loss_parallel() if self.loss_parallel else contextlib.nullcontext():
+                    loss_sum += _full(token_loss_sum(logits, targets)).double()
+                count += int((targets != IGNORE_INDEX).sum())
+        finally:
+            self.model.train(was_training)
+        totals = torch.stack([loss_sum, torch.tensor(float(count), dtype=torch.float64, device=self.device)])
+        if self.dp_group is not None:
+            dist.all_reduce(totals, group=self.dp_group)
+        loss_total, tokens = totals.tolist()
+        if tokens == 0:
+            raise ValueError(f"the validation batches of {self.source.path} have no target tokens (all ignored)")
+        return EvalResult(loss=loss_total / tokens, tokens=int(tokens), seconds=time.perf_counter() - start)
+
+
+def build_evaluator(cfg, model: torch.nn.Module, data, plan: BatchPlan, dp_rank: int, device: torch.device,
+                    dp_group=None, autocast=None, loss_parallel: bool = False) -> Optional[Evaluator]:
+    """The run's evaluator from ``data.validation`` and ``eval.*``; None when it does not evaluate.
+    ``data``: the training DataPipeline (its first source gives the tokenizer to match)."""
+    if str(cfg.data.validation).strip() == "none" or cfg.eval.interval == 0:
+        return None
+    source = open_validation(cfg.data, cfg.training.seq_len, data.order.sources[0])
+    evaluator = Evaluator(model, source, plan, dp_rank, batches=cfg.eval.batches, interval=cfg.eval.interval,
+                          total_steps=cfg.training.steps, eos_id=data.dataset.eos_id, device=device,
+                          dp_group=dp_group, autocast=autocast, cross_document_loss=cfg.data.cross_document_loss,
+                          loss_parallel=loss_parallel)
+    log.info("validation: %s, %d of its %d sequences (%d batches of %d) every %d steps, after the last step and "
+             "before every save", source.path, evaluator.num_sequences, source.num_sequences, cfg.eval.batches,
+             plan.global_batch_size, cfg.eval.interval)
+    return evaluator
