@@ -97,7 +97,8 @@ def fill_normal_(local: torch.Tensor, shape: Tuple[int, ...], offset: Tuple[int,
     n_tile_cols = -(-cols // TILE_COLS)
     scale = np.float32(std)
 
-    def fill_band(i: int) -> None:
+    def draw_band(i: int) -> Tuple[range, np.ndarray]:
+        """Tile row ``i``'s part of the shard, drawn with numpy only (no torch op off the main thread)."""
         tile_rows = _tile_span(i, TILE_ROWS, rows)
         band_rows = range(max(tile_rows.start, box_rows.start), min(tile_rows.stop, box_rows.stop))
         band = np.empty((len(band_rows), len(box_cols)), dtype=np.float32)
@@ -110,19 +111,25 @@ def fill_normal_(local: torch.Tensor, shape: Tuple[int, ...], offset: Tuple[int,
             band[:, c0 - box_cols.start:c1 - box_cols.start] = tile[band_rows.start - tile_rows.start:
                                                                     band_rows.stop - tile_rows.start,
                                                                     c0 - tile_cols.start:c1 - tile_cols.start]
+        return band_rows, band
+
+    def copy_band(band_rows: range, band: np.ndarray) -> None:
         out[band_rows.start - box_rows.start:band_rows.stop - box_rows.start].copy_(torch.from_numpy(band))
 
     bands = _tiles(box_rows, TILE_ROWS)
     threads = min(torch.get_num_threads(), MAX_THREADS, len(bands))
     if threads <= 1:
         for i in bands:
-            fill_band(i)
+            copy_band(*draw_band(i))
         return
-    # Bands are independent (their own tiles, their own rows of out) and numpy draws without
-    # the GIL: the rank's intra-op threads share the work; at most ``threads`` bands in flight.
+    # Bands are independent (their own tiles, their own rows of out) and numpy draws without the
+    # GIL: up to ``threads`` bands are drawn at once, and copied into the shard on this thread
+    # (torch ops from short-lived Python threads have made workers abort at exit, "terminate
+    # called without an active exception").
     with ThreadPoolExecutor(threads) as pool:
-        for _ in pool.map(fill_band, bands):
-            pass
+        for start in range(0, len(bands), threads):
+            for band_rows, band in pool.map(draw_band, bands[start:start + threads]):
+                copy_band(band_rows, band)
 
 
 def local_block(param: torch.Tensor):
