@@ -4,22 +4,23 @@ Module names follow Meta's reference code (tok_embeddings, layers.N.attention.wq
 feed_forward.w1/w2/w3, norm, output) so that the tensor-parallel plan and exported
 checkpoints use the names people already know.
 
-Init scheme (``Transformer.init_weights``): every linear and the embedding draw from
-N(0, init_std); the two projections that write into the residual stream (attention.wo
-and feed_forward.w2) use init_std / sqrt(2 * n_layers) so the residual variance does not
-grow with depth (GPT-2); norms start at 1. The output layer is tied to the embedding when
-``tie_embeddings`` is set.
+Init scheme (``Transformer.init_weights``, values from model/init.py): every linear and the
+embedding draw from N(0, init_std); the two projections that write into the residual stream
+(attention.wo and feed_forward.w2) use init_std / sqrt(2 * n_layers) so the residual variance
+does not grow with depth (GPT-2); norms start at 1. The values depend on (seed, parameter
+name, position) only, so a sharded model computes just its shard and still equals one
+process. The output layer is tied to the embedding when ``tie_embeddings`` is set: one
+parameter, ``tok_embeddings.weight``, used at both ends.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from model.config import ModelConfig
+from model.init import init_parameters
 from model.kv_cache import KVCache, LayerCache
 
 
@@ -130,33 +131,29 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        if cfg.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+        self.tie_weights()
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
         # Derived from the config, so not part of the checkpoint.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    def tie_weights(self) -> None:
+        """With tie_embeddings, make the output layer use the embedding's parameter. Called again
+        wherever a parameter is replaced per module (tensor parallel, ``to_empty``)."""
+        if self.cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
     @torch.no_grad()
-    def init_weights(self, buffer_device: torch.device | None = None) -> None:
-        """Fill parameters and buffers; called after ``to_empty`` on a meta-built model."""
+    def init_weights(self, buffer_device: torch.device | None = None, seed: int | None = None) -> None:
+        """Fill parameters (the whole tensors, or this rank's shards) and buffers; called after
+        ``to_empty`` on a meta-built model. ``seed=None`` takes one from torch's global RNG."""
         cfg = self.cfg
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=buffer_device)
         self.rope_cos = cos
         self.rope_sin = sin
-        residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
-        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=cfg.init_std)
-        for block in self.layers.values():
-            for linear in (block.attention.wq, block.attention.wk, block.attention.wv,
-                           block.feed_forward.w1, block.feed_forward.w3):
-                nn.init.normal_(linear.weight, mean=0.0, std=cfg.init_std)
-            for linear in (block.attention.wo, block.feed_forward.w2):
-                nn.init.normal_(linear.weight, mean=0.0, std=residual_std)
-            block.attention_norm.reset_parameters()
-            block.ffn_norm.reset_parameters()
-        self.norm.reset_parameters()
-        if not cfg.tie_embeddings:
-            nn.init.normal_(self.output.weight, mean=0.0, std=cfg.init_std)
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, ()))
+        init_parameters(self, cfg, seed)
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """tokens (batch, seq) int64 -> logits (batch, seq, vocab). With a ``cache`` (inference,
@@ -192,16 +189,12 @@ def build_model(cfg: ModelConfig, device: torch.device | str = "cpu", seed: int 
     return model
 
 
-def materialize_model(model: Transformer, device: torch.device | str, seed: int | None = None) -> None:
-    """Allocate real storage for a meta-built (possibly sharded) model and initialise it."""
+def materialize_model(model: Transformer, device: torch.device | str, seed: int | None = None,
+                     param_device: torch.device | str | None = None) -> None:
+    """Allocate real storage for a meta-built (possibly sharded) model and initialise it: each
+    rank allocates and fills only its own shards. ``param_device`` (default ``device``) is
+    where parameters live (host memory under CPU offload); buffers are on ``device``."""
     device = torch.device(device)
-    model.to_empty(device=device)
-    if model.cfg.tie_embeddings:  # to_empty makes a new tensor per module: tie again
-        model.output.weight = model.tok_embeddings.weight
-    if seed is not None:
-        # Same seed on every rank: sharded inits then equal the single-process init.
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            model.init_weights(buffer_device=device)
-    else:
-        model.init_weights(buffer_device=device)
+    model.to_empty(device=param_device or device)
+    model.tie_weights()  # to_empty makes a new tensor per module: tie again
+    model.init_weights(buffer_device=device, seed=seed)

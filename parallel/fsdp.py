@@ -1,5 +1,6 @@
 """FSDP2 (``fully_shard``) over the data-parallel mesh: one unit per block, plus the
-embedding, the final norm with the output layer, and the root.
+embedding, the final norm with the output layer (one unit with the embedding when they are
+tied), and the root.
 
 Gradients are SUMMED over data-parallel ranks, not averaged: training/step.py already
 divides each micro-batch's summed token loss by the GLOBAL target-token count, so the sum
@@ -36,8 +37,10 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: str, reduce_d
         # The last block's parameters are needed again at once by backward: keep them gathered.
         fully_shard(block, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1, **common)
     if model.cfg.tie_embeddings:
-        # One tensor used at both ends of the network: it stays in the root unit.
-        fully_shard(model.norm, reshard_after_forward=reshard_after_forward, **common)
+        # One tensor used at both ends of the network: one unit for the embedding, the final
+        # norm and the output layer (FSDP2 refuses a parameter shared between units), gathered
+        # from the embedding lookup to the end of the output layer's forward, kept for its backward.
+        fully_shard([model.tok_embeddings, model.norm, model.output], reshard_after_forward=False, **common)
     else:
         fully_shard(model.tok_embeddings, reshard_after_forward=reshard_after_forward, **common)
         # The output layer runs right after the final norm: one all-gather for both.

@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from parallel.activations import apply_activation_checkpointing, apply_compile
 from parallel.dims import ParallelDims, check_tensor_parallel_fits
 from parallel.fsdp import apply_fsdp, set_grad_sync
-from parallel.materialize import materialize_sharded
+from parallel.materialize import materialize
 from parallel.mesh import build_mesh, fsdp_mesh
 from parallel.tensor_parallel import apply_tensor_parallel
 
@@ -62,11 +62,6 @@ def parallelize_model(model: nn.Module, dims: ParallelDims, parallel_cfg, device
         apply_compile(model)
     if dims.world_size == 1:
         return Parallelized(dp_rank=0, dp_group=None)
-    if model.cfg.tie_embeddings:
-        raise ValueError(
-            f"model.tie_embeddings=true is supported in a single process only (world size {dims.world_size}): "
-            "re-tying the shared weight after materialising would bypass FSDP2/TP; set model.tie_embeddings=false"
-        )
     mesh, dp_mesh = build_mesh(dims, device)
     if dims.tp_enabled:
         apply_tensor_parallel(model, mesh["tp"], parallel_cfg.loss_parallel)
@@ -85,9 +80,6 @@ def parallelize_model(model: nn.Module, dims: ParallelDims, parallel_cfg, device
 
 
 def materialize_parallel_model(model: nn.Module, parallel: Parallelized, device: torch.device, seed: int) -> None:
-    """Real storage and initial values; sharded models get the single-process init (same seed)."""
-    if parallel.mesh is None:
-        from model.llama import materialize_model
-        materialize_model(model, device, seed=seed)
-    else:
-        materialize_sharded(model, device, seed, cpu_offload=parallel.cpu_offload)
+    """Real storage and initial values, each rank its own shards only; the values equal one
+    process's with the same seed (parallel/materialize.py)."""
+    materialize(model, device, seed, cpu_offload=parallel.cpu_offload)

@@ -5,7 +5,8 @@ and a slice of the FFN width) and wo/w2 by input rows, so each sub-layer needs o
 collective in the forward pass. Between sub-layers the activations are sharded along the
 sequence (sequence parallel): the norms run on 1/tp of the positions, and the collectives
 become reduce-scatter + all-gather instead of all-reduce. The embedding is split by
-vocabulary rows, the output layer by vocabulary columns; with loss parallel the logits stay
+vocabulary rows, the output layer by vocabulary columns, which are the rows of its weight
+too: a tied embedding is one Shard(0) tensor serving both. With loss parallel the logits stay
 sharded by vocabulary and the cross entropy runs on the shards (never materialising the
 full (batch, seq, vocab) tensor on one rank).
 
@@ -49,11 +50,6 @@ def block_plan() -> dict:
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
     """Shard every block, the embedding, the final norm and the output layer over ``tp_mesh``."""
-    if model.cfg.tie_embeddings:
-        raise ValueError(
-            "model.tie_embeddings=true with parallel.tp>1: the embedding is split by vocabulary rows and "
-            "the output layer by columns, so one tensor cannot serve both; untie the embeddings or use tp=1"
-        )
     parallelize_module(model, tp_mesh, {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
@@ -64,5 +60,9 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
             use_local_output=not loss_parallel,
         ),
     })
+    # Tied embeddings: both plans shard the (vocab, dim) weight by vocabulary rows (Shard(0)),
+    # but each replaced its module's parameter with its own DTensor: point the output back at
+    # the embedding's, so one tensor (and one gradient) serves both ends.
+    model.tie_weights()
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_plan())

@@ -1,9 +1,12 @@
 """Plan a layout before renting the cluster: parameters, per-rank bytes for parameters,
-gradients and optimizer state, checkpoint bytes per rank and in total, and the time to
-snapshot and to write a checkpoint. Nothing is allocated (meta device, fake process group).
+gradients, optimizer state and activations, whether that fits the device, an estimated step
+time and MFU, checkpoint bytes per rank and in total, and the time to snapshot and to write
+a checkpoint. Nothing is allocated (meta device, fake process group).
 
   python scripts/plan.py +experiment=70b parallel.dp_shard=64 parallel.tp=8
   python scripts/plan.py +experiment=70b parallel.tp=8 --world-size 512 --storage-gbps 100 --json
+  python scripts/plan.py +experiment=70b parallel.dp_shard=64 parallel.tp=8 --device-memory-gib 141 \
+      --device-tflops 989 parallel.activation_checkpoint=none
 
 Arguments other than the --options are Hydra overrides, as for train.py. The arithmetic
 lives in trainer/plan.py.
@@ -24,7 +27,14 @@ def main(argv=None) -> int:
 
     from configs.schema import register
     from configs.validate import validate_config
-    from trainer.plan import DEFAULT_HOST_COPY_GBPS, DEFAULT_STORAGE_GBPS, format_plan, plan_as_dict, plan_from_config
+    from trainer.plan import (
+        DEFAULT_HOST_COPY_GBPS,
+        DEFAULT_STORAGE_GBPS,
+        Device,
+        format_plan,
+        plan_as_dict,
+        plan_from_config,
+    )
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-size", type=int, default=None, help="needed when parallel.dp_shard=-1")
@@ -32,6 +42,15 @@ def main(argv=None) -> int:
                         help="device-to-host copy bandwidth of one rank, GB/s")
     parser.add_argument("--storage-gbps", type=float, default=DEFAULT_STORAGE_GBPS,
                         help="aggregate write bandwidth of the checkpoint storage, GB/s")
+    defaults = Device()
+    parser.add_argument("--device-memory-gib", type=float, default=defaults.memory_gib,
+                        help="memory of one device, GiB (the fits / does not fit verdict)")
+    parser.add_argument("--device-tflops", type=float, default=defaults.tflops,
+                        help="dense bf16 peak of one device, TFLOP/s (step time and MFU)")
+    parser.add_argument("--compute-efficiency", type=float, default=defaults.efficiency,
+                        help="assumed fraction of the peak the step's FLOPs run at")
+    parser.add_argument("--reserve-gib", type=float, default=defaults.reserve_gib,
+                        help="per-device memory set aside for the CUDA context, NCCL and fragmentation")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
     args, overrides = parser.parse_known_args(argv)
 
@@ -40,7 +59,8 @@ def main(argv=None) -> int:
         cfg = compose(config_name="config", overrides=overrides)
     validate_config(cfg)
     try:
-        plan = plan_from_config(cfg, args.world_size, args.host_copy_gbps, args.storage_gbps)
+        device = Device(args.device_memory_gib, args.device_tflops, args.compute_efficiency, args.reserve_gib)
+        plan = plan_from_config(cfg, args.world_size, args.host_copy_gbps, args.storage_gbps, device)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -151,17 +151,13 @@ def test_tied_embeddings_import_at_one_process(tmp_path):
 @pytest.mark.distributed
 @pytest.mark.parametrize("layout", ["dp_shard2", "tp2"])
 def test_tied_embeddings_import_multi_process(layout, tmp_path):
-    """Needs tied embeddings under FSDP2/TP (issue 11): until then parallelize_model refuses them, and
-    this test reports an expected failure instead of passing; once they are allowed it runs in full."""
+    """A tied model (one parameter for the embedding and the output) imported at dp_shard 2 and tp 2."""
     cfg = ModelConfig(**{**vars(DEBUG), "tie_embeddings": True})
     model = hf_random_model(tmp_path / "tied", cfg, seed=2)
     nproc, args = LAYOUTS[layout]
     cmd = python_or_torchrun(nproc, worker("init_from_worker"), str(tmp_path / "out.pt"), str(tmp_path / "tied"),
                              *args, "model.tie_embeddings=true")
     proc = run(cmd, timeout=900)
-    if proc.returncode != 0 and "model.tie_embeddings=true" in proc.stderr and (
-            "single process only" in proc.stderr or "tp>1" in proc.stderr):
-        pytest.xfail("tied embeddings are refused at world size > 1 until issue 11 lands")
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert_same_logits(torch.load(tmp_path / "out.pt")["logits"], hf_logits(model, DEBUG.vocab_size))
 

@@ -6,7 +6,8 @@ each layout also turns on one option (activation checkpointing, loss parallel, d
 gradient sync, no reshard after forward) that must not change the result.
 
 Tolerances (fp32; only the order of floating-point reductions differs):
-  initial parameters  bitwise equal (each rank keeps its shard of the single-process init)
+  initial parameters  bitwise equal (each rank computes only its shard of the single-process
+                      init: model/init.py's values depend on seed, name and position only)
   loss per step       |diff| <= 1e-5   (measured <= 1e-6)
   grad norm per step  |diff| <= 1e-4   (measured <= 1e-5)
   final parameters    |diff| <= 1e-4   (measured <= 4e-5: Adam amplifies last-bit noise)
@@ -32,6 +33,7 @@ LAYOUTS = {
     "tp2": (2, ["tp=2", "loss_parallel=true"]),
     "dp_shard2_tp2": (4, ["dp_shard=2", "tp=2", "activation_checkpoint=selective", "check_timeout=true"]),
     "dp_replicate2_dp_shard2": (4, ["dp_replicate=2", "dp_shard=2", "reshard_after_forward=false"]),
+    "dp_shard4": (4, ["dp_shard=4"]),
 }
 
 

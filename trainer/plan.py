@@ -15,7 +15,16 @@ the first ranks). The checkpoint total counts each element once: DCP writes a re
 tensor (norm weights across tp, everything across dp_replicate) from one rank only.
 Snapshot time is the per-rank state over the host-copy bandwidth of one rank (ranks copy in
 parallel); write time is the total over the storage system's aggregate bandwidth.
-Activations are not counted (they depend on micro-batch, seq_len and checkpointing).
+
+Activations (trainer/activation_memory.py, one micro-batch: seq_len, tp with sequence
+parallel, activation checkpointing, loss parallel) are what autograd keeps plus the larger
+backward transient; FSDP2 adds two gathered units in param_dtype (the current and the
+prefetched one) and one unit's unsharded gradients in reduce_dtype; a fixed reserve stands
+for the CUDA context, NCCL buffers and allocator fragmentation. The verdict compares the sum
+with --device-memory-gib. The step time assumes the step's FLOPs (model FLOPs of
+model/counting.py plus the forward recomputed under full checkpointing) run at a fixed
+fraction of --device-tflops with communication hidden behind compute: an estimate, not a
+measurement; MFU is model FLOPs over that time and the peak.
 """
 
 from __future__ import annotations
@@ -31,17 +40,53 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from configs.schema import ParallelConfig
 from model.config import ModelConfig
-from model.counting import count_params
+from model.counting import count_params, flops_per_token
 from model.llama import build_model
 from parallel.dims import ParallelDims, check_tensor_parallel_fits, resolve_parallel_dims
 from parallel.parallelize import parallelize_model
 from recovery.interval import DEFAULT_DEVICE_MTBF_HOURS, cluster_mtbf_s, young_daly_interval_s
+from trainer.activation_memory import ActivationMemory, activation_memory
 
 FP32_BYTES = 4
 ADAMW_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
 DEFAULT_HOST_COPY_GBPS = 25.0  # device-to-host per rank (PCIe 5 x16 ~ 25-50 GB/s in practice)
 DEFAULT_STORAGE_GBPS = 50.0  # aggregate write bandwidth of the checkpoint file system
 GB = 1e9
+GIB = 2**30
+DEFAULT_DEVICE_MEMORY_GIB = 80.0  # H100 / A100 80 GB
+DEFAULT_DEVICE_TFLOPS = 989.0  # H100 SXM dense bf16 peak
+DEFAULT_COMPUTE_EFFICIENCY = 0.5  # fraction of peak a large dense step runs at (assumed)
+DEFAULT_RESERVE_GIB = 4.0  # CUDA context, NCCL buffers, allocator fragmentation (assumed)
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one step runs on each rank (from the training and parallel config)."""
+    seq_len: int = 2048
+    micro_batch: int = 1
+    global_batch: int = 1
+    activation_checkpoint: str = "none"
+    loss_parallel: bool = False
+    mixed_precision: str = "fp32"
+    param_dtype: str = "fp32"  # FSDP2's gathered parameters
+    reduce_dtype: str = "fp32"
+
+    @property
+    def compute_bytes(self) -> int:
+        return 2 if self.mixed_precision != "fp32" or self.param_dtype != "fp32" else 4
+
+    @property
+    def fp32_params_under_autocast(self) -> bool:
+        return self.mixed_precision != "fp32" and self.param_dtype == "fp32"
+
+
+@dataclass(frozen=True)
+class Device:
+    memory_gib: float = DEFAULT_DEVICE_MEMORY_GIB
+    tflops: float = DEFAULT_DEVICE_TFLOPS
+    efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
+    reserve_gib: float = DEFAULT_RESERVE_GIB
 
 
 @dataclass(frozen=True)
@@ -57,10 +102,41 @@ class LayoutPlan:
     checkpoint_bytes_total: int  # what the checkpoint holds, each element once
     host_copy_gbps: float
     storage_gbps: float
+    workload: Workload = Workload()
+    device: Device = Device()
+    activations: Optional[ActivationMemory] = None
+    fsdp_buffer_bytes: int = 0  # gathered units and unsharded gradients of FSDP2
+    model_flops_per_token: int = 0
+    recompute_flops_per_token: int = 0  # the forward again under full checkpointing
 
     @property
     def state_bytes_per_rank(self) -> int:
         return self.param_bytes_per_rank + self.grad_bytes_per_rank + self.optimizer_bytes_per_rank
+
+    @property
+    def activation_bytes_per_rank(self) -> int:
+        return self.activations.peak if self.activations else 0
+
+    @property
+    def total_bytes_per_rank(self) -> int:
+        return (self.state_bytes_per_rank + self.activation_bytes_per_rank + self.fsdp_buffer_bytes
+                + int(self.device.reserve_gib * GIB))
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes_per_rank <= self.device.memory_gib * GIB
+
+    @property
+    def step_s(self) -> float:
+        """Estimated: the step's FLOPs per rank at ``device.efficiency`` of the peak."""
+        tokens = self.workload.global_batch * self.workload.seq_len / self.dims.world_size
+        flops = (self.model_flops_per_token + self.recompute_flops_per_token) * tokens
+        return flops / (self.device.tflops * 1e12 * self.device.efficiency)
+
+    @property
+    def mfu(self) -> float:
+        tokens = self.workload.global_batch * self.workload.seq_len / self.dims.world_size
+        return self.model_flops_per_token * tokens / (self.step_s * self.device.tflops * 1e12)
 
     @property
     def snapshot_s(self) -> float:
@@ -91,11 +167,33 @@ def local_param_numels(mcfg: ModelConfig, dims: ParallelDims, seq_len: int, para
         dist.destroy_process_group()
 
 
+def fsdp_buffer_bytes(mcfg: ModelConfig, dims: ParallelDims, workload: Workload) -> int:
+    """FSDP2's unsharded memory at the busiest moment: the current and the prefetched unit
+    gathered in param_dtype, and one unit's full gradients before the reduce-scatter."""
+    if not dims.fsdp_enabled:
+        return 0
+    unit = max(count_params(mcfg).per_layer, mcfg.vocab_size * mcfg.dim) // dims.tp
+    return unit * (2 * DTYPE_BYTES[workload.param_dtype] + DTYPE_BYTES[workload.reduce_dtype])
+
+
+def recompute_flops_per_token(mcfg: ModelConfig, seq_len: int, mode: str) -> int:
+    """Full checkpointing runs every block's forward twice: 2 FLOPs per block matmul weight and
+    the attention forward (4 x dim x seq_len per layer); selective recomputes no matmul."""
+    if mode != "full":
+        return 0
+    block_matmul = count_params(mcfg).per_layer - 2 * mcfg.dim
+    return mcfg.n_layers * (2 * block_matmul + 4 * mcfg.dim * seq_len)
+
+
 def plan_layout(mcfg: ModelConfig, dims: ParallelDims, seq_len: int, parallel_cfg=None,
                 host_copy_gbps: float = DEFAULT_HOST_COPY_GBPS,
-                storage_gbps: float = DEFAULT_STORAGE_GBPS) -> LayoutPlan:
+                storage_gbps: float = DEFAULT_STORAGE_GBPS, workload: Optional[Workload] = None,
+                device: Optional[Device] = None) -> LayoutPlan:
     local = sum(local_param_numels(mcfg, dims, seq_len, parallel_cfg).values())
     total = count_params(mcfg).total
+    workload = workload or Workload(seq_len=seq_len)
+    acts = activation_memory(mcfg, workload.micro_batch, seq_len, dims.tp, workload.activation_checkpoint,
+                             workload.compute_bytes, workload.loss_parallel, workload.fp32_params_under_autocast)
     return LayoutPlan(
         model=mcfg.name, dims=dims, params_total=total, params_per_rank=local,
         param_bytes_per_rank=local * FP32_BYTES,
@@ -104,6 +202,10 @@ def plan_layout(mcfg: ModelConfig, dims: ParallelDims, seq_len: int, parallel_cf
         checkpoint_bytes_per_rank=local * (FP32_BYTES + ADAMW_STATE_BYTES),
         checkpoint_bytes_total=total * (FP32_BYTES + ADAMW_STATE_BYTES),
         host_copy_gbps=host_copy_gbps, storage_gbps=storage_gbps,
+        workload=workload, device=device or Device(), activations=acts,
+        fsdp_buffer_bytes=fsdp_buffer_bytes(mcfg, dims, workload),
+        model_flops_per_token=flops_per_token(mcfg, seq_len),
+        recompute_flops_per_token=recompute_flops_per_token(mcfg, seq_len, workload.activation_checkpoint),
     )
 
 
@@ -117,9 +219,10 @@ def format_plan(plan: LayoutPlan) -> str:
         f"layout: {d.describe()} = {d.world_size} ranks (model {plan.model})",
         f"parameters: {plan.params_total:,} total; {plan.params_per_rank:,} per rank "
         f"({plan.params_total / max(plan.params_per_rank, 1):,.1f}x fewer)",
-        "per rank (largest shard, fp32 master weights, AdamW; activations not included):",
+        "per rank (largest shard, fp32 master weights, AdamW):",
         f"  parameters {_gib(plan.param_bytes_per_rank)} | gradients {_gib(plan.grad_bytes_per_rank)} | "
         f"optimizer {_gib(plan.optimizer_bytes_per_rank)} | total {_gib(plan.state_bytes_per_rank)}",
+        *_activation_lines(plan),
         f"checkpoint: {_gib(plan.checkpoint_bytes_per_rank)} per rank, {_gib(plan.checkpoint_bytes_total)} in total "
         f"(parameters + optimizer, 12 B/param)",
         f"  snapshot (blocking) {plan.snapshot_s:,.2f} s at {plan.host_copy_gbps:g} GB/s host copy per rank; "
@@ -128,6 +231,25 @@ def format_plan(plan: LayoutPlan) -> str:
         f"{checkpoint_interval_s(plan):,.0f} s, sync every {checkpoint_interval_s(plan, asynchronous=False):,.0f} s",
     ]
     return "\n".join(lines)
+
+
+def _activation_lines(plan: LayoutPlan) -> list:
+    w, a, dev = plan.workload, plan.activations, plan.device
+    tp = f"tp {plan.dims.tp} with sequence parallel" if plan.dims.tp > 1 else "no tp"
+    loss = ", loss parallel" if w.loss_parallel else ""
+    verdict = "fits" if plan.fits else "does NOT fit"
+    return [
+        f"activations (micro batch {w.micro_batch} x seq {w.seq_len}, {w.compute_bytes * 8}-bit compute, {tp}, "
+        f"activation checkpointing {w.activation_checkpoint}{loss}):",
+        f"  saved for backward {_gib(a.saved)} ({a.n_layers} blocks x {_gib(a.per_block)} + outside the blocks "
+        f"{_gib(a.outside_blocks)}" + (f" + bf16 weight copies {_gib(a.weight_copies)}" if a.weight_copies else "")
+        + f") | backward transient {_gib(max(a.recompute, a.loss_backward))} | total {_gib(a.peak)}",
+        f"  FSDP2 gathered units and unsharded gradients {_gib(plan.fsdp_buffer_bytes)} | "
+        f"reserve (CUDA context, NCCL, fragmentation) {_gib(int(dev.reserve_gib * GIB))}",
+        f"memory per rank: {_gib(plan.total_bytes_per_rank)} of {dev.memory_gib:g} GiB: {verdict}",
+        f"step time (estimate): {plan.step_s:,.2f} s for {w.global_batch} x {w.seq_len} tokens at "
+        f"{dev.efficiency:.0%} of {dev.tflops:g} TFLOP/s per device, communication hidden; MFU {plan.mfu:.1%}",
+    ]
 
 
 def checkpoint_interval_s(plan: LayoutPlan, device_mtbf_hours: Optional[float] = None,
@@ -142,9 +264,15 @@ def checkpoint_interval_s(plan: LayoutPlan, device_mtbf_hours: Optional[float] =
 
 def plan_as_dict(plan: LayoutPlan) -> Dict[str, object]:
     out = {k: v for k, v in plan.__dict__.items() if k != "dims"}
+    out = {k: v for k, v in out.items() if k not in ("workload", "device", "activations")}
+    a = plan.activations
     out.update(dp_replicate=plan.dims.dp_replicate, dp_shard=plan.dims.dp_shard, tp=plan.dims.tp,
                world_size=plan.dims.world_size, state_bytes_per_rank=plan.state_bytes_per_rank,
-               snapshot_s=plan.snapshot_s, write_s=plan.write_s)
+               snapshot_s=plan.snapshot_s, write_s=plan.write_s,
+               activation_saved_bytes=a.saved, activation_per_block_bytes=a.per_block,
+               activation_bytes_per_rank=plan.activation_bytes_per_rank,
+               total_bytes_per_rank=plan.total_bytes_per_rank, device_memory_gib=plan.device.memory_gib,
+               fits=plan.fits, step_s=plan.step_s, mfu=plan.mfu, **plan.workload.__dict__)
     return out
 
 
@@ -161,11 +289,14 @@ def world_size_for(dp_replicate: int, dp_shard: int, tp: int, world_size: Option
 
 
 def plan_from_config(cfg, world_size: Optional[int] = None, host_copy_gbps: float = DEFAULT_HOST_COPY_GBPS,
-                     storage_gbps: float = DEFAULT_STORAGE_GBPS) -> LayoutPlan:
+                     storage_gbps: float = DEFAULT_STORAGE_GBPS, device: Optional[Device] = None) -> LayoutPlan:
     """The plan for a composed training config (train.py dry_run and scripts/plan.py)."""
-    p = cfg.parallel
+    p, t = cfg.parallel, cfg.training
     mcfg = ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))
     world = world_size_for(p.dp_replicate, p.dp_shard, p.tp, world_size)
     dims = resolve_parallel_dims(p.dp_replicate, p.dp_shard, p.tp, world)
-    check_tensor_parallel_fits(mcfg, dims.tp, cfg.training.seq_len)
-    return plan_layout(mcfg, dims, cfg.training.seq_len, p, host_copy_gbps, storage_gbps)
+    check_tensor_parallel_fits(mcfg, dims.tp, t.seq_len)
+    workload = Workload(seq_len=t.seq_len, micro_batch=t.micro_batch_size, global_batch=t.global_batch_size,
+                        activation_checkpoint=p.activation_checkpoint, loss_parallel=p.loss_parallel,
+                        mixed_precision=t.mixed_precision, param_dtype=p.param_dtype, reduce_dtype=p.reduce_dtype)
+    return plan_layout(mcfg, dims, t.seq_len, p, host_copy_gbps, storage_gbps, workload, device)

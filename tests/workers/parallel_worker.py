@@ -10,6 +10,7 @@ by dp_rank exactly as data/ does), so the test does not depend on the data pipel
 
   python tests/workers/parallel_worker.py OUT.pt [key=value ...]        # keys of ParallelConfig
   torchrun --nproc-per-node 2 tests/workers/parallel_worker.py OUT.pt dp_shard=2
+  ... model.tie_embeddings=true: a model.* key changes the debug model (here: tied embeddings).
   ... check_timeout=true: afterwards, rank 3 stalls and the others show whether the tightened
   collective timeout fires on the dp sub-group (writes OUT.timeout<rank>.json).
 """
@@ -77,10 +78,13 @@ def check_timeout(out: Path, world, parallel) -> None:
 
 def main() -> None:
     out = Path(sys.argv[1])
+    args = sys.argv[2:]
     pcfg = OmegaConf.merge(OmegaConf.structured(ParallelConfig(device="cpu")),
-                           OmegaConf.from_dotlist([a for a in sys.argv[2:] if not a.startswith("check_")]))
-    timeout_check = "check_timeout=true" in sys.argv[2:]
-    mcfg = ModelConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "configs/model/debug.yaml")))
+                           OmegaConf.from_dotlist([a for a in args if not a.startswith(("check_", "model."))]))
+    timeout_check = "check_timeout=true" in args
+    model_yaml = OmegaConf.merge(OmegaConf.load(ROOT / "configs/model/debug.yaml"),
+                                 OmegaConf.from_dotlist([a[len("model."):] for a in args if a.startswith("model.")]))
+    mcfg = ModelConfig(**OmegaConf.to_container(model_yaml))
     optim_cfg = OmegaConf.structured(OptimConfig(lr=3e-3, lr_min=3e-4, warmup_steps=2))
 
     world = init_distributed("cpu", pcfg.collective_timeout_s)
@@ -90,6 +94,7 @@ def main() -> None:
     parallel = parallelize_model(model, dims, pcfg, world.device, seq_len=SEQ_LEN)
     materialize_parallel_model(model, parallel, world.device, seed=SEED)
     initial = gathered(model)
+    tied = model.output.weight is model.tok_embeddings.weight
     optimizer = build_optimizer(model, optim_cfg)
     scheduler = build_scheduler(optimizer, optim_cfg, STEPS)
     precision = Precision("fp32", world.device)
@@ -106,9 +111,10 @@ def main() -> None:
         grad_norms.append(result.grad_norm)
 
     final = gathered(model)
+    tied = tied and model.output.weight is model.tok_embeddings.weight
     if world.is_main:
         torch.save({"losses": losses, "grad_norms": grad_norms, "initial": initial, "final": final,
-                    "layout": dims.describe()}, out)
+                    "layout": dims.describe(), "tied": tied, "n_params": len(list(model.parameters()))}, out)
     if timeout_check:
         check_timeout(out, world, parallel)
     if dist.is_initialized():
