@@ -154,7 +154,7 @@ class GuardsConfig:
     enabled: bool = True
     action: str = "skip_step"  # log | skip_step | block_verified | rollback
     warmup_steps: int = 20  # no gradient or loss alarm before this many healthy steps
-    grad_norm_multiple: float = 10.0  # a layer's grad norm above this x its running mean alarms
+    grad_norm_multiple: float = 100.0  # a layer's grad norm above this x its running mean alarms (docs/guards.md)
     loss_spike_k: float = 6.0  # loss above median + k x 1.4826 x MAD of the window alarms ...
     loss_spike_rel: float = 0.5  # ... and above median x (1 + rel)
     loss_window: int = 50
