@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,13 +24,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from checkpoint.discovery import clean_uncommitted, list_committed, mark_bad, resolve_resume
+from checkpoint.discovery import clean_uncommitted, latest_committed, list_committed, mark_bad, resolve_resume
 from checkpoint.fingerprint import config_differences, config_hash, full_config, hashed_config, schedule_changes
 from checkpoint.integrity import default_algorithm
 from checkpoint.layout import checkpoint_id, parse
 from checkpoint.lease import check_lease, take_lease
 from checkpoint.loader import any_rank, from_rank0, load_checkpoint
 from checkpoint.manifest import CheckpointError, ConfigMismatch, Manifest, read_manifest
+from checkpoint.memory_tier import STEP_DIR, MemoryTier, Restored, SnapshotRecord
 from checkpoint.preflight import PreflightError, expected_checkpoint_bytes, preflight_checkpoint_dir
 from checkpoint.retention import apply_retention
 from checkpoint.save_errors import CheckpointSaveError
@@ -71,9 +73,20 @@ class CheckpointManager:
             checksum_algorithm=default_algorithm() if c.checksum else None,
             commit_timeout_s=c.commit_timeout_s, pin_memory=device.type == "cuda",
             after_commit=self._after_commit, fault_hook=fault_hook, storage_format=c.format)
+        self.memory: Optional[MemoryTier] = None  # checkpoint.memory (checkpoint/memory_tier.py)
+        m = c.memory
+        if str(m.interval).strip().lower() == "auto" or int(m.interval) > 0:
+            self.memory = MemoryTier(m, run_name=cfg.run_name, rank=rank, world_size=world_size,
+                                     local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
+                                     layout=self.layout, config_hash=self.config_hash,
+                                     algorithm=default_algorithm(), pin_memory=device.type == "cuda",
+                                     timeout_s=c.commit_timeout_s)
+            if str(m.interval).strip().lower() == "auto":  # recovery/runtime.py measures, then sets it
+                self.memory.set_interval(AUTO_MEASURE_STEPS)
         self.last_saved_step: Optional[int] = None
         self.save_failure: Optional[CheckpointSaveError] = None  # on_save_error=stop: raised once agreed
         self._eval: Optional[Tuple[int, float]] = None  # (step, validation loss) of the latest evaluation
+        self._memory_records: List[SnapshotRecord] = []
 
     @property
     def enabled(self) -> bool:
@@ -110,6 +123,13 @@ class CheckpointManager:
             room = preflight_checkpoint_dir(self.root, estimate, self.ckpt_cfg.keep_last, self.rank,
                                             strict=self.ckpt_cfg.on_save_error == "stop")
             self.saver.expected_bytes = room.checkpoint_bytes
+        if self.memory is not None:
+            problem = self.memory.preflight(-(-estimate // self.world_size))
+            if problem is not None and self.ckpt_cfg.memory.required:
+                raise PreflightError(problem)
+            if problem is not None:
+                log.warning("%s. checkpoint.memory.required=false: training on the durable tier alone", problem)
+                self.memory.disable()
 
     def resume(self, verify: Optional[VerifyHook] = None) -> str:
         """Load per checkpoint.resume; returns what happened, for the banner's 'resume:' field.
@@ -118,6 +138,10 @@ class CheckpointManager:
         marked bad and the next older committed one is tried.
         """
         spec = str(self.ckpt_cfg.resume)
+        if self.memory is not None and self.memory.enabled and spec == "auto":
+            resumed = self._resume_from_memory(verify)
+            if resumed is not None:
+                return resumed
 
         def first() -> Optional[Path]:
             clean_uncommitted(self.root)
@@ -134,10 +158,48 @@ class CheckpointManager:
                     else f"fresh start (no committed checkpoint in {self.root})")
         manifest, path, skipped = loaded
         self.log_event(manifest.step, kind="resume", checkpoint_id=manifest.checkpoint_id, path=str(path),
-                       load_s=round(time.perf_counter() - t0, 3), skipped=skipped,
+                       load_s=round(time.perf_counter() - t0, 3), skipped=skipped, source="storage",
+                       sources={str(r): "storage" for r in range(self.world_size)},
                        saved_world_size=manifest.world_size, saved_layout=manifest.layout)
         note = f" after skipping {', '.join(skipped)}" if skipped else ""
         return f"from {path} (step {manifest.step}, saved at world {manifest.world_size}){note}"
+
+    def _resume_from_memory(self, verify: Optional[VerifyHook]) -> Optional[str]:
+        """The memory tier first (checkpoint/memory_tier.py): the newest step every rank can get an
+        intact copy of, newer than the newest durable checkpoint, verified like a durable load. None:
+        go on to the durable tier (nothing usable, or the snapshot failed and was forgotten)."""
+        t0 = time.perf_counter()
+        newest = from_rank0(lambda: getattr(latest_committed(self.root), "path", None))
+        restored = self.memory.restore(self.state, newer_than=parse(newest.name)[0] if newest is not None else 0)
+        if restored is None:
+            return None
+        problem = self.memory.agree(restored.problem)
+        where = self.memory.dir / STEP_DIR.format(restored.step)
+        if problem is None and verify is not None:
+            problem = self.memory.agree(verify(restored.manifest, where))
+        if problem is not None:
+            self.memory.forget(restored.step)
+            log.error("the memory snapshot of step %d failed to load or verify: %s; falling back to the durable tier",
+                      restored.step, problem)
+            self.log_event(restored.step, kind="memory_restore_failed", problem=problem[:2000])
+            if newest is None:
+                raise CheckpointError(
+                    f"the memory snapshot of step {restored.step} failed to load or verify ({problem}) and "
+                    f"{self.root} has no committed checkpoint to fall back to; the live state is partly overwritten, "
+                    "so this attempt stops. The snapshot is forgotten: a restart starts afresh")
+            return None
+        self._record_memory_resume(restored, time.perf_counter() - t0)
+        sources = ", ".join(f"rank {r} {s}" for r, s in sorted(restored.sources.items()))
+        return f"from the memory tier (step {restored.step}; {sources})"
+
+    def _record_memory_resume(self, restored: Restored, seconds: float) -> None:
+        log.info("resumed step %d from the memory tier in %.2f s (%s): %s", restored.step, seconds,
+                 ", ".join(f"{k} {v:.2f} s" for k, v in restored.timings.items()),
+                 ", ".join(f"rank {r} {s}" for r, s in sorted(restored.sources.items())))
+        self.log_event(restored.step, kind="resume", checkpoint_id=checkpoint_id(restored.step),
+                       path=str(self.memory.dir / STEP_DIR.format(restored.step)), load_s=round(seconds, 3),
+                       skipped=[], source="memory", sources={str(r): s for r, s in restored.sources.items()},
+                       saved_world_size=self.world_size, saved_layout=dict(self.layout), **restored.timings)
 
     def load_with_fallback(self, first: Callable[[], Optional[Path]], next_after: Callable[[Path], Optional[Path]],
                            verify: Optional[VerifyHook] = None,
@@ -223,7 +285,17 @@ class CheckpointManager:
                 self._storage_guard(lambda: self.save(step, loss, verified_gate() if verified_gate else None))
         else:
             self._storage_guard(self.saver.poll)
+        if self.memory is not None and self.memory.due(step):
+            manifest = self._manifest(step, loss)  # sets the state's metadata: before the state dict
+            self.memory.snapshot(step, self.state.state_dict(), manifest)
+        elif self.memory is not None:
+            self.memory.poll()
         return self._report()
+
+    def memory_records(self) -> List[SnapshotRecord]:
+        """The memory snapshots finished since the last call (logged already)."""
+        out, self._memory_records = self._memory_records, []
+        return out
 
     def _storage_guard(self, fn: Callable[[], None]) -> None:
         try:
@@ -268,28 +340,35 @@ class CheckpointManager:
 
     def save(self, step: int, loss: Optional[float], unverified_reason: Optional[str] = None) -> None:
         """Save now (preemption, the loop's due saves); ``unverified_reason``: not marked verified."""
+        manifest = self._manifest(step, loss)
+        if unverified_reason is not None:
+            manifest.verified, manifest.unverified_reason = False, unverified_reason
+            log.warning("checkpoint %s will not be marked verified: %s", manifest.checkpoint_id, unverified_reason)
+        self.saver.save(self.state.state_dict(), manifest)
+        self.last_saved_step = step
+
+    def _manifest(self, step: int, loss: Optional[float]) -> Manifest:
+        """The manifest of a save of ``step`` (durable or memory); sets the state's metadata to match.
+        Runs the probe: post-load verification compares its loss."""
         probe_loss = self.probe() if self.probe is not None else None
         s = self.state
         s.meta = {"wall_clock": time.time(), "config_hash": self.config_hash, "world_size": self.world_size,
                   "layout": dict(self.layout), "global_batch_size": self.cfg.training.global_batch_size,
                   "loss": loss, "probe_loss": probe_loss}
-        manifest = Manifest(
+        return Manifest(
             checkpoint_id=checkpoint_id(step), step=step, tokens=s.tokens, samples=s.samples,
             created_at=s.meta["wall_clock"], config_hash=self.config_hash, config=self.full_config,
             world_size=self.world_size, layout=dict(self.layout), init_from=self.init_from,
             global_batch_size=self.cfg.training.global_batch_size, loss=loss, probe_loss=probe_loss,
             checksum_algorithm=None, components=s.components(),
             val_loss=self._eval[1] if self._eval is not None and self._eval[0] == step else None)
-        if unverified_reason is not None:
-            manifest.verified, manifest.unverified_reason = False, unverified_reason
-            log.warning("checkpoint %s will not be marked verified: %s", manifest.checkpoint_id, unverified_reason)
-        self.saver.save(s.state_dict(), manifest)
-        self.last_saved_step = step
 
     def close(self) -> None:
         """Wait for the in-flight save and for retention; report. A last save the storage refused
         raises here with on_save_error=stop (an alarm either way)."""
         try:
+            if self.memory is not None:
+                self.memory.close()
             self._storage_guard(self.saver.close)
             self._report()
         finally:
@@ -312,11 +391,28 @@ class CheckpointManager:
         except Exception:  # retention must never stop training; the next commit retries
             log.exception("retention after step %d failed", step)
 
+    def discard_memory(self) -> None:
+        """The run reached training.steps: its memory snapshots would only hold the node's memory."""
+        if self.memory is not None:
+            self.memory.discard()
+
     def _report(self) -> List[SaveRecord]:
         records = self.saver.finished()
         for r in records:
             self._record(r)
+        if self.memory is not None:
+            for m in self.memory.finished():
+                self._record_snapshot(m)
         return records
+
+    def _record_snapshot(self, r: SnapshotRecord) -> None:
+        self._memory_records.append(r)
+        log.debug("memory snapshot of step %d: stalled training %.3f s, background %.3f s (replica %.3f s), "
+                  "%.1f MiB%s", r.step, r.stall_s, r.background_s, r.replica_s, r.bytes / 2**20,
+                  ", complete" if r.committed else ", NOT complete")
+        self.log_event(r.step, kind="memory_snapshot", stall_s=round(r.stall_s, 4), waited_s=round(r.waited_s, 4),
+                       background_s=round(r.background_s, 4), replica_s=round(r.replica_s, 4), bytes=r.bytes,
+                       replica_bytes=r.replica_bytes, committed=r.committed)
 
     def _record(self, r: SaveRecord) -> None:
         log.info("checkpoint %s (%s): blocked training %.3f s (%.3f s waiting for the previous save), "

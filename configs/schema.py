@@ -108,6 +108,19 @@ class OptimConfig:
 
 
 @dataclass
+class MemoryTierConfig:
+    """The in-memory tier (checkpoint/memory_tier.py): node-local snapshots with a peer replica."""
+
+    # Steps between snapshots; 0 turns the tier off; "auto": Young/Daly from the measured snapshot stall.
+    interval: str = "0"
+    replicas: int = 1  # 0: own node only | 1: also on the peer node (the same local rank, next node)
+    root: Optional[str] = None  # a tmpfs directory; null: /dev/shm/<user>/<run_name>
+    # Several "nodes" on one host (tests): each gets root/node-<node>. null: one node per host.
+    node: Optional[int] = None
+    required: bool = True  # false: a pre-flight failure (no room in root) leaves the run on the durable tier
+
+
+@dataclass
 class CheckpointConfig:
     dir: str = "${run_dir}/checkpoints"
     # Steps between saves (0 disables periodic saves), or "auto": the Young/Daly interval from
@@ -132,6 +145,7 @@ class CheckpointConfig:
     # A save that fails (disk full, read-only, quota): stop (the uncommitted directory is removed and the
     # run exits with a message) or continue (an alarm in metrics.jsonl; the next interval tries again).
     on_save_error: str = "stop"  # stop | continue
+    memory: MemoryTierConfig = field(default_factory=MemoryTierConfig)
 
 
 @dataclass

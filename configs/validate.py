@@ -139,6 +139,11 @@ def _checkpoint(cfg: DictConfig, problems: List[str], check: Callable) -> None:
     _at_least(problems, "checkpoint.load_threads", c.load_threads, 1,
               "read streams per rank while loading; 1 reads each file in one sequential stream")
     _positive(problems, "checkpoint.commit_timeout_s", c.commit_timeout_s)
+    m = c.memory
+    check(lambda: parse_interval(m.interval, "checkpoint.memory.interval"))
+    _choice(problems, "checkpoint.memory.replicas", m.replicas, (0, 1))
+    if m.node is not None:
+        _at_least(problems, "checkpoint.memory.node", m.node, 0, "a node id names root/node-<id>; null: one per host")
     resume = str(c.resume).strip()
     if resume not in RESUME_WORDS and not resume.isdigit() and not (Path(resume) / "manifest.json").is_file():
         problems.append(f"checkpoint.resume={resume!r}: use one of {list(RESUME_WORDS)}, a step number, or the "

@@ -180,5 +180,7 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
         if rt.end_of_step(step + 1, step_s, result.loss):  # saves when due; True: preempted, saved, committed
             break
         step += 1
+    if state.step >= cfg.training.steps:
+        ckpt.discard_memory()  # finished: the memory tier's snapshots would only hold the node's memory
     log.info("done: %d steps, run dir %s", state.step, run_dir)
 
