@@ -35,7 +35,8 @@ DEFAULT_TIMEOUTS = {
 DEFAULT_WRITE_TIMEOUT_S = 900.0  # a background checkpoint write stuck longer aborts the rank
 
 # recovery.faults (recovery/faults.py): what can be injected, where, and how a checkpoint is damaged.
-FAULT_KINDS = ("sigkill", "hang", "exception", "nan_loss", "corrupt", "bitflip_param", "bitflip_grad", "disk_full")
+FAULT_KINDS = ("sigkill", "hang", "exception", "nan_loss", "corrupt", "bitflip_param", "bitflip_grad", "disk_full",
+               "node_loss")
 SAVE_PHASES = ("checkpoint_snapshot", "checkpoint_write", "checkpoint_commit", "checkpoint_committed")
 FAULT_PHASES = ("step", "data_wait", "gradients", "eval") + SAVE_PHASES + ("checkpoint_retention", "checkpoint_load")
 CORRUPTIONS = ("truncate", "flip_byte", "delete_file", "delete_manifest")

@@ -152,7 +152,8 @@ class CheckpointConfig:
 class FaultConfig:
     """One injected fault (recovery/faults.py): fires once per run directory."""
 
-    kind: str = "sigkill"  # sigkill | hang | exception | nan_loss | corrupt | bitflip_param | bitflip_grad | disk_full
+    # sigkill | hang | exception | nan_loss | corrupt | bitflip_param | bitflip_grad | disk_full | node_loss
+    kind: str = "sigkill"
     phase: str = "step"  # step | data_wait | gradients | checkpoint_* phases (configs/constants.py: FAULT_PHASES)
     step: int = -1  # 1-based step (for checkpoint phases: the checkpoint's step); -1: any
     rank: int = 0  # -1: every rank

@@ -98,7 +98,9 @@ def _restart_store(rank: int, world_size: int, timeout: datetime.timedelta,
                    connect_timeout_s: float = STORE_CONNECT_TIMEOUT_S) -> dict:
     """After a torchrun restart (``--max-restarts``) the agent's store still holds the previous
     attempt's keys, and gloo ranks would read their peers' old addresses from it. Key this
-    attempt's process group under its restart count so every attempt starts clean.
+    attempt's process group under its restart count so every attempt starts clean. (A replacement
+    node's agent starts counting at 0, so jobs that replace nodes run with
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: each attempt then gets a fresh store, hosted by rank 0.)
 
     The agent's store is up before any worker starts: connecting to it gets
     ``connect_timeout_s``; waits on it afterwards (peers joining) get ``timeout``."""
@@ -115,9 +117,13 @@ def _restart_store(rank: int, world_size: int, timeout: datetime.timedelta,
             raise RuntimeError(f"rank {rank} could not connect to torchrun's store at {host}:{port} within "
                                f"{connect.total_seconds():.0f} s: its agent is gone ({exc})") from exc
         store.set_timeout(timeout)
-    else:  # rank 0 hosts the store; the others wait for it as long as for any peer
+        prefix = f"/trainer/attempt_{restart}"
+    else:  # rank 0 hosts a new store for this attempt; the others wait for it as long as for any peer
         store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
-    return {"store": dist.PrefixStore(f"/trainer/attempt_{restart}", store), "rank": rank, "world_size": world_size}
+        # Nothing stale to avoid, and a replacement node's agent counts its restarts from 0 while
+        # the survivors' do not: the restart count would split one attempt in two.
+        prefix = "/trainer/attempt"
+    return {"store": dist.PrefixStore(prefix, store), "rank": rank, "world_size": world_size}
 
 
 def set_collective_timeout(timeout_s: float, groups: Optional[Iterable[dist.ProcessGroup]] = None) -> int:

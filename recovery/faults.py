@@ -12,7 +12,9 @@ NaN; needs ``model=``), ``corrupt`` (damages the committed checkpoint at ``path=
 real storage does, see ``corrupt_checkpoint``), ``bitflip_param`` / ``bitflip_grad`` (one flipped bit in a weight before
 the forward pass, or in a gradient after backward: silent corruption for recovery/guards),
 ``disk_full`` (the checkpoint writer gets ``OSError(ENOSPC)`` as from a full disk, at
-``checkpoint_write`` on the ranks it names or at ``checkpoint_commit`` on the coordinator).
+``checkpoint_write`` on the ranks it names or at ``checkpoint_commit`` on the coordinator),
+``node_loss`` (the node goes down: SIGKILL to the launcher that started this process, torchrun's
+agent, then to this process; its node-local memory is the test's to delete).
 Phases: the watchdog's (``step``, ``data_wait``, ...) plus the
 checkpoint's internal ones (``checkpoint_snapshot``, ``checkpoint_write``,
 ``checkpoint_commit``, ``checkpoint_retention``, ``checkpoint_committed``,
@@ -72,6 +74,8 @@ def fault_problems(fault, key: str = "recovery.faults") -> list:
         out.append(f"{key}: bitflip_grad flips a gradient after backward: use phase=gradients (not {phase!r})")
     if kind.startswith("bitflip") and not 0 <= fault.bit < 32:
         out.append(f"{key}.bit={fault.bit} must be in [0, 32) (an fp32 word)")
+    if kind == "node_loss" and phase not in ("step", "data_wait"):
+        out.append(f"{key}: node_loss takes the node down between steps: use phase step or data_wait (not {phase!r})")
     if kind == "disk_full" and phase not in DISK_FULL_PHASES:
         out.append(f"{key}: disk_full fails a checkpoint write: use phase one of {list(DISK_FULL_PHASES)} "
                    f"(not {phase!r})")
@@ -113,7 +117,7 @@ class FaultInjector:
         for i, fault in enumerate(self.faults):
             if fault.phase != phase or fault.step not in (-1, step):
                 continue
-            if fault.kind == "sigkill":
+            if fault.kind in ("sigkill", "node_loss"):
                 # One death per process: while one thread kills the process, a sigkill due at the
                 # same moment in another thread (the background checkpoint writer) must not claim
                 # its marker too, or it would be recorded as fired without ever killing anything.
@@ -130,7 +134,13 @@ class FaultInjector:
                     self.rank, os.getpid())
         for h in logging.getLogger().handlers:
             h.flush()
-        if fault.kind == "sigkill":
+        if fault.kind == "node_loss":
+            agent = os.getppid()
+            if agent > 1 and os.environ.get("TORCHELASTIC_RUN_ID"):  # only a launcher, never a shell or pytest
+                os.kill(agent, signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(60)
+        elif fault.kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(60)  # SIGKILL is delivered asynchronously; never run past the injection point
         elif fault.kind == "hang":

@@ -13,7 +13,6 @@ commits. A disk_full fault (ENOSPC on one rank only) shows the ranks agree.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -32,26 +31,13 @@ from checkpoint.save_errors import CheckpointSaveError
 from checkpoint.saver import CheckpointSaver
 from helpers.launch import run_train
 from helpers.processes import start, stop, wait_for_faults
+from helpers.tmpfs import tmpfs
 from metrics.records import read_metrics, step_losses
 from tools.rehearsal import divergences, faults_override
 from tools.runs import tiny_overrides
 
 STEPS, INTERVAL, STALL = 30, 10, 15
 TMPFS_MIB = 24  # pre-flight of a fresh run: 3 x 5,414,400 bytes (the debug model's estimate) x 1.05 fit
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, mib: int):
-    """A real, small file system at ``path`` (needs root, as CI has); unmounted afterwards."""
-    path.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(path)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (root needed): {proc.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def fill(disk: Path, leave: int = 1 << 20) -> Path:

@@ -1,0 +1,311 @@
+"""The memory tier (checkpoint/memory_tier.py): node-local snapshots with a peer replica.
+
+The distributed tests run two torchrun agents on this machine, one worker each, as two nodes
+(``checkpoint.memory.node`` gives each its own directory under the memory root), with the
+default config (guards on) at a memory interval of 2 and a durable interval of 20, and
+compare every logged loss bitwise with an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from checkpoint.memory_tier import MemoryTier
+from checkpoint.snapshot import SnapshotError, apply_snapshot, write_snapshot
+from checkpoint.state import TrainingState
+from configs.schema import MemoryTierConfig
+from helpers.launch import run_train
+from helpers.processes import start, stop
+from helpers.tmpfs import tmpfs
+from metrics.records import read_metrics, step_losses
+from tools.rehearsal import faults_override
+from tools.runs import tiny_overrides
+
+STEPS, MEMORY_INTERVAL, DURABLE_INTERVAL = 32, 2, 20
+KILL_STEP = random.Random(16).choice(range(23, 30, 2))  # after the durable save of step 20; odd: just after a snapshot
+ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "LOGLEVEL": "INFO"}  # each attempt's workers get their own store (replacement nodes)
+
+
+def overrides(run_dir: Path, data: Path, memory_root: Path, extra=()):
+    return tiny_overrides(run_dir, data, STEPS, DURABLE_INTERVAL, extra=[
+        f"checkpoint.memory.interval={MEMORY_INTERVAL}", f"checkpoint.memory.root={memory_root}", *extra])
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory, pydoc_data):
+    """The uninterrupted run at world 2 (the memory tier on: snapshots change nothing)."""
+    tmp = tmp_path_factory.mktemp("memtier-baseline")
+    run_train(overrides(tmp / "run", pydoc_data, tmp / "shm"), nproc=2)
+    return step_losses(tmp / "run")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Nodes:
+    """Two torchrun agents on this host as two nodes (c10d rendezvous, one worker each)."""
+
+    def __init__(self, tmp: Path, args, max_restarts: int = 3):
+        self.tmp, self.args, self.max_restarts = tmp, list(args), max_restarts
+        self.port = _free_port()
+        self.agents: dict = {}
+        self.logs: dict = {}
+        self.launches = 0
+
+    def start(self, node: int) -> subprocess.Popen:
+        self.launches += 1
+        log_path = self.tmp / f"node{node}-{self.launches}.log"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self.port}", "--rdzv-id=memtier",
+               # one host plays both nodes: only node 0 may host the rendezvous store
+               f"--rdzv-conf=is_host={'true' if node == 0 else 'false'}",
+               f"--max-restarts={self.max_restarts}", "--monitor-interval=0.5", "train.py", *self.args,
+               f"checkpoint.memory.node={node}"]
+        with open(log_path, "w") as log:
+            self.agents[node] = start(cmd, log, extra_env=ENV, start_new_session=True)
+        self.logs[node] = log_path
+        if node == 0:
+            time.sleep(1.0)  # node 0 hosts the rendezvous store
+        return self.agents[node]
+
+    def wait(self, timeout: float = 300) -> dict:
+        deadline = time.monotonic() + timeout
+        codes = {}
+        for node, agent in self.agents.items():
+            codes[node] = agent.wait(timeout=max(1.0, deadline - time.monotonic()))
+        return codes
+
+    def text(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-5000:]}" for p in sorted(self.tmp.glob("node*.log")))
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            stop(agent)
+
+
+def _resume_events(run_dir: Path) -> list:
+    return read_metrics(run_dir, "resume")
+
+
+def _assert_bitwise(run_dir: Path, baseline: dict) -> None:
+    got = step_losses(run_dir)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    diverged = [s for s in got if got[s] != baseline[s]]
+    assert not diverged, [(s, got[s], baseline[s]) for s in diverged[:5]]
+
+
+# -- in one process ----------------------------------------------------------------------------
+def _tiny_state(seed: int) -> TrainingState:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(5, 8)).square().sum().backward()
+        opt.step()
+        sched.step()
+    state = TrainingState(model, opt, sched)
+    state.step, state.tokens, state.samples = 3, 120, 15
+    return state
+
+
+def _flat(state: TrainingState) -> dict:
+    from checkpoint.snapshot import _leaves
+
+    return {p: (v.clone() if isinstance(v, torch.Tensor) else v) for p, v in _leaves(state.state_dict())
+            if p[0] not in ("rng", "meta")}
+
+
+def test_a_snapshot_restores_every_leaf_bitwise_and_refuses_another_model(tmp_path):
+    saved = _tiny_state(0)
+    expect = _flat(saved)
+    path = tmp_path / "rank00000.snap"
+    size, checksum = write_snapshot(path, saved.state_dict(), "crc32")
+    assert size == path.stat().st_size and checksum
+    other = _tiny_state(1)  # other weights, other moments, other counters
+    apply_snapshot(other, torch.from_file(str(path), size=size, dtype=torch.uint8))
+    got = _flat(other)
+    assert set(got) == set(expect)
+    for k, v in expect.items():
+        assert torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v, k
+    assert (other.step, other.tokens, other.samples) == (3, 120, 15)
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters())
+    wider = TrainingState(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0))
+    with pytest.raises(SnapshotError, match=r"0\.weight: snapshot float32\[16, 8\], this run float32\[32, 8\]"):
+        apply_snapshot(wider, torch.from_file(str(path), size=size, dtype=torch.uint8))
+    damaged = bytearray(path.read_bytes())
+    damaged[:8] = b"XXXXXXXX"
+    with pytest.raises(SnapshotError, match="not a snapshot"):
+        apply_snapshot(_tiny_state(0), torch.frombuffer(damaged, dtype=torch.uint8))
+
+
+def test_preflight_names_the_sizes_and_the_fixes(tmp_path):
+    cfg = OmegaConf.structured(MemoryTierConfig(interval="2", replicas=1, root=str(tmp_path / "shm")))
+    tier = MemoryTier(cfg, run_name="r", rank=0, world_size=4, local_world_size=2, layout={"dp_shard": 4},
+                      config_hash="h", algorithm="crc32")
+    try:
+        assert tier.preflight(1 << 20) is None
+        problem = tier.preflight(1 << 50)  # a PiB per rank fits nowhere
+        assert "needs 8192.00 TiB" not in problem  # GiB throughout
+        assert "2 ranks on this node x 1048576.00 GiB of state x 2 copies (own + replica) x 2" in problem
+        for fix in ("--shm-size", "remount,size=", "checkpoint.memory.root", "checkpoint.memory.required=false"):
+            assert fix in problem
+    finally:
+        tier.close()
+
+
+# -- two nodes -------------------------------------------------------------------------------
+@pytest.mark.distributed
+def test_a_lost_node_restores_from_its_peers_replica_without_reading_storage(tmp_path, pydoc_data, baseline):
+    """Node 1 goes down at KILL_STEP (its agent and worker SIGKILLed), its memory is deleted, a
+    replacement agent joins: the job re-forms at world 2, node 1's rank gets its state from node 0's
+    replica, node 0's from its own memory. The durable checkpoints are moved away before the job can
+    re-form, so there is nothing on storage to read."""
+    run_dir, shm = tmp_path / "run", tmp_path / "shm"
+    fault = faults_override([{"kind": "node_loss", "phase": "data_wait", "step": KILL_STEP, "rank": 1}])
+    nodes = Nodes(tmp_path, overrides(run_dir, pydoc_data, shm, [fault]))
+    try:
+        nodes.start(0)
+        first = nodes.start(1)
+        assert first.wait(timeout=600) != 0, nodes.text()  # the node went down
+        shutil.rmtree(shm / "node-1")  # its memory with it
+        durable = run_dir / "checkpoints"
+        moved = tmp_path / "durable-moved-away"
+        shutil.move(str(durable), str(moved))
+        assert [p.name for p in moved.glob("step_*")] == ["step_00000020"]
+        nodes.start(1)  # the replacement
+        codes = nodes.wait()
+    finally:
+        nodes.stop()
+    assert codes == {0: 0, 1: 0}, nodes.text()
+    last_logged = KILL_STEP - 1
+    resume = _resume_events(run_dir)[-1]
+    assert resume["source"] == "memory", resume
+    assert sorted(resume["sources"].values()) == ["local", "peer"], resume
+    assert last_logged - resume["step"] <= 2, (last_logged, resume["step"])  # lost work: at most 2 steps
+    assert resume["step"] > DURABLE_INTERVAL
+    _assert_bitwise(run_dir, baseline)
+    assert "rank 0 local, rank 1 peer" in nodes.text() or "rank 0 peer, rank 1 local" in nodes.text()
+
+
+@pytest.mark.distributed
+def test_a_worker_crash_restores_every_rank_from_its_own_node(tmp_path, pydoc_data, baseline):
+    run_dir, shm = tmp_path / "run", tmp_path / "shm"
+    fault = faults_override([{"kind": "sigkill", "phase": "data_wait", "step": KILL_STEP, "rank": 1}])
+    nodes = Nodes(tmp_path, overrides(run_dir, pydoc_data, shm, [fault]))
+    try:
+        nodes.start(0)
+        nodes.start(1)
+        codes = nodes.wait()
+    finally:
+        nodes.stop()
+    assert codes == {0: 0, 1: 0}, nodes.text()
+    resume = _resume_events(run_dir)[-1]
+    assert resume["source"] == "memory" and resume["sources"] == {"0": "local", "1": "local"}, resume
+    assert KILL_STEP - 1 - resume["step"] <= 2
+    _assert_bitwise(run_dir, baseline)
+    assert not list(shm.glob("node-*/step_*")), "a finished run leaves its snapshots in memory"
+
+
+def _stopped_run(tmp_path: Path, pydoc_data: Path, shm: Path, extra=()) -> Path:
+    """A run that dies at KILL_STEP (rank 0 SIGKILLed, no restarts): its snapshots stay in memory."""
+    run_dir = tmp_path / "run"
+    fault = faults_override([{"kind": "sigkill", "phase": "data_wait", "step": KILL_STEP, "rank": 0}])
+    nodes = Nodes(tmp_path, overrides(run_dir, pydoc_data, shm, [fault, *extra]), max_restarts=0)
+    try:
+        nodes.start(0)
+        nodes.start(1)
+        codes = nodes.wait()
+    finally:
+        nodes.stop()
+    assert codes[0] != 0, nodes.text()
+    return run_dir
+
+
+def _flip_middle_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _newest_step_dir(node_dir: Path) -> Path:
+    return max(node_dir.glob("step_*"))
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("damaged", ["own copy", "both copies"])
+def test_a_damaged_copy_falls_back_to_the_peer_and_two_to_the_durable_tier(tmp_path, pydoc_data, baseline,
+                                                                           damaged):
+    shm = tmp_path / "shm"
+    run_dir = _stopped_run(tmp_path, pydoc_data, shm)
+    own = _newest_step_dir(shm / "node-1") / "rank00001.snap"
+    replica = _newest_step_dir(shm / "node-0") / "rank00001.snap"
+    assert own.parent.name == replica.parent.name
+    snapshot_step = int(own.parent.name.split("_")[1])
+    _flip_middle_byte(own)
+    if damaged == "both copies":
+        _flip_middle_byte(replica)
+    restart = Nodes(tmp_path / "restart", overrides(run_dir, pydoc_data, shm))
+    restart.tmp.mkdir()
+    try:
+        restart.start(0)
+        restart.start(1)
+        codes = restart.wait()
+    finally:
+        restart.stop()
+    assert codes == {0: 0, 1: 0}, restart.text()
+    resume = _resume_events(run_dir)[-1]
+    if damaged == "own copy":
+        assert resume["source"] == "memory" and resume["step"] == snapshot_step, resume
+        assert resume["sources"] == {"0": "local", "1": "peer"}, resume
+        assert "fails its checksum" in restart.text()
+    else:
+        assert resume["source"] == "storage" and resume["step"] == DURABLE_INTERVAL, resume
+        assert "no step has an intact copy for every rank" in restart.text()
+    _assert_bitwise(run_dir, baseline)
+
+
+@pytest.mark.distributed
+def test_a_changed_world_size_ignores_the_memory_tier_and_says_so(tmp_path, pydoc_data, baseline):
+    shm = tmp_path / "shm"
+    run_dir = _stopped_run(tmp_path, pydoc_data, shm)
+    assert list(shm.glob("node-*/step_*"))
+    proc = run_train(overrides(run_dir, pydoc_data, shm, ["checkpoint.memory.node=0"]), nproc=1)
+    assert "the snapshots in memory were taken at world 2" in proc.stderr
+    assert "resuming from the durable tier" in proc.stderr
+    resume = _resume_events(run_dir)[-1]
+    assert resume["source"] == "storage" and resume["step"] == DURABLE_INTERVAL, resume
+
+
+@pytest.mark.distributed
+def test_too_little_shared_memory_stops_at_preflight_or_trains_on_the_durable_tier(tmp_path, pydoc_data):
+    with tmpfs(tmp_path / "small-shm", 4) as shm:  # the debug model's state is ~2.6 MiB per rank, x 2 x 2 copies
+        args = overrides(tmp_path / "strict", pydoc_data, shm)
+        strict = run_train(args, nproc=2, check=False)
+        assert strict.returncode != 0
+        out = strict.stdout + strict.stderr
+        assert "the memory tier needs" in out and "checkpoint.memory.required=false" in out, out[-3000:]
+        assert "GiB free of 0.00 GiB" not in out
+        lenient = run_train(overrides(tmp_path / "lenient", pydoc_data, shm, ["checkpoint.memory.required=false"]),
+                            nproc=2)
+        assert "training on the durable tier alone" in lenient.stderr
+        assert not list(shm.rglob("*.snap"))
+    committed = sorted(p.name for p in (tmp_path / "lenient" / "checkpoints").glob("step_*"))
+    assert committed == ["step_00000020", "step_00000032"]
+    assert not read_metrics(tmp_path / "lenient", "memory_snapshot")
