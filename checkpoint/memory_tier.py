@@ -143,10 +143,10 @@ class MemoryTier:
         free = usage.free + held  # what this run holds now is replaced, not added to
         if free >= need:
             return None
-        return (f"the memory tier needs {need / 2**30:.2f} GiB in {self.dir} ({self.local_world_size} ranks on this "
-                f"node x {state_bytes / 2**30:.2f} GiB of state x {copies} cop{'ies' if copies > 1 else 'y'} "
+        return (f"the memory tier needs {_size(need)} in {self.dir} ({self.local_world_size} ranks on this "
+                f"node x {_size(state_bytes)} of state x {copies} cop{'ies' if copies > 1 else 'y'} "
                 f"(own{' + replica' if copies > 1 else ''}) x 2 (newest + being written)), but its file system has "
-                f"{free / 2**30:.2f} GiB free of {usage.total / 2**30:.2f} GiB. Enlarge it (docker run --shm-size, "
+                f"{_size(free)} free of {_size(usage.total)}. Enlarge it (docker run --shm-size, "
                 "or mount -o remount,size=... /dev/shm), point checkpoint.memory.root at a larger tmpfs, or set "
                 "checkpoint.memory.required=false to train on the durable tier alone")
 
@@ -425,6 +425,10 @@ class MemoryTier:
         problems = self._gather(problem)
         found = [p for p in problems if p]
         return "; ".join(found) if found else None
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
 def _wait(works: List[Callable]) -> None:
