@@ -406,7 +406,7 @@ class CheckpointManager:
         return records
 
     def _record_snapshot(self, r: SnapshotRecord) -> None:
-        self._memory_records.append(r)
+        self._memory_records = (self._memory_records + [r])[-16:]  # read by checkpoint.memory.interval=auto
         log.debug("memory snapshot of step %d: stalled training %.3f s, background %.3f s (replica %.3f s), "
                   "%.1f MiB%s", r.step, r.stall_s, r.background_s, r.replica_s, r.bytes / 2**20,
                   ", complete" if r.committed else ", NOT complete")

@@ -82,6 +82,10 @@ class SnapshotRecord:
     replica_bytes: int  # the copy received from the source rank
     committed: bool
 
+    @property
+    def blocking_s(self) -> float:  # what recovery/runtime.py's AutoInterval reads, as of a durable save
+        return self.stall_s
+
 
 @dataclass
 class Restored:

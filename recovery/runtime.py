@@ -46,6 +46,8 @@ class RecoveryRuntime:
         self._writing: Optional[int] = None  # step of the background write the watchdog times
         self.auto_interval = AutoInterval(cfg, world.world_size) \
             if str(cfg.checkpoint.interval).strip().lower() == "auto" else None
+        self.auto_memory_interval = AutoInterval(cfg, world.world_size, tier="memory") \
+            if str(cfg.checkpoint.memory.interval).strip().lower() == "auto" and ckpt.memory is not None else None
 
     # -- heartbeats and injection points ---------------------------------------------------
     def beat(self, phase: str, step: int) -> None:
@@ -105,6 +107,9 @@ class RecoveryRuntime:
         if self.auto_interval is not None:
             self.auto_interval.record(step_s, records, first=not self._first_step_done)
             self.auto_interval.maybe_choose(ckpt, step)
+        if self.auto_memory_interval is not None:
+            self.auto_memory_interval.record(step_s, ckpt.memory_records(), first=not self._first_step_done)
+            self.auto_memory_interval.maybe_choose(ckpt, step)
         self._first_step_done = True
         self.beat("step", step)
         self._watch_write()
@@ -162,16 +167,18 @@ class RecoveryRuntime:
 
 
 class AutoInterval:
-    """checkpoint.interval=auto: measure, then set the Young/Daly interval once (logged).
+    """checkpoint.interval=auto (or checkpoint.memory.interval=auto, ``tier="memory"``): measure,
+    then set the Young/Daly interval once (logged).
 
     The manager takes a first save after AUTO_MEASURE_STEPS steps. Its SaveRecord gives the
     blocking time C (what the training thread waited) and, for an async save, the write time W
-    (the background part). With the median step time (first step excluded) and the job's
+    (the background part); a memory snapshot's record gives its stall and its background part
+    (write, replica, commit). With the median step time (first step excluded) and the job's
     MTBF (recovery.device_mtbf_hours / devices) the interval is chosen and never revisited.
     """
 
-    def __init__(self, cfg, world_size: int):
-        self.cfg = cfg
+    def __init__(self, cfg, world_size: int, tier: str = "durable"):
+        self.cfg, self.tier = cfg, tier
         self.mtbf_s = cluster_mtbf_s(cfg.recovery.device_mtbf_hours, cfg.recovery.devices or world_size)
         self.step_times: list = []
         self.first_save: Optional[SaveRecord] = None
@@ -190,10 +197,11 @@ class AutoInterval:
         save = self.first_save
         self.chosen = choose_interval_steps(step_s, save.blocking_s, save.background_s, self.mtbf_s,
                                             max_steps=self.cfg.training.steps)
-        ckpt.set_interval(self.chosen.steps)
-        log.info("checkpoint.interval=auto: every %d steps (%s)", self.chosen.steps, self.chosen.reason)
-        ckpt.log_event(step, kind="checkpoint_interval", interval_steps=self.chosen.steps, step_s=step_s,
-                       blocking_s=save.blocking_s, write_s=save.background_s, mtbf_s=self.mtbf_s,
+        (ckpt.memory.set_interval if self.tier == "memory" else ckpt.set_interval)(self.chosen.steps)
+        key = "checkpoint.memory.interval" if self.tier == "memory" else "checkpoint.interval"
+        log.info("%s=auto: every %d steps (%s)", key, self.chosen.steps, self.chosen.reason)
+        ckpt.log_event(step, kind="checkpoint_interval", tier=self.tier, interval_steps=self.chosen.steps,
+                       step_s=step_s, blocking_s=save.blocking_s, write_s=save.background_s, mtbf_s=self.mtbf_s,
                        optimum_s=self.chosen.optimum_s)
 
 

@@ -311,3 +311,16 @@ def test_too_little_shared_memory_stops_at_preflight_or_trains_on_the_durable_ti
     committed = sorted(p.name for p in (tmp_path / "lenient" / "checkpoints").glob("step_*"))
     assert committed == ["step_00000020", "step_00000032"]
     assert not read_metrics(tmp_path / "lenient", "memory_snapshot")
+
+
+@pytest.mark.distributed
+def test_auto_interval_is_chosen_from_the_measured_snapshot_cost(tmp_path, pydoc_data):
+    run_dir = tmp_path / "run"
+    run_train(tiny_overrides(run_dir, pydoc_data, 14, 0, extra=[
+        "checkpoint.memory.interval=auto", f"checkpoint.memory.root={tmp_path / 'shm'}"]))
+    chosen = [e for e in read_metrics(run_dir, "checkpoint_interval") if e.get("tier") == "memory"]
+    assert len(chosen) == 1 and chosen[0]["step"] in (5, 6), chosen  # once the first snapshot is complete
+    every = chosen[0]["interval_steps"]
+    snapshots = [e["step"] for e in read_metrics(run_dir, "memory_snapshot") if e["committed"]]
+    assert snapshots[0] == 5 and snapshots[1:] == [s for s in range(6, 15) if s % every == 0], (every, snapshots)
+    assert chosen[0]["blocking_s"] > 0 and chosen[0]["mtbf_s"] > 0
