@@ -392,7 +392,8 @@ class CheckpointManager:
             log.exception("retention after step %d failed", step)
 
     def discard_memory(self) -> None:
-        """The run reached training.steps: its memory snapshots would only hold the node's memory."""
+        """Delete the memory tier's snapshots on this node: the run reached training.steps (they would only
+        hold memory), or a rollback abandoned the trajectory they hold (a restart must not return to it)."""
         if self.memory is not None:
             self.memory.discard()
 

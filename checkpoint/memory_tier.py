@@ -205,6 +205,8 @@ class MemoryTier:
         size = 0
         try:
             d.mkdir(parents=True, exist_ok=True)
+            for owner in {self.rank, self.source if self.source is not None else self.rank}:
+                (d / f"rank{owner:05d}.json").unlink(missing_ok=True)  # a commit of an earlier try of this step
             own = d / f"rank{self.rank:05d}.snap"
             size, checksum = write_snapshot(own, staged, self.algorithm)
             info.update(size=size, checksum=checksum)

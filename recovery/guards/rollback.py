@@ -71,6 +71,7 @@ def roll_back(request: RollbackRequested, guards, ckpt, data, cfg, rollbacks_don
             + (f" and at least {gcfg.rollback_min_age_steps} steps older" if gcfg.rollback_min_age_steps else "")
             + ". Restart from a known-good checkpoint with checkpoint.resume=<path>.")
     manifest = loaded[0]
+    ckpt.discard_memory()  # the memory tier's snapshots hold the trajectory just abandoned
     skipped = (request.step - manifest.step) * cfg.training.global_batch_size
     data.skip_samples(skipped)
     guards.after_rollback()
