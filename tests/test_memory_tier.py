@@ -89,6 +89,15 @@ class Nodes:
             codes[node] = agent.wait(timeout=max(1.0, deadline - time.monotonic()))
         return codes
 
+    def run_both(self) -> dict:
+        """Start both nodes and wait for both agents to end; their exit codes."""
+        try:
+            self.start(0)
+            self.start(1)
+            return self.wait()
+        finally:
+            self.stop()
+
     def text(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-5000:]}" for p in sorted(self.tmp.glob("node*.log")))
 
@@ -210,12 +219,7 @@ def test_a_worker_crash_restores_every_rank_from_its_own_node(tmp_path, pydoc_da
     run_dir, shm = tmp_path / "run", tmp_path / "shm"
     fault = faults_override([{"kind": "sigkill", "phase": "data_wait", "step": KILL_STEP, "rank": 1}])
     nodes = Nodes(tmp_path, overrides(run_dir, pydoc_data, shm, [fault]))
-    try:
-        nodes.start(0)
-        nodes.start(1)
-        codes = nodes.wait()
-    finally:
-        nodes.stop()
+    codes = nodes.run_both()
     assert codes == {0: 0, 1: 0}, nodes.text()
     resume = _resume_events(run_dir)[-1]
     assert resume["source"] == "memory" and resume["sources"] == {"0": "local", "1": "local"}, resume
@@ -229,12 +233,7 @@ def _stopped_run(tmp_path: Path, pydoc_data: Path, shm: Path, extra=()) -> Path:
     run_dir = tmp_path / "run"
     fault = faults_override([{"kind": "sigkill", "phase": "data_wait", "step": KILL_STEP, "rank": 0}])
     nodes = Nodes(tmp_path, overrides(run_dir, pydoc_data, shm, [fault, *extra]), max_restarts=0)
-    try:
-        nodes.start(0)
-        nodes.start(1)
-        codes = nodes.wait()
-    finally:
-        nodes.stop()
+    codes = nodes.run_both()
     assert codes[0] != 0, nodes.text()
     return run_dir
 
@@ -265,12 +264,7 @@ def test_a_damaged_copy_falls_back_to_the_peer_and_two_to_the_durable_tier(tmp_p
         _flip_middle_byte(replica)
     restart = Nodes(tmp_path / "restart", overrides(run_dir, pydoc_data, shm))
     restart.tmp.mkdir()
-    try:
-        restart.start(0)
-        restart.start(1)
-        codes = restart.wait()
-    finally:
-        restart.stop()
+    codes = restart.run_both()
     assert codes == {0: 0, 1: 0}, restart.text()
     resume = _resume_events(run_dir)[-1]
     if damaged == "own copy":
