@@ -1,0 +1,535 @@
+"""Memory-tier benchmark (not a test): what checkpoint.memory costs a training run and what it saves
+on a restart, on bench_checkpoint.py's 134M-parameter state at 2 ranks, each next to its floor
+measured in the same run.
+
+  python scripts/bench_memory_tier.py --out outputs/bench_memory_tier              # 134M params, ~15-25 min
+  python scripts/bench_memory_tier.py --out /tmp/mt --dim 64 --layers 2 --vocab 320 --steps 12   # smoke
+
+Every run is two torchrun agents on this host playing two nodes: one worker each, c10d
+rendezvous on 127.0.0.1 (node 0 hosts the store: --rdzv-conf is_host=true/false),
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, and checkpoint.memory.node=0/1 so each node has its own
+directory under a per-run memory root in --shm (removed at the end): a replica really crosses
+"nodes" (rank r's copy goes to the other agent's directory over the tier's gloo group). The
+model is the debug experiment's reshaped to --dim/--layers/--vocab (FSDP over the 2 ranks, so
+each rank snapshots half of the state), trained on the debug experiment's text (--data, prepared
+by tools.runs.prepare_debug_data when missing) with evaluation off. Durable checkpoints are
+async, on disk under --out.
+
+1. Throughput, one run per configuration of --steps steps: no checkpointing (first and again
+   last: their spread is the run-to-run noise); durable only (checkpoint.interval=10); the memory
+   tier at intervals 1, 5 and 10 (replicas=1) with the durable tier OFF, so the rows isolate the
+   tier's cost. A step's wall time is the time between consecutive per-step rows of
+   metrics.jsonl (timestamped as they appear): unlike the rows' step_s it includes the snapshot
+   stall and the durable save's blocking, which happen after step_s's clock stops. Throughput is
+   the mean wall time per step after --warmup steps (the stalls are every k-th step: a median
+   would hide them); the median step_s (the compute, slowed by the background threads) is beside it.
+2. Snapshot stall (the training thread: wait for the previous snapshot + copy into host buffers;
+   median over the run's snapshots, rank 0's) against the memcpy floor of the same bytes
+   (bench_checkpoint.Memcpy, measured by this process right after each memory run, median).
+3. Replica bandwidth (replica_bytes / replica_s: the exchange with the peer, including receiving
+   into tmpfs and checking the checksum, while the other rank trains) against the gloo floor: two
+   processes exchanging the same byte count both ways at once over gloo on 127.0.0.1, in memory,
+   on an idle machine (--reps times, median), after the memory runs.
+4. Restore, memory interval 5 and durable interval 10, one snapshot newer than the durable
+   checkpoint (step 15 against step 10); each timed from the restart to the first resumed step's
+   metrics row, and by the resume event's load_s (load + verification; for the memory tier its
+   verify/read/apply split) and the log's "resume took":
+   (a) worker crash: rank 1 SIGKILLed by recovery.faults at step 19 (--max-restarts 1): torchrun
+       restarts both workers, both restore from their own node; timed from the kill;
+   (b) local, full restart: the job stopped (every process SIGKILLed) once rank 0 has logged the
+       snapshot of step 15 committed, restarted with both nodes' memory intact;
+   (c) peer: the same stopped job with node 1's memory directory deleted: its rank streams its
+       copy from the replica on node 0;
+   (d) durable, cold: the same stopped job with both nodes' memory deleted: the durable load, with
+       the page cache dropped first (as root; bench_checkpoint.drop_caches).
+   (b)-(d) restart from the same copy of the stopped job (run directory and memory restored from a
+   backup on disk before each); before each the page cache is dropped and then torch and the
+   trainer are imported once, so their start-up is alike and only (d)'s checkpoint is cold.
+Targets (issue 16): at memory interval 10, throughput within 3% of no checkpointing; a restore
+from local memory at least 2x faster than a cold durable load (resume load_s, (b) against (d)).
+The table is printed; everything is written to --out/result.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+GiB = 2**30
+DURABLE_INTERVAL = 10
+MEMORY_INTERVALS = (1, 5, 10)
+RESTORE_MEMORY_INTERVAL, RESTORE_SNAPSHOT, CRASH_STEP = 5, 15, 19
+# Run before each restart, after the page cache is dropped: what every worker imports comes back from disk.
+WARM_IMPORTS = [sys.executable, "-c", "import torch.distributed.run, hydra, trainer.run"]
+
+
+def _script(name: str):
+    """scripts/<name>.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def child_env() -> Dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def descendants(pid: int) -> List[int]:
+    """Every live process below ``pid`` (torchrun starts its workers in sessions of their own)."""
+    parents: Dict[int, List[int]] = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def kill_tree(procs: List[subprocess.Popen]) -> None:
+    """SIGKILL the agents and every process they started (collected first: orphans change parents)."""
+    below = [p for proc in procs if proc.poll() is None for p in descendants(proc.pid)]
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for proc in procs:
+        proc.wait()
+
+
+class Launch:
+    """One launch of the two agents; ``rows``: (arrival time, row) of the lines it added to metrics.jsonl."""
+
+    def __init__(self, tag: str, t_start: float, codes: List[Optional[int]], rows: list, logs: List[Path]):
+        self.tag, self.t_start, self.codes, self.rows, self.logs = tag, t_start, codes, rows, logs
+
+    def steps(self) -> List[tuple]:
+        return [(t, r) for t, r in self.rows if "kind" not in r]
+
+    def events(self, kind: str) -> List[tuple]:
+        return [(t, r) for t, r in self.rows if r.get("kind") == kind]
+
+    def text(self, tail: int = 4000) -> str:
+        return "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-tail:]}" for p in self.logs)
+
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.tail_cls = _script("bench_recovery").MetricsTail
+        self.runs, self.logs = a.out / "runs", a.out / "logs"
+        self.n_heads = max(1, a.dim // 64)
+
+    def overrides(self, run_dir: Path, steps: int, durable: int, memory: int, extra=()) -> List[str]:
+        from tools.runs import debug_overrides
+
+        return debug_overrides(run_dir, self.a.data, steps, [
+            f"model.dim={self.a.dim}", f"model.n_layers={self.a.layers}", f"model.n_heads={self.n_heads}",
+            "model.n_kv_heads=null", f"model.vocab_size={self.a.vocab}", "eval.interval=0",
+            f"checkpoint.interval={durable}", "checkpoint.async_mode=async", "checkpoint.keep_last=2",
+            "checkpoint.save_final=false", f"checkpoint.memory.interval={memory}", "checkpoint.memory.replicas=1",
+            f"checkpoint.memory.root={self.a.shm / run_dir.name}", *extra])
+
+    def launch(self, tag: str, run_dir: Path, overrides: List[str], max_restarts: int = 0,
+               stop_when: Optional[Callable[[list], bool]] = None) -> Launch:
+        """Both agents; until they exit, or until ``stop_when(rows)`` (then every process is SIGKILLed)."""
+        from metrics.records import read_rows
+
+        port, known = free_port(), len(read_rows(run_dir))
+        tail = self.tail_cls(run_dir / "metrics.jsonl")
+        tail.start()
+        procs, logs = [], []
+        t_start = time.time()
+        try:
+            for node in (0, 1):
+                logs.append(self.logs / f"{tag}-node{node}.log")
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+                       "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={tag}",
+                       f"--rdzv-conf=is_host={'true' if node == 0 else 'false'}", f"--max-restarts={max_restarts}",
+                       "--monitor-interval=0.5", str(ROOT / "train.py"), *overrides, f"checkpoint.memory.node={node}"]
+                with open(logs[-1], "w") as log:
+                    procs.append(subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=log,
+                                                  stderr=subprocess.STDOUT, start_new_session=True))
+                if node == 0:
+                    time.sleep(1.0)  # node 0 hosts the rendezvous store
+            deadline = time.monotonic() + self.a.timeout
+            while any(p.poll() is None for p in procs):
+                if stop_when is not None and stop_when(tail.rows[known:]):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{tag}: still running after {self.a.timeout} s")
+                time.sleep(0.02)
+        finally:
+            kill_tree(procs)
+            time.sleep(0.05)
+            tail.stop()
+        return Launch(tag, t_start, [p.returncode for p in procs], tail.rows[known:], logs)
+
+    # -- 1. throughput ---------------------------------------------------------------------------
+    def throughput(self, name: str, durable: int, memory: int) -> dict:
+        run_dir = self.runs / f"tp-{name}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        job = self.launch(f"tp-{name}", run_dir, self.overrides(run_dir, self.a.steps, durable, memory))
+        steps = {r["step"]: (t, r) for t, r in job.steps()}
+        if any(c != 0 for c in job.codes) or sorted(steps) != list(range(1, self.a.steps + 1)):
+            raise RuntimeError(f"{name}: exit codes {job.codes}, steps {sorted(steps)}\n{job.text()}")
+        w, n = self.a.warmup, self.a.steps
+        walls = [steps[s][0] - steps[s - 1][0] for s in range(w + 1, n + 1)]
+        step_s = [steps[s][1]["step_s"] for s in range(w + 1, n + 1)]
+        snaps = [r for _, r in job.events("memory_snapshot")]
+        saves = [r for _, r in job.events("checkpoint")]
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        shutil.rmtree(self.a.shm / run_dir.name, ignore_errors=True)
+        out = {"durable_interval": durable, "memory_interval": memory, "steps_measured": len(walls),
+               "wall_per_step_s": statistics.fmean(walls), "median_wall_s": statistics.median(walls),
+               "max_wall_s": max(walls), "median_step_s": statistics.median(step_s),
+               "durable_saves": len(saves), "snapshots": snaps,
+               "durable_blocking_s": [r.get("blocking_s") for r in saves]}
+        print(f"  {name:<12} {out['wall_per_step_s']:.3f} s/step (median step_s {out['median_step_s']:.3f}, "
+              f"{len(snaps)} snapshots, {len(saves)} durable saves)", flush=True)
+        return out
+
+    # -- 4. restore --------------------------------------------------------------------------------
+    @staticmethod
+    def _resume(job: Launch) -> tuple:
+        """(arrival of the resume event, the event, arrival of the first resumed step's row)."""
+        if not job.events("resume"):
+            raise RuntimeError(f"{job.tag}: no resume event (exit codes {job.codes})\n{job.text()}")
+        last = max(i for i, (_, r) in enumerate(job.rows) if r.get("kind") == "resume")
+        t_resume, ev = job.rows[last]
+        t_first = next(t for t, r in job.rows[last:] if "kind" not in r and r["step"] == ev["step"] + 1)
+        return t_resume, ev, t_first
+
+    @staticmethod
+    def _first_resumed_step(rows: list) -> bool:
+        last = max((i for i, (_, r) in enumerate(rows) if r.get("kind") == "resume"), default=None)
+        return last is not None and any("kind" not in r and r["step"] == rows[last][1]["step"] + 1
+                                        for _, r in rows[last:])
+
+    @staticmethod
+    def _resume_took(job: Launch) -> Optional[float]:
+        text = "\n".join(p.read_text(errors="replace") for p in job.logs)
+        found = [float(m) for m in re.findall(r"resume took ([\d.]+) s", text)]
+        return found[-1] if found else None
+
+    def _restore_record(self, job: Launch, t_failure: float) -> dict:
+        t_resume, ev, t_first = self._resume(job)
+        keys = ("step", "source", "sources", "load_s", "verify_s", "read_s", "apply_s", "total_s")
+        return {**{k: ev.get(k) for k in keys}, "resume_took_s": self._resume_took(job),
+                "to_resume_event_s": t_resume - t_failure, "to_first_step_s": t_first - t_failure}
+
+    def crash(self) -> dict:
+        """(a) rank 1 SIGKILLed at CRASH_STEP, torchrun restarts the workers (--max-restarts 1)."""
+        from tools.rehearsal import faults_override
+
+        run_dir = self.runs / "restore-crash"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        fault = faults_override([{"kind": "sigkill", "phase": "data_wait", "step": CRASH_STEP, "rank": 1}])
+        job = self.launch("restore-crash", run_dir, self.overrides(
+            run_dir, CRASH_STEP + 1, DURABLE_INTERVAL, RESTORE_MEMORY_INTERVAL, [fault]), max_restarts=1,
+            stop_when=self._first_resumed_step)
+        marker = next((run_dir / "faults").glob("fired-*")).read_text().split()
+        out = self._restore_record(job, float(marker[marker.index("time") + 1]))
+        print(f"  crash_local    resumed step {out['step']} from {out['source']} {out['sources']}: load "
+              f"{out['load_s']} s", flush=True)
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        shutil.rmtree(self.a.shm / run_dir.name, ignore_errors=True)
+        return out
+
+    def restarts(self, drop) -> Dict[str, dict]:
+        """(b)-(d): one stopped job, restarted three times from a backup of it."""
+        run_dir = self.runs / "restore-stopped"
+        shm, backup = self.a.shm / run_dir.name, self.a.out / "backup"
+        for d in (run_dir, shm, backup):
+            shutil.rmtree(d, ignore_errors=True)
+        args = self.overrides(run_dir, CRASH_STEP + 1, DURABLE_INTERVAL, RESTORE_MEMORY_INTERVAL)
+
+        def snapshot_committed(rows: list) -> bool:
+            return any(r.get("kind") == "memory_snapshot" and r["step"] == RESTORE_SNAPSHOT and r["committed"]
+                       for _, r in rows)
+
+        job = self.launch("restore-stopped", run_dir, args, stop_when=snapshot_committed)
+        if not snapshot_committed(job.rows):
+            raise RuntimeError(f"the stopped job ended before its snapshot of step {RESTORE_SNAPSHOT} committed "
+                               f"(exit codes {job.codes})\n{job.text()}")
+        shutil.copytree(run_dir, backup / "run")
+        shutil.copytree(shm, backup / "shm")
+        out = {}
+        for name, delete in (("local_restart", []), ("peer", ["node-1"]), ("durable_cold", ["node-0", "node-1"])):
+            for d in (run_dir, shm):
+                shutil.rmtree(d, ignore_errors=True)
+            shutil.copytree(backup / "run", run_dir)
+            shutil.copytree(backup / "shm", shm)
+            for node in delete:
+                shutil.rmtree(shm / node)
+            cold = drop()
+            subprocess.run(WARM_IMPORTS, cwd=ROOT, env=child_env(), check=True)  # alike start-ups: only data is cold
+            job = self.launch(f"restore-{name}", run_dir, args, stop_when=self._first_resumed_step)
+            out[name] = {**self._restore_record(job, job.t_start), "page_cache_dropped": cold}
+            print(f"  {name:<14} resumed step {out[name]['step']} from {out[name]['source']} "
+                  f"{out[name]['sources']}: load {out[name]['load_s']} s", flush=True)
+        for d in (run_dir / "checkpoints", shm, backup):
+            shutil.rmtree(d, ignore_errors=True)
+        return out
+
+
+# -- 3. the gloo floor -----------------------------------------------------------------------------
+def gloo_worker(rank: int, port: int, nbytes: int, reps: int, out: Path) -> None:
+    """One of two processes exchanging ``nbytes`` both ways at once, as the tier's replica exchange does."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    send = torch.ones(nbytes, dtype=torch.uint8)
+    recv = torch.empty(nbytes, dtype=torch.uint8)
+    times = []
+    for _ in range(reps + 1):  # the first one warms the connection and the pages
+        dist.barrier()
+        t = time.perf_counter()
+        for work in (dist.isend(send, 1 - rank), dist.irecv(recv, 1 - rank)):
+            work.wait()
+        times.append(time.perf_counter() - t)
+    dist.barrier()
+    if rank == 0:
+        out.write_text(json.dumps(times[1:]))
+    dist.destroy_process_group()
+
+
+def gloo_floor(nbytes: int, reps: int, out: Path) -> List[float]:
+    """Bandwidths (bytes/s, one direction) of ``reps`` exchanges of ``nbytes`` between two processes."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, __file__, "--gloo-worker", str(rank), str(port), str(nbytes),
+                               str(reps), str(out)], cwd=ROOT, env=child_env()) for rank in (0, 1)]
+    try:
+        codes = [p.wait(timeout=600) for p in procs]
+    finally:
+        kill_tree(procs)
+    if codes != [0, 0]:
+        raise RuntimeError(f"gloo floor: exit codes {codes}")
+    times = json.loads(out.read_text())
+    out.unlink()
+    return [nbytes / t for t in times]
+
+
+# -- the report ------------------------------------------------------------------------------------
+def median_of(rows: List[dict], key: str) -> Optional[float]:
+    xs = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(xs) if xs else None
+
+
+def snapshot_summary(snaps: List[dict], memcpy_bw: float, gloo_bw: float) -> dict:
+    nbytes = snaps[0]["bytes"]
+    replica_bw = [r["replica_bytes"] / r["replica_s"] for r in snaps if r.get("replica_s")]
+    stall = median_of(snaps, "stall_s")
+    waited = median_of(snaps, "waited_s")
+    floor = nbytes / memcpy_bw
+    out = {"count": len(snaps), "committed": sum(bool(r["committed"]) for r in snaps), "bytes": nbytes,
+           "replica_bytes": snaps[0]["replica_bytes"], "stall_s": stall, "first_stall_s": snaps[0]["stall_s"],
+           "waited_s": waited, "copy_s": median_of([{"c": r["stall_s"] - r["waited_s"]} for r in snaps], "c"),
+           "background_s": median_of(snaps, "background_s"), "replica_s": median_of(snaps, "replica_s"),
+           "memcpy_floor_s": floor, "stall_over_floor": stall / floor,
+           "replica_gib_s": statistics.median(replica_bw) / GiB if replica_bw else None}
+    out["replica_over_gloo"] = out["replica_gib_s"] * GiB / gloo_bw if replica_bw else None
+    return out
+
+
+def main(argv=None) -> None:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--gloo-worker":
+        rank, port, nbytes, reps, out = sys.argv[2:7]
+        gloo_worker(int(rank), int(port), int(nbytes), int(reps), Path(out))
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_memory_tier")
+    p.add_argument("--shm", type=Path, default=Path("/dev/shm") / getpass.getuser() / "memtier-bench")
+    p.add_argument("--data", type=Path, default=ROOT / "outputs" / "data" / "pydoc-byte")
+    p.add_argument("--dim", type=int, default=768)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--steps", type=int, default=32, help="steps of each throughput run")
+    p.add_argument("--warmup", type=int, default=2, help="steps left out of the throughput")
+    p.add_argument("--reps", type=int, default=5, help="gloo floor exchanges")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds one launch may take")
+    p.add_argument("--keep-page-cache", action="store_true", help="do not drop the page cache before the restarts")
+    a = p.parse_args(argv)
+    if a.steps < a.warmup + 2 * max(MEMORY_INTERVALS):
+        p.error(f"--steps must be at least --warmup + {2 * max(MEMORY_INTERVALS)} (two snapshots at interval 10)")
+    a.out, a.shm, a.data = a.out.resolve(), a.shm.resolve(), a.data.resolve()
+    bench_checkpoint = _script("bench_checkpoint")
+    from model.config import ModelConfig
+    from model.counting import count_params
+    from tools.runs import prepare_debug_data
+
+    prepare_debug_data(a.data)
+    for d in (a.out / "runs", a.out / "logs", a.out / "backup", a.shm):
+        shutil.rmtree(d, ignore_errors=True)
+    (a.out / "logs").mkdir(parents=True)
+    (a.out / "runs").mkdir()
+    bench = Bench(a)
+    params = count_params(ModelConfig(dim=a.dim, n_layers=a.layers, n_heads=bench.n_heads, vocab_size=a.vocab)).total
+    t_bench = time.time()
+    print(f"model {params / 1e6:.1f} M params (dim {a.dim}, {a.layers} layers, vocab {a.vocab}) + AdamW, 2 ranks as 2 "
+          f"nodes; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {a.steps} steps per throughput run, "
+          f"first {a.warmup} left out; memory root {a.shm}; runs in {a.out}", flush=True)
+    try:
+        print("1. throughput", flush=True)
+        tp: Dict[str, dict] = {}
+        memcpy, copy_bws = None, []
+        plan = [("none", 0, 0), ("durable10", DURABLE_INTERVAL, 0)] + [(f"memory{k}", 0, k) for k in MEMORY_INTERVALS]
+        for name, durable, memory in plan + [("none_again", 0, 0)]:
+            tp[name] = bench.throughput(name, durable, memory)
+            if memory:  # the memcpy floor right after each memory run, on the now idle machine
+                memcpy = memcpy or bench_checkpoint.Memcpy(tp[name]["snapshots"][0]["bytes"])
+                copy_bws.append(memcpy.bandwidth())
+        replica_bytes = tp["memory1"]["snapshots"][0]["replica_bytes"]
+        del memcpy
+        print("3. gloo floor", flush=True)
+        gloo_bws = gloo_floor(replica_bytes, a.reps, a.out / "gloo.json")
+        print("4. restore", flush=True)
+        drop = (lambda: False) if a.keep_page_cache else bench_checkpoint.drop_caches
+        restore = {"crash_local": bench.crash(), **bench.restarts(drop)}
+    finally:
+        shutil.rmtree(a.shm, ignore_errors=True)
+        shutil.rmtree(a.out / "backup", ignore_errors=True)
+
+    config = {"dim": a.dim, "layers": a.layers, "vocab": a.vocab, "params": params, "ranks": 2, "steps": a.steps,
+              "warmup": a.warmup, "durable_interval": DURABLE_INTERVAL, "memory_intervals": list(MEMORY_INTERVALS),
+              "memory_runs_durable": "off", "restore_memory_interval": RESTORE_MEMORY_INTERVAL,
+              "restore_snapshot": RESTORE_SNAPSHOT, "crash_step": CRASH_STEP, "cpus": os.cpu_count(),
+              "load_after": os.getloadavg()[0], "elapsed_s": time.time() - t_bench}
+    result = summarize(config, tp, copy_bws, gloo_bws, replica_bytes, restore)
+    (a.out / "result.json").write_text(json.dumps(result, indent=1))
+    print_table(result)
+    print(f"result: {a.out / 'result.json'}")
+
+
+EXPECTED_SOURCES = {"crash_local": ("memory", ["local", "local"]), "local_restart": ("memory", ["local", "local"]),
+                    "peer": ("memory", ["local", "peer"]), "durable_cold": ("storage", ["storage", "storage"])}
+
+
+def summarize(config: dict, tp: Dict[str, dict], copy_bws: List[float], gloo_bws: List[float], replica_bytes: int,
+              restore: Dict[str, dict]) -> dict:
+    """result.json from the measurements (bytes/s bandwidths, the throughput runs, the restore records)."""
+    memcpy_bw, gloo_bw = statistics.median(copy_bws), statistics.median(gloo_bws)
+    base = statistics.fmean([tp["none"]["wall_per_step_s"], tp["none_again"]["wall_per_step_s"]])
+    noise = abs(tp["none"]["wall_per_step_s"] - tp["none_again"]["wall_per_step_s"]) / base
+    snapshots, problems = {}, []
+    for r in tp.values():
+        r["overhead"] = r["wall_per_step_s"] / base - 1
+        if r["memory_interval"]:
+            s = snapshots[str(r["memory_interval"])] = snapshot_summary(r["snapshots"], memcpy_bw, gloo_bw)
+            # what the stalls alone cost per step: the same number without the run-to-run noise
+            r["stall_estimate"] = s["stall_s"] / r["memory_interval"] / base
+            if s["committed"] != s["count"]:
+                problems.append(f"memory interval {r['memory_interval']}: {s['count'] - s['committed']} of "
+                                f"{s['count']} snapshots not committed")
+    for name, r in restore.items():
+        source, ranks = EXPECTED_SOURCES[name]
+        step = config["restore_snapshot"] if source == "memory" else config["durable_interval"]
+        got = (r["source"], sorted(r["sources"].values()), r["step"])
+        r["as_expected"] = got == (source, ranks, step)
+        if not r["as_expected"]:
+            problems.append(f"{name}: resumed step {r['step']} from {r['source']} {r['sources']}, expected step "
+                            f"{step} from {source} {ranks}")
+    local, cold = restore["local_restart"], restore["durable_cold"]
+    targets = {
+        "interval10_within_3pct": {"overhead": tp["memory10"]["overhead"], "target": 0.03, "noise": noise,
+                                   "met": tp["memory10"]["overhead"] <= 0.03},
+        "local_2x_faster_than_cold_durable": {"local_load_s": local["load_s"], "durable_load_s": cold["load_s"],
+                                              "speedup": cold["load_s"] / local["load_s"], "target": 2.0,
+                                              "met": cold["load_s"] >= 2 * local["load_s"]},
+    }
+    nbytes = tp["memory1"]["snapshots"][0]["bytes"]
+    return {"config": config, "state_bytes_per_rank": nbytes,
+            "floors": {"memcpy_gib_s": [b / GiB for b in copy_bws], "memcpy_median_gib_s": memcpy_bw / GiB,
+                       "gloo_gib_s": [b / GiB for b in gloo_bws], "gloo_median_gib_s": gloo_bw / GiB,
+                       "gloo_bytes": replica_bytes},
+            "throughput": {"noise": noise, "none_mean_wall_s": base, "runs": tp},
+            "snapshots": snapshots, "restore": restore, "targets": targets, "problems": problems}
+
+
+def print_table(res: dict) -> None:
+    tp, c = res["throughput"], res["config"]
+    print(f"\n{c['params'] / 1e6:.1f} M params, {res['state_bytes_per_rank'] / GiB:.2f} GiB of state per rank, "
+          f"2 ranks as 2 nodes, {c['cpus']} cores; {c['steps']} steps per run, first {c['warmup']} left out; "
+          f"memory runs with the durable tier off")
+    print(f"{'1. throughput':<13} | {'s/step':>7} | {'vs none':>7} | {'stalls/step':>11} | {'med step_s':>10} | "
+          f"{'med wall':>8} | {'max wall':>8} | snapshots/saves")
+    for name, r in tp["runs"].items():
+        est = f"{100 * r['stall_estimate']:>10.1f}%" if "stall_estimate" in r else f"{'':>11}"
+        print(f"{name:<13} | {r['wall_per_step_s']:>7.3f} | {100 * r['overhead']:>+6.1f}% | {est} | "
+              f"{r['median_step_s']:>10.3f} | {r['median_wall_s']:>8.3f} | {r['max_wall_s']:>8.3f} | "
+              f"{len(r['snapshots'])}/{r['durable_saves']}")
+    print(f"run-to-run noise: none vs none_again {100 * tp['noise']:.1f}% (s/step: mean wall time per step; vs none: "
+          f"against their mean; stalls/step: median stall / interval / none's s/step)")
+    f = res["floors"]
+    print(f"\n2./3. snapshots | {'stall s':>7} | {'waited':>6} | {'copy s':>6} | {'1st stall':>9} | "
+          f"{'memcpy floor':>12} | {'stall/floor':>11} | {'backgr. s':>9} | {'replica s':>9} | "
+          f"{'replica GiB/s':>13} | {'/ gloo':>6} | committed")
+    for k, s in res["snapshots"].items():
+        rep = (f"{s['replica_gib_s']:>13.2f} | {s['replica_over_gloo']:>6.2f}" if s["replica_gib_s"] is not None
+               else f"{'-':>13} | {'-':>6}")
+        print(f"interval {k:<6} | {s['stall_s']:>7.3f} | {s['waited_s']:>6.3f} | {s['copy_s']:>6.3f} | "
+              f"{s['first_stall_s']:>9.3f} | {s['memcpy_floor_s']:>12.3f} | {s['stall_over_floor']:>11.2f} | "
+              f"{s['background_s']:>9.3f} | {s['replica_s']:>9.3f} | {rep} | {s['committed']}/{s['count']}")
+    print(f"floors: memcpy {f['memcpy_median_gib_s']:.2f} GiB/s (median of {len(f['memcpy_gib_s'])}, one per memory "
+          f"run); gloo point-to-point both ways {f['gloo_median_gib_s']:.2f} GiB/s per direction "
+          f"({f['gloo_bytes'] / GiB:.2f} GiB, median of {len(f['gloo_gib_s'])})")
+    print(f"\n{'4. restore':<14} | {'step':>4} | {'source':<7} | {'ranks':<15} | {'load_s':>6} | {'verify':>6} | "
+          f"{'read':>6} | {'apply':>6} | {'took':>6} | {'to resume':>9} | {'to 1st step':>11}")
+
+    def num(x) -> str:
+        return f"{x:>6.2f}" if x is not None else f"{'-':>6}"
+
+    for name, r in res["restore"].items():
+        ranks = ",".join(r["sources"][k] for k in sorted(r["sources"]))
+        print(f"{name:<14} | {r['step']:>4} | {r['source']:<7} | {ranks:<15} | {num(r['load_s'])} | "
+              f"{num(r['verify_s'])} | {num(r['read_s'])} | {num(r['apply_s'])} | {num(r['resume_took_s'])} | "
+              f"{r['to_resume_event_s']:>9.2f} | {r['to_first_step_s']:>11.2f}")
+    cache = ("page cache dropped, imports re-warmed" if res["restore"]["durable_cold"]["page_cache_dropped"]
+             else "page cache NOT dropped: the durable load is warm")
+    print(f"crash_local: timed from the SIGKILL of rank 1 (torchrun restarts both workers); the others from the "
+          f"restart of both agents ({cache}). took: the log's 'resume took' (load + verification)")
+    t = res["targets"]
+    a, b = t["interval10_within_3pct"], t["local_2x_faster_than_cold_durable"]
+    print(f"\ntarget: memory interval 10 within 3% of no checkpointing: {100 * a['overhead']:+.1f}% "
+          f"(noise {100 * a['noise']:.1f}%) -> {'MET' if a['met'] else 'MISSED'}")
+    print(f"target: local memory restore >= 2x faster than a cold durable load: {b['local_load_s']:.2f} s vs "
+          f"{b['durable_load_s']:.2f} s = {b['speedup']:.1f}x -> {'MET' if b['met'] else 'MISSED'}")
+    for problem in res["problems"]:
+        print(f"PROBLEM: {problem}")
+
+
+if __name__ == "__main__":
+    main()
