@@ -199,10 +199,15 @@ class MemoryTier:
         return out
 
     def _persist(self, step: int, staged: Dict[str, Any], info: dict, stall: float, waited: float) -> SnapshotRecord:
+        """Write, exchange, commit; each phase agreed over the group, so a rank that failed (a full
+        tmpfs) never leaves its peer waiting in a transfer that will not come."""
         t0 = time.perf_counter()
         d = self.dir / STEP_DIR.format(step)
-        ok, replica_bytes, replica_s, replica_info = False, 0, 0.0, None
-        size = 0
+        replica_bytes, replica_s, replica_info, size = 0, 0.0, None, 0
+
+        def failed() -> SnapshotRecord:
+            return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, replica_s, size, replica_bytes, False)
+
         try:
             d.mkdir(parents=True, exist_ok=True)
             for owner in {self.rank, self.source if self.source is not None else self.rank}:
@@ -210,15 +215,24 @@ class MemoryTier:
             own = d / f"rank{self.rank:05d}.snap"
             size, checksum = write_snapshot(own, staged, self.algorithm)
             info.update(size=size, checksum=checksum)
-            if self.peer is not None:
-                t1 = time.perf_counter()
-                replica_info = self._exchange(own, info, d)
-                replica_bytes, replica_s = replica_info["size"], time.perf_counter() - t1
             ok = True
-        except Exception as exc:  # agreed below: every rank ends this snapshot the same way
-            log.error("memory snapshot of step %d failed on rank %d: %s: %s", step, self.rank, type(exc).__name__, exc)
+        except Exception as exc:
+            log.error("memory snapshot of step %d: writing on rank %d failed: %s: %s", step, self.rank,
+                      type(exc).__name__, exc)
+            ok = False
         if not self._all(ok):
-            return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, replica_s, size, replica_bytes, False)
+            return failed()
+        if self.peer is not None:
+            t1 = time.perf_counter()
+            try:
+                replica_info = self._exchange(own, info, d)
+                replica_bytes, ok = replica_info["size"], True
+            except SnapshotError as exc:  # the transfer itself completed on both sides
+                log.error("memory snapshot of step %d on rank %d: %s", step, self.rank, exc)
+                ok = False
+            replica_s = time.perf_counter() - t1
+            if not self._all(ok):
+                return failed()
         atomic_write_text(d / f"rank{self.rank:05d}.json", json.dumps(info))
         if replica_info is not None:
             atomic_write_text(d / f"rank{replica_info['owner']:05d}.json", json.dumps(replica_info))
@@ -227,7 +241,10 @@ class MemoryTier:
         return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, replica_s, size, replica_bytes, True)
 
     def _exchange(self, own: Path, info: dict, d: Path) -> dict:
-        """Send this rank's file to the peer and receive the source's into ``d``; check its checksum."""
+        """Send this rank's file to the peer and receive the source's into ``d``; check its checksum.
+        The destination is reserved with fallocate first (a write into a mapped file on a full tmpfs
+        would kill the process with SIGBUS); if that fails the bytes are received into scratch
+        memory, so the sender is not left hanging, and the failure is raised afterwards."""
         payload = torch.from_file(str(own), shared=False, size=info["size"], dtype=torch.uint8)
         info_out = torch.frombuffer(bytearray(json.dumps(info).encode()), dtype=torch.uint8)
         header_out = torch.tensor([info["size"], info_out.numel()], dtype=torch.int64)
@@ -237,16 +254,28 @@ class MemoryTier:
         size_in, info_len = int(header_in[0]), int(header_in[1])
         info_in = torch.empty(info_len, dtype=torch.uint8)
         replica_tmp = d / f"replica-from-{self.source:05d}.tmp"
-        with open(replica_tmp, "wb") as f:
-            f.truncate(size_in)
-        incoming = torch.from_file(str(replica_tmp), shared=True, size=size_in, dtype=torch.uint8)
+        no_room: Optional[OSError] = None
+        try:
+            fd = os.open(replica_tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size_in)
+            finally:
+                os.close(fd)
+            incoming = torch.from_file(str(replica_tmp), shared=True, size=size_in, dtype=torch.uint8)
+        except OSError as exc:
+            no_room, incoming = exc, torch.empty(size_in, dtype=torch.uint8)
+            replica_tmp.unlink(missing_ok=True)
         _wait([dist.isend(info_out, self.peer, group=self.group, tag=_TAG_INFO),
                dist.isend(payload, self.peer, group=self.group, tag=_TAG_DATA),
                dist.irecv(info_in, self.source, group=self.group, tag=_TAG_INFO),
                dist.irecv(incoming, self.source, group=self.group, tag=_TAG_DATA)])
+        del payload
         received = json.loads(info_in.numpy().tobytes())
+        if no_room is not None:
+            raise SnapshotError(f"no room for the replica of rank {received['owner']} ({_size(size_in)}) in {d}: "
+                                f"{no_room}")
         got = checksum_buffer(incoming.numpy(), received["algorithm"])
-        del incoming, payload
+        del incoming
         if got != received["checksum"] or received["size"] != size_in:
             raise SnapshotError(f"replica of rank {received['owner']} step {received['step']} arrived damaged "
                                 f"(checksum {got} != {received['checksum']})")
@@ -339,25 +368,23 @@ class MemoryTier:
 
     def _restore_step(self, state, step: int, at_step: List[dict], mine: List[dict], t0: float) -> Optional[Restored]:
         t1 = time.perf_counter()
-        intact = []
-        for h in mine:  # every copy this node holds for ``step``: verify before anything is trusted
+        own, own_buf = next((h for h in mine if h["owner"] == self.rank), None), None
+        if own is not None:  # this rank's own copy is verified here; a replica by its receiver, on arrival
             try:
-                data = torch.from_file(h["path"], shared=False, size=h["size"], dtype=torch.uint8)
-                if checksum_buffer(data.numpy(), h["algorithm"]) == h["checksum"]:
-                    intact.append(h["owner"])
+                data = torch.from_file(own["path"], shared=False, size=own["size"], dtype=torch.uint8)
+                if checksum_buffer(data.numpy(), own["algorithm"]) == own["checksum"]:
+                    own_buf = data
                 else:
-                    log.error("memory tier: copy of rank %d step %d in %s fails its checksum", h["owner"], step,
-                              h["path"])
+                    log.error("memory tier: the copy of rank %d step %d in %s fails its checksum", self.rank, step,
+                              own["path"])
             except (OSError, RuntimeError) as exc:
-                log.error("memory tier: copy of rank %d step %d unreadable: %s", h["owner"], step, exc)
+                log.error("memory tier: the copy of rank %d step %d is unreadable: %s", self.rank, step, exc)
         verify_s = time.perf_counter() - t1
-        intact_by_holder = self._gather(intact)
+        own_intact = self._gather(own_buf is not None)
         sources: Dict[int, Optional[int]] = {}
         for r in range(self.world_size):
-            if r in intact_by_holder[r]:
-                sources[r] = r
-            else:
-                sources[r] = next((h for h in range(self.world_size) if r in intact_by_holder[h]), None)
+            others = sorted(c["holder"] for c in at_step if c["owner"] == r and c["holder"] != r)
+            sources[r] = r if own_intact[r] else (others[0] if others else None)
         missing = [r for r, h in sources.items() if h is None]
         if missing:
             if self.rank == 0:
@@ -369,9 +396,7 @@ class MemoryTier:
             h = sources[r]
             if h == r:
                 if r == self.rank:
-                    c = next(x for x in mine if x["owner"] == r)
-                    buf = torch.from_file(c["path"], shared=False, size=c["size"], dtype=torch.uint8)
-                    manifest_json = c.get("manifest")
+                    buf, manifest_json = own_buf, own.get("manifest")
             elif self.rank == h:
                 self._send_copy(next(x for x in mine if x["owner"] == r), r)
             elif self.rank == r:

@@ -273,7 +273,8 @@ def test_a_damaged_copy_falls_back_to_the_peer_and_two_to_the_durable_tier(tmp_p
         assert "fails its checksum" in restart.text()
     else:
         assert resume["source"] == "storage" and resume["step"] == DURABLE_INTERVAL, resume
-        assert "no step has an intact copy for every rank" in restart.text()
+        assert "the replica streamed from rank 0 arrived damaged" in restart.text()
+        assert "failed to load or verify" in restart.text()
     _assert_bitwise(run_dir, baseline)
 
 
@@ -318,3 +319,41 @@ def test_auto_interval_is_chosen_from_the_measured_snapshot_cost(tmp_path, pydoc
     snapshots = [e["step"] for e in read_metrics(run_dir, "memory_snapshot") if e["committed"]]
     assert snapshots[0] == 5 and snapshots[1:] == [s for s in range(6, 15) if s % every == 0], (every, snapshots)
     assert chosen[0]["blocking_s"] > 0 and chosen[0]["mtbf_s"] > 0
+
+
+@pytest.mark.distributed
+def test_shared_memory_filling_up_mid_run_skips_snapshots_and_training_goes_on(tmp_path, pydoc_data, baseline):
+    """Pre-flight passed; then something else fills the tmpfs while both ranks stall at step 11: the
+    snapshots fail on every rank together (no rank waits for a transfer that will not come), training
+    goes on bitwise, and once there is room again snapshots complete again."""
+    run_dir = tmp_path / "run"
+    stall = faults_override([{"kind": "hang", "phase": "step", "step": 11, "rank": -1, "hang_s": 3.0}])
+    with tmpfs(tmp_path / "shm", 32) as shm:  # both nodes: 2 x (own + replica) x 2 steps x ~2.7 MB
+        nodes = Nodes(tmp_path, overrides(run_dir, pydoc_data, shm, [stall]))
+        filler = shm / "filler"
+        try:
+            nodes.start(0)
+            nodes.start(1)
+            deadline = time.monotonic() + 300
+            while len(list((run_dir / "faults").glob("fired-*"))) < 2:
+                assert time.monotonic() < deadline and all(a.poll() is None for a in nodes.agents.values()), \
+                    nodes.text()
+                time.sleep(0.05)
+            while list(shm.glob("node-*/step_00000008")) or len(list(shm.glob("node-*/step_00000010/*.json"))) < 4:
+                assert time.monotonic() < deadline, nodes.text()  # step 10 complete, step 8 gone: nothing to free
+                time.sleep(0.05)
+            with open(filler, "wb") as f:  # everything but 64 KiB
+                f.write(b"\0" * (shutil.disk_usage(shm).free - (64 << 10)))
+            while not any("ERROR memory snapshot of step" in p.read_text() for p in tmp_path.glob("node*.log")):
+                assert time.monotonic() < deadline, nodes.text()
+                time.sleep(0.05)
+            filler.unlink()
+            codes = nodes.wait()
+        finally:
+            nodes.stop()
+    assert codes == {0: 0, 1: 0}, nodes.text()
+    snapshots = read_metrics(run_dir, "memory_snapshot")
+    failed = [e["step"] for e in snapshots if not e["committed"]]
+    assert failed and min(failed) >= 10, snapshots  # 10: if its background write was still going
+    assert any(e["committed"] and e["step"] > max(failed) for e in snapshots), snapshots
+    _assert_bitwise(run_dir, baseline)
