@@ -382,6 +382,8 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=5, help="gloo floor exchanges")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one launch may take")
     p.add_argument("--keep-page-cache", action="store_true", help="do not drop the page cache before the restarts")
+    p.add_argument("--restore-only", action="store_true",
+                   help="only part 4 (the restarts), written to restore.json: to re-measure after a change")
     a = p.parse_args(argv)
     if a.steps < a.warmup + 2 * max(MEMORY_INTERVALS):
         p.error(f"--steps must be at least --warmup + {2 * max(MEMORY_INTERVALS)} (two snapshots at interval 10)")
@@ -402,6 +404,19 @@ def main(argv=None) -> None:
     print(f"model {params / 1e6:.1f} M params (dim {a.dim}, {a.layers} layers, vocab {a.vocab}) + AdamW, 2 ranks as 2 "
           f"nodes; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {a.steps} steps per throughput run, "
           f"first {a.warmup} left out; memory root {a.shm}; runs in {a.out}", flush=True)
+    if a.restore_only:
+        try:
+            drop = (lambda: False) if a.keep_page_cache else bench_checkpoint.drop_caches
+            restore = {"crash_local": bench.crash(), **bench.restarts(drop)}
+        finally:
+            shutil.rmtree(a.shm, ignore_errors=True)
+            shutil.rmtree(a.out / "backup", ignore_errors=True)
+        (a.out / "restore.json").write_text(json.dumps(restore, indent=1))
+        for name, r in restore.items():
+            print(f"{name:14s} step {r['step']} {r['source']:7s} {sorted(r['sources'].values())} load_s "
+                  f"{r['load_s']:.2f} " + " ".join(f"{k} {r[k]}" for k in ("verify_s", "read_s", "apply_s") if k in r))
+        print(f"result: {a.out / 'restore.json'}")
+        return
     try:
         print("1. throughput", flush=True)
         tp: Dict[str, dict] = {}
