@@ -13,8 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from checkpoint.memory_tier import SnapshotRecord
 from helpers.launch import load_script
 
@@ -116,17 +114,3 @@ def test_the_result_has_every_field(tmp_path, monkeypatch, pydoc_data):
                 "--layers", "2", "--vocab", "320", "--steps", "22", "--reps", "2", "--keep-page-cache"])
     check_result(json.loads((out / "result.json").read_text()), 22)
     assert not shm.exists() and not (out / "backup").exists()
-
-
-@pytest.mark.distributed
-def test_a_tiny_run_of_the_benchmark(tmp_path, pydoc_data):
-    from helpers.launch import run
-
-    out, shm = tmp_path / "out", tmp_path / "shm"
-    proc = run([sys.executable, "scripts/bench_memory_tier.py", "--out", str(out), "--shm", str(shm), "--data",
-                str(pydoc_data), "--dim", "64", "--layers", "2", "--vocab", "320", "--steps", "22",
-                "--keep-page-cache"], timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    check_result(json.loads((out / "result.json").read_text()), 22)
-    assert "target: memory interval 10 within 3% of no checkpointing" in proc.stdout
-    assert not shm.exists()

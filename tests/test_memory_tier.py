@@ -228,14 +228,28 @@ def test_a_worker_crash_restores_every_rank_from_its_own_node(tmp_path, pydoc_da
     assert not list(shm.glob("node-*/step_*")), "a finished run leaves its snapshots in memory"
 
 
-def _stopped_run(tmp_path: Path, pydoc_data: Path, shm: Path, extra=()) -> Path:
+def _stopped_run(tmp_path: Path, pydoc_data: Path, shm: Path) -> Path:
     """A run that dies at KILL_STEP (rank 0 SIGKILLed, no restarts): its snapshots stay in memory."""
     run_dir = tmp_path / "run"
     fault = faults_override([{"kind": "sigkill", "phase": "data_wait", "step": KILL_STEP, "rank": 0}])
-    nodes = Nodes(tmp_path, overrides(run_dir, pydoc_data, shm, [fault, *extra]), max_restarts=0)
+    nodes = Nodes(tmp_path, overrides(run_dir, pydoc_data, shm, [fault]), max_restarts=0)
     codes = nodes.run_both()
     assert codes[0] != 0, nodes.text()
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, pydoc_data):
+    """One stopped run (its run directory and memory root) that each test below gets a copy of."""
+    tmp = tmp_path_factory.mktemp("memtier-stopped")
+    return _stopped_run(tmp, pydoc_data, tmp / "shm"), tmp / "shm"
+
+
+def _copy_of(stopped, tmp_path: Path):
+    run_dir, shm = stopped
+    shutil.copytree(run_dir, tmp_path / "run")
+    shutil.copytree(shm, tmp_path / "shm")
+    return tmp_path / "run", tmp_path / "shm"
 
 
 def _flip_middle_byte(path: Path) -> None:
@@ -252,9 +266,8 @@ def _newest_complete(node_dir: Path) -> Path:
 @pytest.mark.distributed
 @pytest.mark.parametrize("damaged", ["own copy", "both copies"])
 def test_a_damaged_copy_falls_back_to_the_peer_and_two_to_the_durable_tier(tmp_path, pydoc_data, baseline,
-                                                                           damaged):
-    shm = tmp_path / "shm"
-    run_dir = _stopped_run(tmp_path, pydoc_data, shm)
+                                                                           stopped, damaged):
+    run_dir, shm = _copy_of(stopped, tmp_path)
     own = _newest_complete(shm / "node-1") / "rank00001.snap"
     replica = _newest_complete(shm / "node-0") / "rank00001.snap"
     assert own.parent.name == replica.parent.name
@@ -279,9 +292,8 @@ def test_a_damaged_copy_falls_back_to_the_peer_and_two_to_the_durable_tier(tmp_p
 
 
 @pytest.mark.distributed
-def test_a_changed_world_size_ignores_the_memory_tier_and_says_so(tmp_path, pydoc_data, baseline):
-    shm = tmp_path / "shm"
-    run_dir = _stopped_run(tmp_path, pydoc_data, shm)
+def test_a_changed_world_size_ignores_the_memory_tier_and_says_so(tmp_path, pydoc_data, stopped):
+    run_dir, shm = _copy_of(stopped, tmp_path)
     assert list(shm.glob("node-*/step_*"))
     proc = run_train(overrides(run_dir, pydoc_data, shm, ["checkpoint.memory.node=0"]), nproc=1)
     assert "the snapshots in memory were taken at world 2" in proc.stderr
