@@ -46,7 +46,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -60,10 +60,6 @@ log = logging.getLogger("trainer")
 
 STEP_DIR = "step_{:08d}"
 _TAG_HEADER, _TAG_INFO, _TAG_DATA = 11, 12, 13
-
-
-class MemoryTierError(RuntimeError):
-    """The memory tier cannot run as configured (pre-flight); the message names the numbers and the fix."""
 
 
 def default_root(run_name: str) -> Path:
@@ -280,7 +276,6 @@ class MemoryTier:
             raise SnapshotError(f"replica of rank {received['owner']} step {received['step']} arrived damaged "
                                 f"(checksum {got} != {received['checksum']})")
         os.replace(replica_tmp, d / f"rank{received['owner']:05d}.snap")
-        received["holder_node"] = str(self.dir)
         return received
 
     def _drop_older(self, step: int) -> None:
@@ -462,6 +457,6 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
-def _wait(works: List[Callable]) -> None:
+def _wait(works: list) -> None:
     for w in works:
         w.wait()
