@@ -17,8 +17,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from checkpoint.manifest import CheckpointError, ConfigMismatch
-from checkpoint.preflight import PreflightError
+from checkpoint.durable.manifest import CheckpointError, ConfigMismatch
+from checkpoint.durable.preflight import PreflightError
 from configs.schema import register
 from configs.validate import ConfigError, model_config, validate_config, world_size_of
 from data.checks import DataError

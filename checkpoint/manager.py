@@ -24,19 +24,19 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from checkpoint.discovery import clean_uncommitted, latest_committed, list_committed, mark_bad, resolve_resume
-from checkpoint.fingerprint import config_differences, config_hash, full_config, hashed_config, schedule_changes
-from checkpoint.integrity import default_algorithm
-from checkpoint.layout import checkpoint_id, parse
-from checkpoint.lease import check_lease, take_lease
-from checkpoint.loader import any_rank, from_rank0, load_checkpoint
-from checkpoint.manifest import CheckpointError, ConfigMismatch, Manifest, read_manifest
-from checkpoint.memory_tier import STEP_DIR, MemoryTier, Restored, SnapshotRecord
-from checkpoint.preflight import PreflightError, expected_checkpoint_bytes, preflight_checkpoint_dir
-from checkpoint.retention import apply_retention
-from checkpoint.save_errors import CheckpointSaveError
-from checkpoint.saver import CheckpointSaver, FaultHook, SaveRecord
-from checkpoint.state import TrainingState
+from checkpoint.durable.discovery import clean_uncommitted, latest_committed, list_committed, mark_bad, resolve_resume
+from checkpoint.durable.integrity import default_algorithm
+from checkpoint.durable.layout import checkpoint_id, parse
+from checkpoint.durable.lease import check_lease, take_lease
+from checkpoint.durable.loader import any_rank, from_rank0, load_checkpoint
+from checkpoint.durable.manifest import CheckpointError, ConfigMismatch, Manifest, read_manifest
+from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes, preflight_checkpoint_dir
+from checkpoint.durable.retention import apply_retention
+from checkpoint.durable.save_errors import CheckpointSaveError
+from checkpoint.durable.saver import CheckpointSaver, FaultHook, SaveRecord
+from checkpoint.memory.tier import STEP_DIR, MemoryTier, Restored, SnapshotRecord
+from checkpoint.state.fingerprint import config_differences, config_hash, full_config, hashed_config, schedule_changes
+from checkpoint.state.training_state import TrainingState
 
 log = logging.getLogger("trainer")
 
@@ -73,7 +73,7 @@ class CheckpointManager:
             checksum_algorithm=default_algorithm() if c.checksum else None,
             commit_timeout_s=c.commit_timeout_s, pin_memory=device.type == "cuda",
             after_commit=self._after_commit, fault_hook=fault_hook, storage_format=c.format)
-        self.memory: Optional[MemoryTier] = None  # checkpoint.memory (checkpoint/memory_tier.py)
+        self.memory: Optional[MemoryTier] = None  # checkpoint.memory (checkpoint/memory/tier.py)
         m = c.memory
         if str(m.interval).strip().lower() == "auto" or int(m.interval) > 0:
             self.memory = MemoryTier(m, run_name=cfg.run_name, rank=rank, world_size=world_size,
@@ -100,9 +100,9 @@ class CheckpointManager:
 
     # -- before step 1 -------------------------------------------------------------------
     def preflight(self) -> None:
-        """Before resume: take this attempt's lease on checkpoint.dir (checkpoint/lease.py), so an
+        """Before resume: take this attempt's lease on checkpoint.dir (checkpoint/durable/lease.py), so an
         older attempt's writers can no longer commit there; then check the directory has room
-        for the saves to come (checkpoint/preflight.py)."""
+        for the saves to come (checkpoint/durable/preflight.py)."""
         lease = [None, None]  # (attempt, why it could not be taken)
         if self.rank == 0:
             try:
@@ -165,7 +165,7 @@ class CheckpointManager:
         return f"from {path} (step {manifest.step}, saved at world {manifest.world_size}){note}"
 
     def _resume_from_memory(self, verify: Optional[VerifyHook]) -> Optional[str]:
-        """The memory tier first (checkpoint/memory_tier.py): the newest step every rank can get an
+        """The memory tier first (checkpoint/memory/tier.py): the newest step every rank can get an
         intact copy of, newer than the newest durable checkpoint, verified like a durable load. None:
         go on to the durable tier (nothing usable, or the snapshot failed and was forgotten)."""
         t0 = time.perf_counter()

@@ -109,7 +109,7 @@ class OptimConfig:
 
 @dataclass
 class MemoryTierConfig:
-    """The in-memory tier (checkpoint/memory_tier.py): node-local snapshots with a peer replica."""
+    """The in-memory tier (checkpoint/memory/tier.py): node-local snapshots with a peer replica."""
 
     # Steps between snapshots; 0 turns the tier off; "auto": Young/Daly from the measured snapshot stall.
     interval: str = "0"
@@ -139,7 +139,7 @@ class CheckpointConfig:
     resume: str = "auto"  # auto | never | must | <path or step>
     allow_config_change: bool = False  # resume although the config hash differs (logged)
     checksum: bool = True  # checksum every file at save (xxh3-64, or crc32 without xxhash)
-    verify_on_load: bool = True  # check sizes first, checksums while loading (checkpoint/loader.py)
+    verify_on_load: bool = True  # check sizes first, checksums while loading (checkpoint/durable/loader.py)
     load_threads: int = 2  # read streams per rank and file while loading (1: one sequential stream)
     commit_timeout_s: float = 600.0  # a rank that has not acknowledged by then: not committed
     # A save that fails (disk full, read-only, quota): stop (the uncommitted directory is removed and the

@@ -15,9 +15,9 @@ from typing import Callable, List
 
 from omegaconf import DictConfig, OmegaConf
 
-from checkpoint.discovery import resolve_resume
-from checkpoint.manifest import CheckpointError
-from checkpoint.weight_source import source_problems
+from checkpoint.durable.discovery import resolve_resume
+from checkpoint.durable.manifest import CheckpointError
+from checkpoint.interop.weight_source import source_problems
 from configs.constants import (
     ACTIVATION_CHECKPOINTING,
     ASYNC_MODES,

@@ -25,7 +25,7 @@ class ModelConfig:
     dropout: float = 0.0
     tie_embeddings: bool = False
     init_std: float = 0.02
-    # Start from these weights instead of init_std's random ones (checkpoint/init_from.py): a Hugging
+    # Start from these weights instead of init_std's random ones (checkpoint/interop/init_from.py): a Hugging
     # Face Llama folder, a scripts/export.py safetensors file or a committed checkpoint. Not a shape.
     init_from: Optional[str] = None
 

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Iterable, List, Optional
 
-from checkpoint.layout import MANIFEST
+from checkpoint.durable.layout import MANIFEST
 from configs.constants import CORRUPTIONS, DISK_FULL_PHASES, FAULT_KINDS, FAULT_PHASES
 from configs.schema import FaultConfig
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from checkpoint.saver import SaveRecord
+from checkpoint.durable.saver import SaveRecord
 from recovery.faults import FaultInjector
 from recovery.guards.rollback import roll_back
 from recovery.interval import choose_interval_steps, cluster_mtbf_s

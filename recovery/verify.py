@@ -1,6 +1,6 @@
 """A resumed run proves itself (contract 7) before it trains another step.
 
-Checksums (checkpoint/loader.py) prove the files are the ones written; they cannot prove
+Checksums (checkpoint/durable/loader.py) prove the files are the ones written; they cannot prove
 that what was written is what training had, or that it was restored into the right places.
 After the load, three facts are checked against the manifest:
 
@@ -31,10 +31,10 @@ import math
 from pathlib import Path
 from typing import Callable, Optional
 
-from checkpoint.discovery import list_committed
-from checkpoint.fingerprint import config_hash, hashed_config
-from checkpoint.loader import any_rank
-from checkpoint.manifest import ConfigMismatch, Manifest
+from checkpoint.durable.discovery import list_committed
+from checkpoint.durable.loader import any_rank
+from checkpoint.durable.manifest import ConfigMismatch, Manifest
+from checkpoint.state.fingerprint import config_hash, hashed_config
 from training.schedule import lr_at
 
 log = logging.getLogger("trainer")
@@ -135,7 +135,7 @@ class ResumeVerifier:
     def _check_depth(self, path: Path) -> None:
         """Stop after ``max_fallbacks`` fallbacks: count the committed checkpoints newer than ``path``."""
         try:
-            from checkpoint.layout import parse
+            from checkpoint.durable.layout import parse
 
             step = parse(Path(path).name)[0]
         except (TypeError, IndexError):

@@ -27,12 +27,12 @@ from typing import List
 
 import torch
 
-from checkpoint.integrity import checksum_files, default_algorithm
-from checkpoint.layout import committed_dir
-from checkpoint.loader import load_checkpoint
-from checkpoint.manifest import Manifest
-from checkpoint.saver import CheckpointSaver
-from checkpoint.state import TrainingState, local_state_bytes
+from checkpoint.durable.integrity import checksum_files, default_algorithm
+from checkpoint.durable.layout import committed_dir
+from checkpoint.durable.loader import load_checkpoint
+from checkpoint.durable.manifest import Manifest
+from checkpoint.durable.saver import CheckpointSaver
+from checkpoint.state.training_state import TrainingState, local_state_bytes
 from model.config import ModelConfig
 from model.llama import build_model
 

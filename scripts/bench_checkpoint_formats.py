@@ -4,7 +4,7 @@
   python scripts/bench_checkpoint_formats.py --dir /tmp/fmt-bench --cold     # drop the page cache first (root)
 
 For each format, --reps times and taking turns: a sync save (write, checksum, commit), the size on
-disk, a verified load (checkpoint/loader.py, what a resume does) and, as the floor, one plain
+disk, a verified load (checkpoint/durable/loader.py, what a resume does) and, as the floor, one plain
 sequential read of the same data files. Reads are from the page cache unless --cold (which needs
 root and slows everyone else on the machine for a while). Medians are reported, and each load as
 a multiple of its own read floor: raw reads bytes straight into the tensors and checksums them on
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from checkpoint.layout import committed_dir
-from checkpoint.loader import load_checkpoint
-from checkpoint.manifest import Manifest
-from checkpoint.saver import CheckpointSaver
-from checkpoint.state import TrainingState, local_state_bytes
+from checkpoint.durable.layout import committed_dir
+from checkpoint.durable.loader import load_checkpoint
+from checkpoint.durable.manifest import Manifest
+from checkpoint.durable.saver import CheckpointSaver
+from checkpoint.state.training_state import TrainingState, local_state_bytes
 from model.config import ModelConfig
 from model.llama import build_model
 

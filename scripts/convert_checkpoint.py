@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from checkpoint.convert import convert_to_dcp
+from checkpoint.interop.convert import convert_to_dcp
 
 
 def main() -> None:

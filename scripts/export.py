@@ -21,8 +21,8 @@ import argparse
 import resource
 from pathlib import Path
 
-from checkpoint.export import DTYPES, export_hf, export_safetensors
-from checkpoint.safetensors_io import parse_size
+from checkpoint.interop.export import DTYPES, export_hf, export_safetensors
+from checkpoint.interop.safetensors_io import parse_size
 
 
 def main() -> None:

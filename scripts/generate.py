@@ -22,8 +22,8 @@ from typing import Dict, NamedTuple, Optional
 
 import torch
 
-from checkpoint.export import load_tensors
-from checkpoint.manifest import read_manifest
+from checkpoint.durable.manifest import read_manifest
+from checkpoint.interop.export import load_tensors
 from data.tokenizer import load_tokenizer
 from model.config import ModelConfig
 from model.generation import Sampling, generate

@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from checkpoint.discovery import list_checkpoints, read_latest_pointer
-from checkpoint.manifest import CheckpointError, check_files
-from checkpoint.retention import Candidate, retention_plan
+from checkpoint.durable.discovery import list_checkpoints, read_latest_pointer
+from checkpoint.durable.manifest import CheckpointError, check_files
+from checkpoint.durable.retention import Candidate, retention_plan
 
 
 def _size(path: Path) -> int:

@@ -15,10 +15,10 @@ from omegaconf import OmegaConf
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from checkpoint.export import load_tensors
-from checkpoint.init_from import load_initial_weights
-from checkpoint.storage import RAW, RawFileReader
-from checkpoint.weight_source import open_source
+from checkpoint.durable.storage import RAW, RawFileReader
+from checkpoint.interop.export import load_tensors
+from checkpoint.interop.init_from import load_initial_weights
+from checkpoint.interop.weight_source import open_source
 from helpers.launch import ROOT, run, run_train
 from metrics.records import step_losses
 from model.config import ModelConfig

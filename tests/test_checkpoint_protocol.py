@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from checkpoint.commit import (
+from checkpoint.durable.commit import (
     CommitTimeout,
     acknowledge,
     collect_acknowledgements,
@@ -15,7 +15,7 @@ from checkpoint.commit import (
     seal,
     update_latest,
 )
-from checkpoint.discovery import (
+from checkpoint.durable.discovery import (
     clean_uncommitted,
     latest_committed,
     list_checkpoints,
@@ -24,8 +24,8 @@ from checkpoint.discovery import (
     read_latest_pointer,
     resolve_resume,
 )
-from checkpoint.layout import committed_dir, uncommitted_dir
-from checkpoint.manifest import CheckpointError, FileEntry, Manifest, verify_checkpoint
+from checkpoint.durable.layout import committed_dir, uncommitted_dir
+from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest, verify_checkpoint
 from helpers.launch import load_script
 
 
@@ -134,7 +134,7 @@ def test_resave_of_a_committed_step_moves_the_old_one_aside(tmp_path):
 
 
 def test_host_stager_reuses_buffers_and_never_aliases_live_tensors():
-    from checkpoint.staging import HostStager
+    from checkpoint.state.staging import HostStager
 
     live = {"model": {"w": torch.randn(4, 3)}, "optim": {"step": torch.tensor(3.0)}, "blob": b"abc"}
     stager = HostStager(pin_memory=False)
@@ -152,7 +152,7 @@ def test_host_stager_reuses_buffers_and_never_aliases_live_tensors():
 def test_config_hash_ignores_resume_mutable_fields_and_names_changes():
     from omegaconf import OmegaConf
 
-    from checkpoint.fingerprint import config_differences, config_hash, hashed_config
+    from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config
 
     cfg = OmegaConf.create({"seed": 1, "optim": {"lr": 0.1, "beta2": 0.95}, "parallel": {"tp": 1}, "run_name": "a",
                             "training": {"micro_batch_size": 4, "global_batch_size": 8, "steps": 10},
@@ -168,7 +168,7 @@ def test_config_hash_ignores_resume_mutable_fields_and_names_changes():
 
 
 def test_preflight_checks_directory_and_space(tmp_path):
-    from checkpoint.preflight import PreflightError, preflight_checkpoint_dir
+    from checkpoint.durable.preflight import PreflightError, preflight_checkpoint_dir
 
     preflight_checkpoint_dir(tmp_path / "new" / "dir", expected_bytes=1 << 20, keep_last=2, rank=0)
     assert (tmp_path / "new" / "dir").is_dir() and not list((tmp_path / "new" / "dir").iterdir())
@@ -182,7 +182,7 @@ def test_preflight_checks_directory_and_space(tmp_path):
 def test_checksum_algorithms_agree_with_reference_implementations(tmp_path):
     import zlib
 
-    from checkpoint.integrity import CHUNK, checksum_file
+    from checkpoint.durable.integrity import CHUNK, checksum_file
 
     data = os.urandom(CHUNK + 12345)  # spans two read chunks
     (tmp_path / "f").write_bytes(data)

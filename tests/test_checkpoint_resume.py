@@ -59,7 +59,7 @@ def test_async_kill_during_write_resumes_bitwise(reference, pydoc_data, tmp_path
 
 
 def ema_weights(checkpoint: Path) -> dict:
-    from checkpoint.export import load_tensors
+    from checkpoint.interop.export import load_tensors
 
     return load_tensors(checkpoint, prefix="ema.")
 

@@ -1,4 +1,4 @@
-"""checkpoint/storage.py: raw-bytes tensors read straight into their destinations, checksums
+"""checkpoint/durable/storage.py: raw-bytes tensors read straight into their destinations, checksums
 computed while writing and verified while reading, stock DCP checkpoints still readable."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
-from checkpoint import storage
-from checkpoint.commit import acknowledge
-from checkpoint.integrity import checksum_file
-from checkpoint.manifest import CheckpointError, FileEntry
-from checkpoint.storage import RawFileReader, RawFileWriter
+from checkpoint.durable import storage
+from checkpoint.durable.commit import acknowledge
+from checkpoint.durable.integrity import checksum_file
+from checkpoint.durable.manifest import CheckpointError, FileEntry
+from checkpoint.durable.storage import RawFileReader, RawFileWriter
 from helpers.launch import run, torchrun, worker
 
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from checkpoint.discovery import list_committed
+from checkpoint.durable.discovery import list_committed
 from helpers.launch import python_or_torchrun, run, run_train, worker
 from metrics.records import read_metrics
 from recovery.watchdog import read_records

@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from checkpoint.layout import committed_dir
-from checkpoint.manifest import Manifest
-from checkpoint.saver import CheckpointSaver
-from checkpoint.state import TrainingState
+from checkpoint.durable.layout import committed_dir
+from checkpoint.durable.manifest import Manifest
+from checkpoint.durable.saver import CheckpointSaver
+from checkpoint.state.training_state import TrainingState
 from helpers.launch import ROOT, run
 from model.config import ModelConfig
 from model.llama import build_model

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from checkpoint.discovery import list_committed
+from checkpoint.durable.discovery import list_committed
 from helpers.launch import ROOT, load_script, run, run_train
 from model.config import ModelConfig
 from model.generation import Sampling, generate, next_token

@@ -17,11 +17,11 @@ import sys
 import pytest
 import torch
 
-from checkpoint.export import export_hf, load_tensors
-from checkpoint.layout import committed_dir
-from checkpoint.manifest import Manifest
-from checkpoint.saver import CheckpointSaver
-from checkpoint.state import TrainingState
+from checkpoint.durable.layout import committed_dir
+from checkpoint.durable.manifest import Manifest
+from checkpoint.durable.saver import CheckpointSaver
+from checkpoint.interop.export import export_hf, load_tensors
+from checkpoint.state.training_state import TrainingState
 from data.tokenizer import ByteTokenizer
 from helpers.launch import ROOT, run, run_train
 from model.config import ModelConfig

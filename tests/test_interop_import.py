@@ -23,7 +23,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from checkpoint.weight_source import read_safetensors_header, source_problems
+from checkpoint.interop.weight_source import read_safetensors_header, source_problems
 from configs.schema import register
 from configs.validate import ConfigError, validate_config
 from helpers.data import data_config, global_batches
@@ -211,7 +211,7 @@ def test_shape_mismatch_stops_at_start_up_naming_the_fields(hf_folder, pydoc_dat
 def test_apply_init_from_restarts_the_ema_and_is_skipped_after_a_resume(hf_folder):
     from types import SimpleNamespace
 
-    from checkpoint.init_from import apply_init_from
+    from checkpoint.interop.init_from import apply_init_from
     from model.llama import build_model
     from training.ema import EMA
 

@@ -1,4 +1,4 @@
-"""The memory tier (checkpoint/memory_tier.py): node-local snapshots with a peer replica.
+"""The memory tier (checkpoint/memory/tier.py): node-local snapshots with a peer replica.
 
 The distributed tests run two torchrun agents on this machine, one worker each, as two nodes
 (``checkpoint.memory.node`` gives each its own directory under the memory root), with the
@@ -20,9 +20,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from checkpoint.memory_tier import MemoryTier
-from checkpoint.snapshot import SnapshotError, apply_snapshot, write_snapshot
-from checkpoint.state import TrainingState
+from checkpoint.memory.snapshot import SnapshotError, apply_snapshot, write_snapshot
+from checkpoint.memory.tier import MemoryTier
+from checkpoint.state.training_state import TrainingState
 from configs.schema import MemoryTierConfig
 from helpers.launch import run_train
 from helpers.processes import start, stop
@@ -134,7 +134,7 @@ def _tiny_state(seed: int) -> TrainingState:
 
 
 def _flat(state: TrainingState) -> dict:
-    from checkpoint.snapshot import _leaves
+    from checkpoint.memory.snapshot import _leaves
 
     return {p: (v.clone() if isinstance(v, torch.Tensor) else v) for p, v in _leaves(state.state_dict())
             if p[0] not in ("rng", "meta")}

@@ -14,11 +14,11 @@ import time
 import pytest
 import torch
 
-from checkpoint.discovery import list_committed, read_latest_pointer
-from checkpoint.layout import uncommitted_dir
-from checkpoint.lease import StaleWriter, current_attempt, take_lease
-from checkpoint.manifest import Manifest, read_manifest
-from checkpoint.saver import CheckpointSaver
+from checkpoint.durable.discovery import list_committed, read_latest_pointer
+from checkpoint.durable.layout import uncommitted_dir
+from checkpoint.durable.lease import StaleWriter, current_attempt, take_lease
+from checkpoint.durable.manifest import Manifest, read_manifest
+from checkpoint.durable.saver import CheckpointSaver
 from helpers.processes import alive, children, start, stop, wait_for_faults
 from metrics.records import read_metrics
 from tools.rehearsal import faults_override
@@ -143,8 +143,8 @@ def test_a_stale_writer_cannot_commit_over_a_newer_attempt(tmp_path):
 
 
 def test_the_coordinator_refuses_an_acknowledgement_of_another_attempt(tmp_path):
-    from checkpoint.commit import acknowledge, collect_acknowledgements
-    from checkpoint.manifest import CheckpointError
+    from checkpoint.durable.commit import acknowledge, collect_acknowledgements
+    from checkpoint.durable.manifest import CheckpointError
 
     d = uncommitted_dir(tmp_path, 4)
     d.mkdir()

@@ -35,7 +35,7 @@ def test_sigkill_at_seeded_points_resumes_bitwise(tmp_path, pydoc_data):
     baseline = step_losses(tmp_path / "runs" / "baseline")
     assert sorted(baseline) == list(range(1, STEPS + 1))
 
-    from checkpoint.discovery import list_checkpoints
+    from checkpoint.durable.discovery import list_checkpoints
 
     kills, phases = 0, set()
     for chain in result["chains"]:

@@ -9,9 +9,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from checkpoint.discovery import mark_bad
-from checkpoint.fingerprint import config_hash, hashed_config
-from checkpoint.manifest import ConfigMismatch, Manifest, write_manifest
+from checkpoint.durable.discovery import mark_bad
+from checkpoint.durable.manifest import ConfigMismatch, Manifest, write_manifest
+from checkpoint.state.fingerprint import config_hash, hashed_config
 from recovery.verify import RecoveryError, ResumeVerifier, probe_matches, refuse_all_bad, schedule_lr
 from training.schedule import build_scheduler
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from checkpoint.discovery import list_committed
-from checkpoint.manifest import read_manifest
+from checkpoint.durable.discovery import list_committed
+from checkpoint.durable.manifest import read_manifest
 from helpers.launch import run_train
 from metrics.records import read_metrics
 from recovery.verify import schedule_lr

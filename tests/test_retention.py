@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from checkpoint.layout import UNCOMMITTED, checkpoint_id
-from checkpoint.retention import Candidate, apply_retention, retention_plan
+from checkpoint.durable.layout import UNCOMMITTED, checkpoint_id
+from checkpoint.durable.retention import Candidate, apply_retention, retention_plan
 
 
 def kept(plan):
@@ -60,7 +60,7 @@ def _fake_checkpoint(root, step, loss=None, committed=True):
     d.mkdir(parents=True)
     (d / "__0_0.distcp").write_bytes(b"x")
     if committed:
-        from checkpoint.manifest import FileEntry, Manifest, write_manifest
+        from checkpoint.durable.manifest import FileEntry, Manifest, write_manifest
 
         write_manifest(d, Manifest(checkpoint_id(step), step, 0, 0, 0.0, "h", {}, 1, {}, 8, loss, None, None,
                                    {"__0_0.distcp": FileEntry(1, None)}))
@@ -77,7 +77,7 @@ def test_apply_retention_deletes_only_older_committed(tmp_path):
 
 
 def test_bad_checkpoints_do_not_count_as_kept(tmp_path):
-    from checkpoint.discovery import list_committed, mark_bad
+    from checkpoint.durable.discovery import list_committed, mark_bad
 
     for s in (10, 20):
         _fake_checkpoint(tmp_path, s)

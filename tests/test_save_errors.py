@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint.layout import committed_dir, uncommitted_dir
-from checkpoint.manifest import Manifest
-from checkpoint.preflight import PreflightError, preflight_checkpoint_dir, room_for
-from checkpoint.save_errors import CheckpointSaveError
-from checkpoint.saver import CheckpointSaver
+from checkpoint.durable.layout import committed_dir, uncommitted_dir
+from checkpoint.durable.manifest import Manifest
+from checkpoint.durable.preflight import PreflightError, preflight_checkpoint_dir, room_for
+from checkpoint.durable.save_errors import CheckpointSaveError
+from checkpoint.durable.saver import CheckpointSaver
 from helpers.launch import run_train
 from helpers.processes import start, stop, wait_for_faults
 from helpers.tmpfs import tmpfs
@@ -218,8 +218,8 @@ def test_a_storage_error_in_the_writer_is_reported_and_cleaned_up(tmp_path, code
 def test_preflight_counts_the_checkpoints_to_come(tmp_path):
     """keep_last + 1 checkpoints while a save is written, minus those already committed; the size
     from the newest manifest; leftovers of interrupted saves count as free."""
-    from checkpoint.commit import commit_checkpoint, seal
-    from checkpoint.manifest import FileEntry
+    from checkpoint.durable.commit import commit_checkpoint, seal
+    from checkpoint.durable.manifest import FileEntry
 
     root = tmp_path / "ckpt"
     room = room_for(root.parent, estimate_bytes=1000, keep_last=2)

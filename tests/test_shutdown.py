@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from checkpoint.discovery import list_committed
+from checkpoint.durable.discovery import list_committed
 from recovery.faults import InjectedFault
 from tools.runs import debug_overrides
 from tools.supervisor import compose

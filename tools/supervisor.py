@@ -26,7 +26,7 @@ from typing import List, Optional, Sequence
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
-from checkpoint.discovery import latest_committed
+from checkpoint.durable.discovery import latest_committed
 from configs.schema import register
 from configs.validate import validate_config
 

@@ -16,10 +16,9 @@ from typing import Callable, List
 import torch
 from omegaconf import DictConfig
 
-from checkpoint.init_from import apply_init_from
+from checkpoint.interop.init_from import apply_init_from
 from checkpoint.manager import CheckpointManager
-from checkpoint.probe import make_probe
-from checkpoint.state import TrainingState
+from checkpoint.state.training_state import TrainingState
 from configs.validate import model_config
 from data.batching import make_batch_plan
 from data.setup import build_data_pipeline
@@ -34,6 +33,7 @@ from parallel.parallelize import materialize_parallel_model, parallelize_model
 from recovery.faults import FaultInjector
 from recovery.guards import RollbackRequested
 from recovery.guards.guard import build_guards
+from recovery.probe import make_probe
 from recovery.runtime import RecoveryRuntime
 from training.ema import EMA
 from training.evaluate import build_evaluator

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from checkpoint.discovery import list_committed
+from checkpoint.durable.discovery import list_committed
 from recovery.guards.guard import RollbackRequested
 
 log = logging.getLogger("trainer")

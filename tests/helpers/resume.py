@@ -50,6 +50,6 @@ def assert_bitwise_continuation(run_dir: Path, reference: Path, start: int) -> N
 
 
 def committed_steps(run_dir: Path) -> list:
-    from checkpoint.discovery import list_committed
+    from checkpoint.durable.discovery import list_committed
 
     return [c.step for c in list_committed(run_dir / "checkpoints")]

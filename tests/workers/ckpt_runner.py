@@ -40,9 +40,9 @@ def main() -> None:
     a, overrides = p.parse_known_args(sys.argv[1:])  # torchrun drops the "--" separator
     overrides = [o for o in overrides if o != "--"]
 
+    import checkpoint.durable.saver as saver
     import checkpoint.manager as manager
-    import checkpoint.saver as saver
-    import checkpoint.state as state
+    import checkpoint.state.training_state as state
 
     if a.drop:  # the component is not read from the checkpoint: as if it had never been saved
         original_sd, original_load = state.TrainingState.state_dict, manager.load_checkpoint

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-from checkpoint.export import load_tensors
-from checkpoint.manifest import read_manifest
+from checkpoint.durable.manifest import read_manifest
+from checkpoint.interop.export import load_tensors
 from configs.schema import ParallelConfig
 from data.batching import make_batch_plan
 from data.setup import build_data_pipeline

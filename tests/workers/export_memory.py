@@ -19,9 +19,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from checkpoint.export import CheckpointTensors, export_hf, model_config_of
-from checkpoint.manifest import Manifest
-from checkpoint.saver import CheckpointSaver
+from checkpoint.durable.manifest import Manifest
+from checkpoint.durable.saver import CheckpointSaver
+from checkpoint.interop.export import CheckpointTensors, export_hf, model_config_of
 from model.config import ModelConfig
 from model.counting import count_params
 from model.llama import build_model

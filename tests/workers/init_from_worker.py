@@ -1,7 +1,7 @@
 """Run by test_interop.py, alone and under torchrun: model.init_from into a parallelised model.
 
 Builds the debug model (model.* overrides apply) the way trainer/run.py does (meta build,
-parallelize, materialize), loads SOURCE with checkpoint/init_from.py, runs one forward pass on
+parallelize, materialize), loads SOURCE with checkpoint/interop/init_from.py, runs one forward pass on
 fixed tokens and dumps, from rank 0: the logits, the gathered parameters, and how many bytes of
 tensors each rank read. With save=DIR it also saves the imported weights as a committed
 checkpoint (the project's saver, every rank writing its shards), for the export round trip.
@@ -22,10 +22,10 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-from checkpoint.init_from import load_initial_weights
-from checkpoint.manifest import Manifest
-from checkpoint.saver import CheckpointSaver
-from checkpoint.weight_source import open_source
+from checkpoint.durable.manifest import Manifest
+from checkpoint.durable.saver import CheckpointSaver
+from checkpoint.interop.init_from import load_initial_weights
+from checkpoint.interop.weight_source import open_source
 from configs.schema import ParallelConfig
 from model.config import ModelConfig
 from model.llama import build_model

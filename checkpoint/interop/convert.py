@@ -23,9 +23,9 @@ import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
-from checkpoint.integrity import checksum_file, fsync_dir
-from checkpoint.manifest import FileEntry, verify_checkpoint, write_manifest
-from checkpoint.storage import RAW, RawFileReader
+from checkpoint.durable.integrity import checksum_file, fsync_dir
+from checkpoint.durable.manifest import FileEntry, verify_checkpoint, write_manifest
+from checkpoint.durable.storage import RAW, RawFileReader
 
 METADATA = ".metadata"
 

@@ -2,7 +2,7 @@
 
 sync:  the training thread writes, acknowledges and (coordinator) commits.
 async: the training thread waits for the previous save, then stages a host copy
-       (``dcp.async_save`` with checkpoint/staging.py) and returns; DCP writes from its
+       (``dcp.async_save`` with checkpoint/state/staging.py) and returns; DCP writes from its
        thread and ours acknowledges and commits. At most one save is in flight.
 
 DCP's collectives run on a dedicated gloo group: sharing the default group with training
@@ -12,8 +12,8 @@ Fault hooks (``fault_hook(phase, step, path)``) sit between the phases.
 A failure in a phase is agreed on that group (DCP agrees on its own), so every rank ends the
 same save the same way. When the storage refused it (disk full, read-only, over quota) the
 coordinator removes the uncommitted directory and every rank raises ``CheckpointSaveError``
-(checkpoint/save_errors.py); the manager decides whether the run stops. ``attempt`` is this
-attempt's lease (checkpoint/lease.py): checked before acknowledging and before committing.
+(checkpoint/durable/save_errors.py); the manager decides whether the run stops. ``attempt`` is this
+attempt's lease (checkpoint/durable/lease.py): checked before acknowledging and before committing.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from checkpoint.commit import acknowledge, collect_acknowledgements, commit_checkpoint, seal, update_latest
-from checkpoint.discovery import latest_committed
-from checkpoint.integrity import checksum_file
-from checkpoint.layout import committed_dir, uncommitted_dir
-from checkpoint.lease import check_lease
-from checkpoint.manifest import CheckpointError, FileEntry, Manifest
-from checkpoint.save_errors import CheckpointSaveError, describe_save_failure, rank_errors, storage_errno
-from checkpoint.staging import HostStager
-from checkpoint.storage import WRITERS, RawFileWriter
+from checkpoint.durable.commit import acknowledge, collect_acknowledgements, commit_checkpoint, seal, update_latest
+from checkpoint.durable.discovery import latest_committed
+from checkpoint.durable.integrity import checksum_file
+from checkpoint.durable.layout import committed_dir, uncommitted_dir
+from checkpoint.durable.lease import check_lease
+from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest
+from checkpoint.durable.save_errors import CheckpointSaveError, describe_save_failure, rank_errors, storage_errno
+from checkpoint.durable.storage import WRITERS, RawFileWriter
+from checkpoint.state.staging import HostStager
 from configs.constants import ASYNC_MODES
 
 log = logging.getLogger("trainer")
@@ -81,7 +81,7 @@ class CheckpointSaver:
             raise ValueError(f"checkpoint.async_mode={mode!r}: choose one of {list(ASYNC_MODES)}")
         if storage_format not in WRITERS:
             raise ValueError(f"checkpoint.format={storage_format!r}: choose one of {list(WRITERS)}")
-        self.storage_format = storage_format  # raw | dcp (checkpoint/storage.py)
+        self.storage_format = storage_format  # raw | dcp (checkpoint/durable/storage.py)
         self.root, self.mode, self.rank, self.world_size = Path(root), mode, rank, world_size
         self.process_group = process_group
         self.checksum_algorithm = checksum_algorithm
@@ -93,7 +93,7 @@ class CheckpointSaver:
         self._in_flight: Optional[Future] = None
         self._in_flight_step: Optional[int] = None
         self._finished: List[SaveRecord] = []
-        self.attempt: Optional[int] = None  # the lease (checkpoint/lease.py) the manager took; None: unchecked
+        self.attempt: Optional[int] = None  # the lease (checkpoint/durable/lease.py) the manager took; None: unchecked
         self.expected_bytes: Optional[int] = None  # one checkpoint's size, for the messages of failed saves
 
     @property

@@ -2,7 +2,7 @@
 
 DCP reshards on load: each rank asks for the shards its current layout needs (model,
 optimizer and EMA tensors are DTensors or plain tensors; DCP maps saved chunks to them), and
-checkpoint/storage.py reads the bytes straight into them.
+checkpoint/durable/storage.py reads the bytes straight into them.
 
 Verification against the manifest, in two parts (all ranks agree on every verdict):
 - before anything is touched: ``.metadata``'s checksum and every data file's size;
@@ -24,10 +24,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from checkpoint.manifest import CheckpointError, FileEntry, Manifest, check_files, read_manifest
-from checkpoint.rng import reseed_rng
-from checkpoint.state import TrainingState, rng_key
-from checkpoint.storage import RAW, RawFileReader
+from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest, check_files, read_manifest
+from checkpoint.durable.storage import RAW, RawFileReader
+from checkpoint.state.rng import reseed_rng
+from checkpoint.state.training_state import TrainingState, rng_key
 
 log = logging.getLogger("trainer")
 
@@ -81,7 +81,7 @@ def verification_shares(manifest: Manifest, rank: int, world_size: int) -> Tuple
 
 
 def _all_raw(meta: Metadata) -> bool:
-    """True when every tensor was written by checkpoint/storage.py (else: stock DCP's format)."""
+    """True when every tensor was written by checkpoint/durable/storage.py (else: stock DCP's format)."""
     return all(list(info.transform_descriptors or ()) == [RAW] for idx, info in meta.storage_data.items()
                if isinstance(meta.state_dict_metadata[idx.fqn], TensorStorageMetadata))
 

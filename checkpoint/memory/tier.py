@@ -10,8 +10,8 @@ reads storage. The durable tier keeps running at its own interval.
 
 A snapshot of step S, on every rank:
   1. training thread: wait for the previous snapshot (at most one in flight), copy the state
-     into reused host buffers (checkpoint/staging.py), return to training;
-  2. background thread: write ``step_S/rankR.snap`` (checkpoint/snapshot.py, checksummed as it
+     into reused host buffers (checkpoint/state/staging.py), return to training;
+  2. background thread: write ``step_S/rankR.snap`` (checkpoint/memory/snapshot.py, checksummed as it
      is written); exchange with the peers over the tier's own gloo group: send this file to
      the peer, receive the source rank's file straight into ``step_S/rankQ.snap`` and check its
      checksum;
@@ -51,10 +51,10 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from checkpoint.integrity import atomic_write_text
-from checkpoint.manifest import Manifest
-from checkpoint.snapshot import SnapshotError, apply_snapshot, checksum_buffer, write_snapshot
-from checkpoint.staging import HostStager
+from checkpoint.durable.integrity import atomic_write_text
+from checkpoint.durable.manifest import Manifest
+from checkpoint.memory.snapshot import SnapshotError, apply_snapshot, checksum_buffer, write_snapshot
+from checkpoint.state.staging import HostStager
 
 log = logging.getLogger("trainer")
 

@@ -6,9 +6,9 @@ rank overwrites its own shards in place, through DCP: the planner asks each rank
 the rows and columns its FSDP2 / tensor-parallel shards hold, and
 
 - a Hugging Face folder or this project's safetensors export is read with safetensors'
-  ``get_slice`` (checkpoint/safetensors_io.py), HF names and q/k row order translated
-  (checkpoint/hf_config.py, checkpoint/hf_weights.py);
-- a committed checkpoint is read by checkpoint/storage.py like a resume, for the ``model``
+  ``get_slice`` (checkpoint/interop/safetensors_io.py), HF names and q/k row order translated
+  (checkpoint/interop/hf_config.py, checkpoint/interop/hf_weights.py);
+- a committed checkpoint is read by checkpoint/durable/storage.py like a resume, for the ``model``
   component only, its files checksummed while they stream (each rank verifies its share).
 
 No rank holds the full model. The source's kind, path and content hash go into the banner and
@@ -29,13 +29,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from checkpoint.hf_config import hf_name, rotary_heads
-from checkpoint.integrity import checksum_file, default_algorithm
-from checkpoint.loader import any_rank, verification_shares
-from checkpoint.manifest import CheckpointError, check_files, read_manifest
-from checkpoint.safetensors_io import SafetensorsReader, source_tensors
-from checkpoint.storage import RAW, RawFileReader
-from checkpoint.weight_source import WeightSource, open_source, source_problems
+from checkpoint.durable.integrity import checksum_file, default_algorithm
+from checkpoint.durable.loader import any_rank, verification_shares
+from checkpoint.durable.manifest import CheckpointError, check_files, read_manifest
+from checkpoint.durable.storage import RAW, RawFileReader
+from checkpoint.interop.hf_config import hf_name, rotary_heads
+from checkpoint.interop.safetensors_io import SafetensorsReader, source_tensors
+from checkpoint.interop.weight_source import WeightSource, open_source, source_problems
 from model.config import ModelConfig
 
 log = logging.getLogger("trainer")

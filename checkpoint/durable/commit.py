@@ -2,7 +2,7 @@
 
 1. every rank writes its files into ``step_N.uncommitted/`` (DCP, fsync per file);
 2. every rank records its files' sizes and checksums (computed by the writer as it wrote them,
-   checkpoint/storage.py) in an acknowledgement ``acks/rank_R.json``;
+   checkpoint/durable/storage.py) in an acknowledgement ``acks/rank_R.json``;
 3. the coordinator waits for all acknowledgements (with a timeout: a failed or late rank
    leaves the checkpoint uncommitted and the previous one current), writes the manifest
    and fsyncs files and directory;
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from checkpoint.integrity import atomic_write_text, checksum_files, fsync_dir, fsync_file
-from checkpoint.layout import ACKS, LATEST, MANIFEST
-from checkpoint.manifest import CheckpointError, FileEntry, Manifest, write_manifest
+from checkpoint.durable.integrity import atomic_write_text, checksum_files, fsync_dir, fsync_file
+from checkpoint.durable.layout import ACKS, LATEST, MANIFEST
+from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest, write_manifest
 
 
 class CommitTimeout(CheckpointError):
@@ -39,7 +39,7 @@ def acknowledge(directory: Path, rank: int, algorithm: str | None,
     """Phase 2: record this rank's files durably in ``acks/rank_R.json``. Checksums come from
     ``known`` (what the writer hashed while writing; a file whose size has changed since is
     refused); files the writer did not report are read back and checksummed here. ``attempt``
-    (checkpoint/lease.py) is recorded, so the coordinator never counts another attempt's ack."""
+    (checkpoint/durable/lease.py) is recorded, so the coordinator never counts another attempt's ack."""
     files = rank_files(directory, rank)
     known = known or {}
     entries: Dict[str, FileEntry] = {}

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from checkpoint.integrity import fsync_dir
-from checkpoint.layout import DELETING
+from checkpoint.durable.integrity import fsync_dir
+from checkpoint.durable.layout import DELETING
 
 log = logging.getLogger("trainer")
 
@@ -70,7 +70,7 @@ def delete_checkpoint(path: Path, fault_hook=None) -> None:
 def apply_retention(root: Path, keep_last: int, keep_every: int, keep_best: int, best_metric: str,
                     fault_hook=None) -> List[str]:
     """Delete what the plan drops among the committed, not-bad checkpoints; returns their ids."""
-    from checkpoint.discovery import list_committed
+    from checkpoint.durable.discovery import list_committed
 
     committed = list_committed(root)
     cands = [Candidate(c.step, getattr(c.manifest, best_metric, None), c.manifest.verified) for c in committed]

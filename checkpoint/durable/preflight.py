@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from checkpoint.discovery import list_checkpoints, list_committed
+from checkpoint.durable.discovery import list_checkpoints, list_committed
 
 log = logging.getLogger("trainer")
 

@@ -13,7 +13,7 @@ Two exports:
   hf           a Hugging Face Llama folder that ``LlamaForCausalLM.from_pretrained`` loads:
                config.json, generation_config.json, safetensors shards of at most
                max_shard_size (model.safetensors.index.json when there are several), HF
-               names with the rotary row order of q/k (checkpoint/hf_config.py), and the
+               names with the rotary row order of q/k (checkpoint/interop/hf_config.py), and the
                tokenizer files of the data the run trained on.
 """
 
@@ -30,12 +30,12 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
-from checkpoint.hf_config import hf_config, hf_name, rotary_heads
-from checkpoint.hf_weights import to_hf_rows
-from checkpoint.manifest import Manifest, read_manifest, verify_checkpoint
-from checkpoint.safetensors_io import SafetensorsFile, TensorSpec
-from checkpoint.storage import RAW, RawFileReader, tensor_bytes
-from checkpoint.weight_source import HF_INDEX, HF_SINGLE
+from checkpoint.durable.manifest import Manifest, read_manifest, verify_checkpoint
+from checkpoint.durable.storage import RAW, RawFileReader, tensor_bytes
+from checkpoint.interop.hf_config import hf_config, hf_name, rotary_heads
+from checkpoint.interop.hf_weights import to_hf_rows
+from checkpoint.interop.safetensors_io import SafetensorsFile, TensorSpec
+from checkpoint.interop.weight_source import HF_INDEX, HF_SINGLE
 from data.tokenizer import EOS_TEXT, TOKENIZER_CONFIG, TOKENIZER_JSON, byte_tokenizer_json
 from model.config import ModelConfig
 

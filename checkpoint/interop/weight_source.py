@@ -10,7 +10,7 @@ Three kinds of source:
 
 Everything here reads JSON (config.json, the index, a safetensors header, manifest.json), so
 configs/validate.py can compare the source's shape with model.* at start-up, before torch is
-imported; checkpoint/init_from.py then reads the tensors.
+imported; checkpoint/interop/init_from.py then reads the tensors.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from checkpoint.hf_config import hf_shape_problems, project_shape_problems
-from checkpoint.layout import MANIFEST
+from checkpoint.durable.layout import MANIFEST
+from checkpoint.interop.hf_config import hf_shape_problems, project_shape_problems
 from model.config import ModelConfig
 
 HF_INDEX = "model.safetensors.index.json"

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from checkpoint.integrity import atomic_write_text, checksum_file
-from checkpoint.layout import MANIFEST
+from checkpoint.durable.integrity import atomic_write_text, checksum_file
+from checkpoint.durable.layout import MANIFEST
 
 FORMAT_VERSION = 1
 
@@ -41,16 +41,16 @@ class Manifest:
     samples: int
     created_at: float  # wall-clock (unix seconds) when the save was requested
     config_hash: str
-    config: Dict  # the resolved config (checkpoint/fingerprint.py: which part is hashed, what may change)
+    config: Dict  # the resolved config (checkpoint/state/fingerprint.py: which part is hashed, what may change)
     world_size: int
     layout: Dict[str, int]  # dp_replicate, dp_shard, tp
     global_batch_size: int
     loss: Optional[float]  # the training loss logged at this step
-    probe_loss: Optional[float]  # loss of the fixed probe batch with these weights (checkpoint/probe.py)
+    probe_loss: Optional[float]  # loss of the fixed probe batch with these weights (recovery/probe.py)
     checksum_algorithm: Optional[str]
     files: Dict[str, FileEntry] = field(default_factory=dict)
     components: List[str] = field(default_factory=list)  # model, optim, scheduler, rng, ...
-    # model.init_from of the run these weights descend from: {path, kind, hash} (checkpoint/init_from.py)
+    # model.init_from of the run these weights descend from: {path, kind, hash} (checkpoint/interop/init_from.py)
     init_from: Optional[Dict] = None
     format_version: int = FORMAT_VERSION
     # False when a guard (recovery/guards) raised an alarm since the previous save: the state

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from checkpoint.integrity import fsync_dir
-from checkpoint.manifest import CheckpointError
+from checkpoint.durable.integrity import fsync_dir
+from checkpoint.durable.manifest import CheckpointError
 
 ATTEMPTS = "attempts"
 _PREFIX = "attempt_"

@@ -8,7 +8,7 @@ same weights in HF's layout are therefore the rows of each head reordered
 
 which is the ``permute`` of transformers' convert_llama_weights_to_hf.py. Both directions are
 a reshape and a transpose per head, so a slice of whole heads converts on its own: the import
-reads only the heads a rank holds (checkpoint/safetensors_io.py).
+reads only the heads a rank holds (checkpoint/interop/safetensors_io.py).
 """
 
 from __future__ import annotations

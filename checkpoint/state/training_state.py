@@ -4,7 +4,7 @@ Tensors (model, optimizer, EMA) come from ``get_state_dict``: each rank holds on
 shards and DCP writes them in parallel, never gathered on one rank. Small Python state
 (scheduler, grad scaler, data position, the guards' running statistics, counters, metadata,
 RNG) is pickled into one ``bytes`` value per component, so its inner layout can evolve without changing the format.
-RNG is per rank (``rng.rank_R``); see checkpoint/rng.py for the changed-world-size policy.
+RNG is per rank (``rng.rank_R``); see checkpoint/state/rng.py for the changed-world-size policy.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from checkpoint.rng import capture_rng, restore_rng
+from checkpoint.state.rng import capture_rng, restore_rng
 from training.schedule import apply_config
 
 

@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
-from checkpoint.hf_weights import from_hf_rows
+from checkpoint.interop.hf_weights import from_hf_rows
 
 DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",

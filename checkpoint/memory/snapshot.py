@@ -1,4 +1,4 @@
-"""One rank's training state as one file of bytes: the memory tier's unit (checkpoint/memory_tier.py).
+"""One rank's training state as one file of bytes: the memory tier's unit (checkpoint/memory/tier.py).
 
 The memory tier restores at the layout it was taken at, so no resharding is needed and DCP's
 planning is left out: a snapshot is this rank's local shards (a DTensor contributes its local
@@ -13,7 +13,7 @@ bytes into the live local tensor and hands the dict to ``TrainingState.load_stat
 same path a durable load ends in. Any difference in keys, shapes or dtypes is a SnapshotError:
 the snapshot belongs to another layout or another model.
 
-The whole file is checksummed while it is written (xxh3-64 or CRC-32, checkpoint/integrity.py);
+The whole file is checksummed while it is written (xxh3-64 or CRC-32, checkpoint/durable/integrity.py);
 the checksum lives in the copy's manifest beside it, so a copy is verified before it is applied.
 """
 
@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from checkpoint.integrity import hasher
+from checkpoint.durable.integrity import hasher
 
 MAGIC = b"LLMSNAP1"
 _HEAD = struct.Struct("<8sQ")

@@ -1,7 +1,7 @@
 """A save that the storage refused (disk full, read-only, over quota): one message that says what
 happened, with the numbers, and what to do.
 
-The saver (checkpoint/saver.py) removes the uncommitted directory and raises
+The saver (checkpoint/durable/saver.py) removes the uncommitted directory and raises
 ``CheckpointSaveError`` on every rank; the manager (checkpoint/manager.py) stops the run with
 it (``checkpoint.on_save_error=stop``) or records it as an alarm and trains on
 (``continue``). Committed checkpoints are never touched: nothing is deleted to make room.
@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable, List, Optional, Tuple
 
-from checkpoint.manifest import CheckpointError
+from checkpoint.durable.manifest import CheckpointError
 
 # errno -> what the storage said, and the first thing to do about it
 _REASONS = {

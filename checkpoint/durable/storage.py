@@ -15,7 +15,7 @@ acknowledge a file), and the reader hashes the files it was asked to verify, in 
 as the streams deliver the bytes, so verification costs no extra pass over the disk. A file that fails is
 reported in ``RawFileReader.problems`` after the load; the destination tensors then hold
 a mix of old and new bytes and the caller must load another checkpoint or stop
-(checkpoint/loader.py does). Pickled (BYTE_IO) items are small; they are unpickled only after
+(checkpoint/durable/loader.py does). Pickled (BYTE_IO) items are small; they are unpickled only after
 every file this rank verifies has passed.
 
 Tensor entries carry the transform descriptor ``raw-bytes`` in DCP's metadata. Stock
@@ -49,8 +49,8 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.storage import WriteResult
 
-from checkpoint.integrity import hasher
-from checkpoint.manifest import FileEntry
+from checkpoint.durable.integrity import hasher
+from checkpoint.durable.manifest import FileEntry
 
 RAW = "raw-bytes"
 SCRATCH = 16 << 20  # bytes read (and hashed) at a time where nothing needs them

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from checkpoint.integrity import atomic_write_text, fsync_dir
-from checkpoint.layout import BAD_MARKER, DELETING, LATEST, MANIFEST, UNCOMMITTED, committed_dir, parse
-from checkpoint.manifest import CheckpointError, Manifest, read_manifest
+from checkpoint.durable.integrity import atomic_write_text, fsync_dir
+from checkpoint.durable.layout import BAD_MARKER, DELETING, LATEST, MANIFEST, UNCOMMITTED, committed_dir, parse
+from checkpoint.durable.manifest import CheckpointError, Manifest, read_manifest
 
 log = logging.getLogger("trainer")
 
