@@ -1,8 +1,10 @@
-"""What the training run calls: preflight, resume, save when due, log timings, close.
+"""The facade the training run calls: preflight, load, save when due, close.
 
-Ties the modules together: TrainingState (what), CheckpointSaver (how, sync or async, with
-the commit protocol), loader (resume, resharding), discovery and retention (which). Recovery
-(recovery/runtime.py) drives it through the public methods below; nothing else reaches in.
+Ties the parts together: TrainingState (what, checkpoint/state/), the durable tier's saver,
+loader and retention (checkpoint/durable/), the memory tier (checkpoint/memory/), the manifest
+of each save (checkpoint/save_manifest.py) and what is reported (checkpoint/events.py). Which
+checkpoint to resume from, and the fallback when one fails, are recovery's decisions
+(recovery/resume.py); recovery/runtime.py drives this class through its public methods.
 
 A save the storage refused (CheckpointSaveError: disk full, read-only, over quota) is an
 alarm in metrics.jsonl either way; ``checkpoint.on_save_error=continue`` trains on (the next
@@ -24,19 +26,20 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from checkpoint.durable.discovery import clean_uncommitted, latest_committed, list_committed, mark_bad, resolve_resume
 from checkpoint.durable.integrity import default_algorithm
-from checkpoint.durable.layout import checkpoint_id, parse
 from checkpoint.durable.lease import check_lease, take_lease
-from checkpoint.durable.loader import any_rank, from_rank0, load_checkpoint
+from checkpoint.durable.loader import load_checkpoint
 from checkpoint.durable.manifest import CheckpointError, ConfigMismatch, Manifest, read_manifest
 from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes, preflight_checkpoint_dir
 from checkpoint.durable.retention import apply_retention
 from checkpoint.durable.save_errors import CheckpointSaveError
 from checkpoint.durable.saver import CheckpointSaver, FaultHook, SaveRecord
-from checkpoint.memory.tier import STEP_DIR, MemoryTier, Restored, SnapshotRecord
-from checkpoint.state.fingerprint import config_differences, config_hash, full_config, hashed_config, schedule_changes
+from checkpoint.events import CheckpointEvents
+from checkpoint.memory.tier import MemoryTier, SnapshotRecord
+from checkpoint.save_manifest import ManifestBuilder
+from checkpoint.state.fingerprint import config_differences, hashed_config, schedule_changes
 from checkpoint.state.training_state import TrainingState
+from parallel.collectives import any_rank
 
 log = logging.getLogger("trainer")
 
@@ -57,11 +60,8 @@ class CheckpointManager:
         self.root = Path(c.dir)
         # "auto": recovery/runtime.py measures a first save, then calls set_interval (Young/Daly)
         self.interval = AUTO_MEASURE_STEPS if str(c.interval).strip().lower() == "auto" else int(c.interval)
-        self.metrics, self.probe = metrics, probe
-        self.init_from: Optional[Dict] = None  # the weights' pretrained source, for the manifests (init_from.py)
-        self.full_config = full_config(cfg)
-        self.hashed = hashed_config(self.full_config)
-        self.config_hash = config_hash(self.hashed)
+        self.manifests = ManifestBuilder(cfg, state, world_size, self.layout, probe)
+        self.events = CheckpointEvents(metrics)
         self._housekeeping = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-retention")
         group = None
         if dist.is_available() and dist.is_initialized() and world_size > 1:
@@ -78,15 +78,27 @@ class CheckpointManager:
         if str(m.interval).strip().lower() == "auto" or int(m.interval) > 0:
             self.memory = MemoryTier(m, run_name=cfg.run_name, rank=rank, world_size=world_size,
                                      local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
-                                     layout=self.layout, config_hash=self.config_hash,
+                                     layout=self.layout, config_hash=self.manifests.config_hash,
                                      algorithm=default_algorithm(), pin_memory=device.type == "cuda",
                                      timeout_s=c.commit_timeout_s)
             if str(m.interval).strip().lower() == "auto":  # recovery/runtime.py measures, then sets it
                 self.memory.set_interval(AUTO_MEASURE_STEPS)
         self.last_saved_step: Optional[int] = None
         self.save_failure: Optional[CheckpointSaveError] = None  # on_save_error=stop: raised once agreed
-        self._eval: Optional[Tuple[int, float]] = None  # (step, validation loss) of the latest evaluation
         self._memory_records: List[SnapshotRecord] = []
+
+    @property
+    def init_from(self) -> Optional[Dict]:
+        """The weights' pretrained source recorded in every manifest (checkpoint/interop/init_from.py sets it)."""
+        return self.manifests.init_from
+
+    @init_from.setter
+    def init_from(self, record: Optional[Dict]) -> None:
+        self.manifests.init_from = record
+
+    def record_eval(self, step: int, val_loss: float) -> None:
+        """The validation loss after ``step``: a save of that step records it in its manifest."""
+        self.manifests.record_eval(step, val_loss)
 
     @property
     def enabled(self) -> bool:
@@ -131,103 +143,6 @@ class CheckpointManager:
                 log.warning("%s. checkpoint.memory.required=false: training on the durable tier alone", problem)
                 self.memory.disable()
 
-    def resume(self, verify: Optional[VerifyHook] = None) -> str:
-        """Load per checkpoint.resume; returns what happened, for the banner's 'resume:' field.
-
-        With resume=auto a checkpoint that fails verification (checksums, or ``verify``) is
-        marked bad and the next older committed one is tried.
-        """
-        spec = str(self.ckpt_cfg.resume)
-        if self.memory is not None and self.memory.enabled and spec == "auto":
-            resumed = self._resume_from_memory(verify)
-            if resumed is not None:
-                return resumed
-
-        def first() -> Optional[Path]:
-            clean_uncommitted(self.root)
-            return resolve_resume(self.root, spec)
-
-        def older(failed: Path) -> Optional[Path]:
-            found = [c.path for c in list_committed(self.root) if c.step < parse(failed.name)[0]]
-            return found[0] if found else None
-
-        t0 = time.perf_counter()
-        loaded = self.load_with_fallback(first, older, verify, fallback=spec == "auto")
-        if loaded is None:
-            return ("fresh start (resume=never)" if spec == "never"
-                    else f"fresh start (no committed checkpoint in {self.root})")
-        manifest, path, skipped = loaded
-        self.log_event(manifest.step, kind="resume", checkpoint_id=manifest.checkpoint_id, path=str(path),
-                       load_s=round(time.perf_counter() - t0, 3), skipped=skipped, source="storage",
-                       sources={str(r): "storage" for r in range(self.world_size)},
-                       saved_world_size=manifest.world_size, saved_layout=manifest.layout)
-        note = f" after skipping {', '.join(skipped)}" if skipped else ""
-        return f"from {path} (step {manifest.step}, saved at world {manifest.world_size}){note}"
-
-    def _resume_from_memory(self, verify: Optional[VerifyHook]) -> Optional[str]:
-        """The memory tier first (checkpoint/memory/tier.py): the newest step every rank can get an
-        intact copy of, newer than the newest durable checkpoint, verified like a durable load. None:
-        go on to the durable tier (nothing usable, or the snapshot failed and was forgotten)."""
-        t0 = time.perf_counter()
-        newest = from_rank0(lambda: getattr(latest_committed(self.root), "path", None))
-        restored = self.memory.restore(self.state, newer_than=parse(newest.name)[0] if newest is not None else 0)
-        if restored is None:
-            return None
-        problem = self.memory.agree(restored.problem)
-        where = self.memory.dir / STEP_DIR.format(restored.step)
-        if problem is None and verify is not None:
-            problem = self.memory.agree(verify(restored.manifest, where))
-        if problem is not None:
-            self.memory.forget(restored.step)
-            log.error("the memory snapshot of step %d failed to load or verify: %s; falling back to the durable tier",
-                      restored.step, problem)
-            self.log_event(restored.step, kind="memory_restore_failed", problem=problem[:2000])
-            if newest is None:
-                raise CheckpointError(
-                    f"the memory snapshot of step {restored.step} failed to load or verify ({problem}) and "
-                    f"{self.root} has no committed checkpoint to fall back to; the live state is partly overwritten, "
-                    "so this attempt stops. The snapshot is forgotten: a restart starts afresh")
-            return None
-        self._record_memory_resume(restored, time.perf_counter() - t0)
-        sources = ", ".join(f"rank {r} {s}" for r, s in sorted(restored.sources.items()))
-        return f"from the memory tier (step {restored.step}; {sources})"
-
-    def _record_memory_resume(self, restored: Restored, seconds: float) -> None:
-        log.info("resumed step %d from the memory tier in %.2f s (%s): %s", restored.step, seconds,
-                 ", ".join(f"{k} {v:.2f} s" for k, v in restored.timings.items()),
-                 ", ".join(f"rank {r} {s}" for r, s in sorted(restored.sources.items())))
-        self.log_event(restored.step, kind="resume", checkpoint_id=checkpoint_id(restored.step),
-                       path=str(self.memory.dir / STEP_DIR.format(restored.step)), load_s=round(seconds, 3),
-                       skipped=[], source="memory", sources={str(r): s for r, s in restored.sources.items()},
-                       saved_world_size=self.world_size, saved_layout=dict(self.layout), **restored.timings)
-
-    def load_with_fallback(self, first: Callable[[], Optional[Path]], next_after: Callable[[Path], Optional[Path]],
-                           verify: Optional[VerifyHook] = None,
-                           fallback: bool = True) -> Optional[Tuple[Manifest, Path, List[str]]]:
-        """Load the checkpoint ``first()`` picks; while one fails (checksums, ``verify``), mark it
-        bad and load ``next_after(failed)`` instead. Rank 0 picks, every rank loads the same one.
-        Returns (manifest, path, skipped checkpoint ids), or None when ``first()`` picks nothing."""
-        path = from_rank0(first)
-        if path is None:
-            return None
-        skipped: List[str] = []
-        while True:
-            try:
-                return self._load(path, verify), path, skipped
-            except ConfigMismatch:
-                raise
-            except CheckpointError as exc:
-                if not fallback:
-                    raise
-                if self.rank == 0:
-                    mark_bad(path, str(exc))
-                skipped.append(path.name)
-                failed = path
-                path = from_rank0(lambda: next_after(failed))
-                if path is None:
-                    raise CheckpointError(f"no usable checkpoint left in {self.root} after {skipped}: {exc}") from exc
-                log.warning("falling back from %s to %s: %s", failed.name, path.name, exc)
-
     def collect(self) -> None:
         """Wait for the save in flight (if any); a failure of the storage is handled as after a step."""
         self._storage_guard(self.saver.wait)
@@ -243,16 +158,20 @@ class CheckpointManager:
         """(step, is_done) of the background write in flight, or None. ``is_done`` is thread-safe."""
         return self.saver.in_flight
 
-    def _load(self, path: Path, verify: Optional[VerifyHook]) -> Manifest:
+    def load(self, path: Path, verify: Optional[VerifyHook] = None) -> Manifest:
+        """Load the committed checkpoint at ``path`` into the state (every rank together), then run
+        ``verify``; raises CheckpointError (damaged, or failed verification on any rank) or
+        ConfigMismatch (saved with another config, not allowed by checkpoint.allow_config_change)."""
         manifest = read_manifest(path)
-        changed = schedule_changes(manifest.config, self.full_config)
+        m = self.manifests
+        changed = schedule_changes(manifest.config, m.full_config)
         if changed:
             log.warning("resume changes the schedule (this run's config applies from step %d on): %s",
                         manifest.step, "; ".join(changed))
-        if manifest.config_hash != self.config_hash:
-            diffs = config_differences(hashed_config(manifest.config), self.hashed)
+        if manifest.config_hash != m.config_hash:
+            diffs = config_differences(hashed_config(manifest.config), m.hashed)
             msg = (f"{path} was saved with a different config (hash {manifest.config_hash}, this run "
-                   f"{self.config_hash}): {'; '.join(diffs) or 'unknown fields'}")
+                   f"{m.config_hash}): {'; '.join(diffs) or 'unknown fields'}")
             if not self.ckpt_cfg.allow_config_change:
                 raise ConfigMismatch(msg + ". Resume with the same settings, or set "
                                      "checkpoint.allow_config_change=true to accept the change.")
@@ -261,7 +180,7 @@ class CheckpointManager:
         manifest = load_checkpoint(self.state, path, seed=self.cfg.seed, verify=self.ckpt_cfg.verify_on_load,
                                    threads=self.ckpt_cfg.load_threads, device=self.device)
         log.info("loaded %s in %.2f s", path, time.perf_counter() - t0)
-        self.init_from = manifest.init_from  # a resumed run's weights descend from the same source
+        m.init_from = manifest.init_from  # a resumed run's weights descend from the same source
         problem = verify(manifest, path) if verify is not None else None
         if any_rank(problem is not None, self.device):
             raise CheckpointError(f"{path} failed post-load verification: {problem or 'on another rank'}")
@@ -286,7 +205,7 @@ class CheckpointManager:
         else:
             self._storage_guard(self.saver.poll)
         if self.memory is not None and self.memory.due(step):
-            manifest = self._manifest(step, loss)  # sets the state's metadata: before the state dict
+            manifest = self.manifests.build(step, loss)  # sets the state's metadata: before the state dict
             self.memory.snapshot(step, self.state.state_dict(), manifest)
         elif self.memory is not None:
             self.memory.poll()
@@ -311,14 +230,7 @@ class CheckpointManager:
             free = shutil.disk_usage(self.root).free
         except OSError:
             free = None
-        if stop:  # the whole message ends the run (train.py prints it)
-            log.error("%s; stopping (checkpoint.on_save_error=stop)", str(exc).splitlines()[0])
-        else:
-            log.error("checkpoint.on_save_error=continue, training goes on: %s", exc)
-        self.log_event(exc.step, kind="alarm", check="checkpoint_save", action=self.ckpt_cfg.on_save_error,
-                       checkpoint_id=checkpoint_id(exc.step), errno=exc.errno, directory=str(self.root),
-                       free_bytes=free, checkpoint_bytes=self.saver.expected_bytes,
-                       message=str(exc).splitlines()[0])
+        self.events.save_refused(exc, self.ckpt_cfg.on_save_error, str(self.root), free, self.saver.expected_bytes)
         if self.last_saved_step == exc.step:
             self.last_saved_step = None  # not saved: a preemption at this step saves again
         if stop and self.save_failure is None:
@@ -334,34 +246,14 @@ class CheckpointManager:
                                   "stopping with checkpoint.on_save_error=stop")
         raise failure
 
-    def record_eval(self, step: int, val_loss: float) -> None:
-        """The validation loss after ``step``: a save of that step records it in its manifest."""
-        self._eval = (step, val_loss)
-
     def save(self, step: int, loss: Optional[float], unverified_reason: Optional[str] = None) -> None:
         """Save now (preemption, the loop's due saves); ``unverified_reason``: not marked verified."""
-        manifest = self._manifest(step, loss)
+        manifest = self.manifests.build(step, loss)
         if unverified_reason is not None:
             manifest.verified, manifest.unverified_reason = False, unverified_reason
             log.warning("checkpoint %s will not be marked verified: %s", manifest.checkpoint_id, unverified_reason)
         self.saver.save(self.state.state_dict(), manifest)
         self.last_saved_step = step
-
-    def _manifest(self, step: int, loss: Optional[float]) -> Manifest:
-        """The manifest of a save of ``step`` (durable or memory); sets the state's metadata to match.
-        Runs the probe: post-load verification compares its loss."""
-        probe_loss = self.probe() if self.probe is not None else None
-        s = self.state
-        s.meta = {"wall_clock": time.time(), "config_hash": self.config_hash, "world_size": self.world_size,
-                  "layout": dict(self.layout), "global_batch_size": self.cfg.training.global_batch_size,
-                  "loss": loss, "probe_loss": probe_loss}
-        return Manifest(
-            checkpoint_id=checkpoint_id(step), step=step, tokens=s.tokens, samples=s.samples,
-            created_at=s.meta["wall_clock"], config_hash=self.config_hash, config=self.full_config,
-            world_size=self.world_size, layout=dict(self.layout), init_from=self.init_from,
-            global_batch_size=self.cfg.training.global_batch_size, loss=loss, probe_loss=probe_loss,
-            checksum_algorithm=None, components=s.components(),
-            val_loss=self._eval[1] if self._eval is not None and self._eval[0] == step else None)
 
     def close(self) -> None:
         """Wait for the in-flight save and for retention; report. A last save the storage refused
@@ -400,30 +292,13 @@ class CheckpointManager:
     def _report(self) -> List[SaveRecord]:
         records = self.saver.finished()
         for r in records:
-            self._record(r)
+            self.events.save(r)
         if self.memory is not None:
             for m in self.memory.finished():
-                self._record_snapshot(m)
+                self._memory_records = (self._memory_records + [m])[-16:]  # read by memory.interval=auto
+                self.events.snapshot(m)
         return records
-
-    def _record_snapshot(self, r: SnapshotRecord) -> None:
-        self._memory_records = (self._memory_records + [r])[-16:]  # read by checkpoint.memory.interval=auto
-        log.debug("memory snapshot of step %d: stalled training %.3f s, background %.3f s (replica %.3f s), "
-                  "%.1f MiB%s", r.step, r.stall_s, r.background_s, r.replica_s, r.bytes / 2**20,
-                  ", complete" if r.committed else ", NOT complete")
-        self.log_event(r.step, kind="memory_snapshot", stall_s=round(r.stall_s, 4), waited_s=round(r.waited_s, 4),
-                       background_s=round(r.background_s, 4), replica_s=round(r.replica_s, 4), bytes=r.bytes,
-                       replica_bytes=r.replica_bytes, committed=r.committed)
-
-    def _record(self, r: SaveRecord) -> None:
-        log.info("checkpoint %s (%s): blocked training %.3f s (%.3f s waiting for the previous save), "
-                 "background %.3f s, %.1f MiB%s", r.checkpoint_id, r.mode, r.blocking_s, r.waited_s,
-                 r.background_s, r.bytes / 2**20, ", committed" if r.committed else "")
-        self.log_event(r.step, kind="checkpoint", checkpoint_id=r.checkpoint_id, mode=r.mode,
-                        blocking_s=r.blocking_s, waited_s=r.waited_s, background_s=r.background_s,
-                        bytes=r.bytes, committed=r.committed)
 
     def log_event(self, step: int, **fields) -> None:
         """A record in metrics.jsonl (rank 0), e.g. a resume or a rollback."""
-        if self.metrics is not None:
-            self.metrics.log_event(step, **fields)
+        self.events.event(step, **fields)

@@ -22,6 +22,7 @@ from recovery.faults import FaultInjector
 from recovery.guards.rollback import roll_back
 from recovery.interval import choose_interval_steps, cluster_mtbf_s
 from recovery.preemption import Preemption, torchrun_grace_problem
+from recovery.resume import resume
 from recovery.stragglers import StragglerMonitor
 from recovery.verify import ResumeVerifier, refuse_all_bad
 from recovery.watchdog import Watchdog
@@ -83,7 +84,7 @@ class RecoveryRuntime:
                                       ("dp_replicate", "dp_shard", "tp")}, self.world.world_size, self.world.device,
                                       inject=self.inject)
         t0 = time.perf_counter()
-        resumed = self.ckpt.resume(verify=verifier)
+        resumed = resume(self.ckpt, verifier)
         if state.step > 0:
             log_elastic(state, plan, self.world.world_size)
             log.info("resume took %.2f s (load + verification)", time.perf_counter() - t0)

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from checkpoint.durable.discovery import list_committed
-from checkpoint.durable.loader import any_rank
 from checkpoint.durable.manifest import ConfigMismatch, Manifest
 from checkpoint.state.fingerprint import config_hash, hashed_config
+from parallel.collectives import any_rank
 from training.schedule import lr_at
 
 log = logging.getLogger("trainer")

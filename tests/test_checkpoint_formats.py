@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from checkpoint.durable.storage import RAW, RawFileReader
+from checkpoint.durable.reader import RawFileReader
+from checkpoint.durable.writer import RAW
 from checkpoint.interop.export import load_tensors
 from checkpoint.interop.init_from import load_initial_weights
 from checkpoint.interop.weight_source import open_source

@@ -1,5 +1,5 @@
-"""checkpoint/durable/storage.py: raw-bytes tensors read straight into their destinations, checksums
-computed while writing and verified while reading, stock DCP checkpoints still readable."""
+"""checkpoint/durable/ writer.py, reader.py, segments.py: raw-bytes tensors read straight into their
+destinations, checksums computed while writing and verified while reading, stock DCP checkpoints still readable."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
-from checkpoint.durable import storage
+from checkpoint.durable import segments
 from checkpoint.durable.commit import acknowledge
 from checkpoint.durable.integrity import checksum_file
 from checkpoint.durable.manifest import CheckpointError, FileEntry
-from checkpoint.durable.storage import RawFileReader, RawFileWriter
+from checkpoint.durable.reader import RawFileReader
+from checkpoint.durable.writer import RawFileWriter
 from helpers.launch import run, torchrun, worker
 
 
@@ -102,8 +103,8 @@ def test_a_flipped_bit_is_found_while_loading_and_nothing_is_unpickled(tmp_path,
 def test_bytes_this_rank_does_not_need_are_still_verified(tmp_path, monkeypatch, streams, gap_limit, scratch):
     """Loading a subset leaves gaps in the file: they are read and hashed too, by parallel
     streams into fresh buffers, or (past GAP_LIMIT) by one stream through two recycled ones."""
-    monkeypatch.setattr(storage, "GAP_LIMIT", gap_limit)
-    monkeypatch.setattr(storage, "SCRATCH", scratch)
+    monkeypatch.setattr(segments, "GAP_LIMIT", gap_limit)
+    monkeypatch.setattr(segments, "SCRATCH", scratch)
     sd = sample_state()
     writer = save_raw(tmp_path, sd)
     (name, entry), = writer.written.items()

@@ -4,7 +4,7 @@
       ``checkpoint/manager.py``, ``tests/test_data_*.py``, bare ``NAME.md``): each must exist;
   (b) config keys in backticks (``recovery.guards.action``, ``checkpoint.*``, ``optim.schedule=constant``):
       each must be a field of the schema (configs/schema.py), a Hydra group choice (``+experiment=debug``,
-      ``model=8b``: a file in configs/<group>/) or a Python name (``checkpoint.durable.storage.RawFileReader``);
+      ``model=8b``: a file in configs/<group>/) or a Python name (``checkpoint.durable.reader.RawFileReader``);
       and every command that runs train.py (or a script that passes Hydra overrides through) must
       compose and pass ``validate_config`` with exactly the overrides written;
   (c) every ``python -m X``: X is a module that can run as a program, and the command names only
@@ -175,7 +175,7 @@ def _top_level_names(path: Path) -> Set[str]:
 
 
 def python_name_exists(dotted: str) -> bool:
-    """``checkpoint.durable.storage.RawFileReader``: a module of this repository and a name it defines."""
+    """``checkpoint.durable.reader.RawFileReader``: a module of this repository and a name it defines."""
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
         module = _module_file(parts[:cut])

@@ -2,7 +2,7 @@
 
 1. every rank writes its files into ``step_N.uncommitted/`` (DCP, fsync per file);
 2. every rank records its files' sizes and checksums (computed by the writer as it wrote them,
-   checkpoint/durable/storage.py) in an acknowledgement ``acks/rank_R.json``;
+   checkpoint/durable/writer.py) in an acknowledgement ``acks/rank_R.json``;
 3. the coordinator waits for all acknowledgements (with a timeout: a failed or late rank
    leaves the checkpoint uncommitted and the previous one current), writes the manifest
    and fsyncs files and directory;

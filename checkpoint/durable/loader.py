@@ -2,14 +2,14 @@
 
 DCP reshards on load: each rank asks for the shards its current layout needs (model,
 optimizer and EMA tensors are DTensors or plain tensors; DCP maps saved chunks to them), and
-checkpoint/durable/storage.py reads the bytes straight into them.
+checkpoint/durable/reader.py reads the bytes straight into them.
 
 Verification against the manifest, in two parts (all ranks agree on every verdict):
 - before anything is touched: ``.metadata``'s checksum and every data file's size;
 - while loading: rank r checksums the data files of saved ranks k with k % world_size == r
   (at an unchanged layout, its own file) as it streams them, so the disk is read once. When
   that fails the live state is partly overwritten: ``CheckpointError`` says so, and the caller
-  loads another checkpoint or stops (checkpoint/manager.py falls back to an older one).
+  loads another checkpoint or stops (recovery/resume.py falls back to an older one).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -25,38 +25,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest, check_files, read_manifest
-from checkpoint.durable.storage import RAW, RawFileReader
+from checkpoint.durable.reader import RawFileReader
+from checkpoint.durable.writer import RAW
 from checkpoint.state.rng import reseed_rng
 from checkpoint.state.training_state import TrainingState, rng_key
+from parallel.collectives import any_rank
 
 log = logging.getLogger("trainer")
-
-
-def any_rank(flag: bool, device: torch.device = torch.device("cpu")) -> bool:
-    """True on every rank if ``flag`` is true on any rank (False without a process group)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
-
-
-def from_rank0(decide: Callable[[], Optional[Path]]) -> Optional[Path]:
-    """Run ``decide`` on rank 0 only and give every rank its answer (a path or None); a
-    CheckpointError it raises is raised on every rank. One rank reads the directory, so all
-    ranks act on the same choice even while files change under them."""
-    choice: list = [None, None]
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
-        try:
-            found = decide()
-            choice = [str(found) if found is not None else None, None]
-        except CheckpointError as exc:
-            choice = [None, str(exc)]
-    if dist.is_available() and dist.is_initialized():
-        dist.broadcast_object_list(choice, src=0)
-    if choice[1]:
-        raise CheckpointError(choice[1])
-    return Path(choice[0]) if choice[0] is not None else None
 
 
 def _agree(path: Path, problems: List[str], device: torch.device, what: str) -> None:
@@ -81,7 +56,7 @@ def verification_shares(manifest: Manifest, rank: int, world_size: int) -> Tuple
 
 
 def _all_raw(meta: Metadata) -> bool:
-    """True when every tensor was written by checkpoint/durable/storage.py (else: stock DCP's format)."""
+    """True when every tensor was written by checkpoint/durable/writer.py (else: stock DCP's format)."""
     return all(list(info.transform_descriptors or ()) == [RAW] for idx, info in meta.storage_data.items()
                if isinstance(meta.state_dict_metadata[idx.fqn], TensorStorageMetadata))
 

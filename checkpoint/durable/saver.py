@@ -37,7 +37,7 @@ from checkpoint.durable.layout import committed_dir, uncommitted_dir
 from checkpoint.durable.lease import check_lease
 from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest
 from checkpoint.durable.save_errors import CheckpointSaveError, describe_save_failure, rank_errors, storage_errno
-from checkpoint.durable.storage import WRITERS, RawFileWriter
+from checkpoint.durable.writer import WRITERS, RawFileWriter
 from checkpoint.state.staging import HostStager
 from configs.constants import ASYNC_MODES
 
@@ -81,7 +81,7 @@ class CheckpointSaver:
             raise ValueError(f"checkpoint.async_mode={mode!r}: choose one of {list(ASYNC_MODES)}")
         if storage_format not in WRITERS:
             raise ValueError(f"checkpoint.format={storage_format!r}: choose one of {list(WRITERS)}")
-        self.storage_format = storage_format  # raw | dcp (checkpoint/durable/storage.py)
+        self.storage_format = storage_format  # raw | dcp (checkpoint/durable/writer.py)
         self.root, self.mode, self.rank, self.world_size = Path(root), mode, rank, world_size
         self.process_group = process_group
         self.checksum_algorithm = checksum_algorithm

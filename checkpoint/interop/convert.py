@@ -25,7 +25,8 @@ from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMe
 
 from checkpoint.durable.integrity import checksum_file, fsync_dir
 from checkpoint.durable.manifest import FileEntry, verify_checkpoint, write_manifest
-from checkpoint.durable.storage import RAW, RawFileReader
+from checkpoint.durable.reader import RawFileReader
+from checkpoint.durable.writer import RAW
 
 METADATA = ".metadata"
 

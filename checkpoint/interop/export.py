@@ -31,7 +31,8 @@ import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
 from checkpoint.durable.manifest import Manifest, read_manifest, verify_checkpoint
-from checkpoint.durable.storage import RAW, RawFileReader, tensor_bytes
+from checkpoint.durable.reader import RawFileReader
+from checkpoint.durable.writer import RAW, tensor_bytes
 from checkpoint.interop.hf_config import hf_config, hf_name, rotary_heads
 from checkpoint.interop.hf_weights import to_hf_rows
 from checkpoint.interop.safetensors_io import SafetensorsFile, TensorSpec

@@ -8,7 +8,7 @@ the rows and columns its FSDP2 / tensor-parallel shards hold, and
 - a Hugging Face folder or this project's safetensors export is read with safetensors'
   ``get_slice`` (checkpoint/interop/safetensors_io.py), HF names and q/k row order translated
   (checkpoint/interop/hf_config.py, checkpoint/interop/hf_weights.py);
-- a committed checkpoint is read by checkpoint/durable/storage.py like a resume, for the ``model``
+- a committed checkpoint is read by checkpoint/durable/reader.py like a resume, for the ``model``
   component only, its files checksummed while they stream (each rank verifies its share).
 
 No rank holds the full model. The source's kind, path and content hash go into the banner and
@@ -30,13 +30,15 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from checkpoint.durable.integrity import checksum_file, default_algorithm
-from checkpoint.durable.loader import any_rank, verification_shares
+from checkpoint.durable.loader import verification_shares
 from checkpoint.durable.manifest import CheckpointError, check_files, read_manifest
-from checkpoint.durable.storage import RAW, RawFileReader
+from checkpoint.durable.reader import RawFileReader
+from checkpoint.durable.writer import RAW
 from checkpoint.interop.hf_config import hf_name, rotary_heads
 from checkpoint.interop.safetensors_io import SafetensorsReader, source_tensors
 from checkpoint.interop.weight_source import WeightSource, open_source, source_problems
 from model.config import ModelConfig
+from parallel.collectives import any_rank
 
 log = logging.getLogger("trainer")
 

@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 
 from checkpoint.durable.discovery import list_committed
 from recovery.guards.guard import RollbackRequested
+from recovery.resume import load_with_fallback
 
 log = logging.getLogger("trainer")
 
@@ -64,7 +65,7 @@ def roll_back(request: RollbackRequested, guards, ckpt, data, cfg, rollbacks_don
                                         cfg.checkpoint.keep_every, gcfg.rollback_prefer_permanent)
         return Path(chosen.path) if chosen else None
 
-    loaded = ckpt.load_with_fallback(target, lambda failed: target())
+    loaded = load_with_fallback(ckpt, target, lambda failed: target())
     if loaded is None:
         raise RollbackError(
             f"{request}, but {ckpt.root} holds no verified checkpoint before step {request.step}"

@@ -1,0 +1,56 @@
+"""What the checkpoint tiers report: log lines and metrics.jsonl records (rank 0 writes them).
+
+A durable save (``kind=checkpoint``), a memory snapshot (``kind=memory_snapshot``), a save the
+storage refused (``kind=alarm``, ``check=checkpoint_save``), and the records other parts add
+through ``event`` (a resume, a rollback, the interval chosen for ``interval=auto``).
+docs/training.md lists the fields.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from checkpoint.durable.layout import checkpoint_id
+from checkpoint.durable.save_errors import CheckpointSaveError
+from checkpoint.durable.saver import SaveRecord
+from checkpoint.memory.tier import SnapshotRecord
+
+log = logging.getLogger("trainer")
+
+
+class CheckpointEvents:
+    def __init__(self, metrics=None):
+        self.metrics = metrics  # a MetricsLogger (metrics/logger.py), or None: log lines only
+
+    def event(self, step: int, **fields) -> None:
+        """A record in metrics.jsonl (rank 0), e.g. a resume or a rollback."""
+        if self.metrics is not None:
+            self.metrics.log_event(step, **fields)
+
+    def save(self, r: SaveRecord) -> None:
+        log.info("checkpoint %s (%s): blocked training %.3f s (%.3f s waiting for the previous save), "
+                 "background %.3f s, %.1f MiB%s", r.checkpoint_id, r.mode, r.blocking_s, r.waited_s,
+                 r.background_s, r.bytes / 2**20, ", committed" if r.committed else "")
+        self.event(r.step, kind="checkpoint", checkpoint_id=r.checkpoint_id, mode=r.mode,
+                   blocking_s=r.blocking_s, waited_s=r.waited_s, background_s=r.background_s,
+                   bytes=r.bytes, committed=r.committed)
+
+    def snapshot(self, r: SnapshotRecord) -> None:
+        log.debug("memory snapshot of step %d: stalled training %.3f s, background %.3f s (replica %.3f s), "
+                  "%.1f MiB%s", r.step, r.stall_s, r.background_s, r.replica_s, r.bytes / 2**20,
+                  ", complete" if r.committed else ", NOT complete")
+        self.event(r.step, kind="memory_snapshot", stall_s=round(r.stall_s, 4), waited_s=round(r.waited_s, 4),
+                   background_s=round(r.background_s, 4), replica_s=round(r.replica_s, 4), bytes=r.bytes,
+                   replica_bytes=r.replica_bytes, committed=r.committed)
+
+    def save_refused(self, exc: CheckpointSaveError, action: str, directory: str, free: Optional[int],
+                     checkpoint_bytes: Optional[int]) -> None:
+        """A save the storage refused: the log line (the whole message with action=continue) and the alarm."""
+        if action == "stop":  # the whole message ends the run (train.py prints it)
+            log.error("%s; stopping (checkpoint.on_save_error=stop)", str(exc).splitlines()[0])
+        else:
+            log.error("checkpoint.on_save_error=continue, training goes on: %s", exc)
+        self.event(exc.step, kind="alarm", check="checkpoint_save", action=action,
+                   checkpoint_id=checkpoint_id(exc.step), errno=exc.errno, directory=directory,
+                   free_bytes=free, checkpoint_bytes=checkpoint_bytes, message=str(exc).splitlines()[0])

@@ -1,0 +1,47 @@
+"""The manifest of a save of step S, durable or memory, and the state metadata that matches it.
+
+It records what post-load verification (recovery/verify.py) compares: the config hash, the world
+and layout, the losses, and the probe loss, a forward pass on a fixed batch (recovery/probe.py)
+that this builder runs through the callable it is given. It also carries the validation loss of
+an evaluation at S (``record_eval``) and the weights' pretrained source (``init_from``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, Optional, Tuple
+
+from checkpoint.durable.layout import checkpoint_id
+from checkpoint.durable.manifest import Manifest
+from checkpoint.state.fingerprint import config_hash, full_config, hashed_config
+from checkpoint.state.training_state import TrainingState
+
+
+class ManifestBuilder:
+    def __init__(self, cfg, state: TrainingState, world_size: int, layout: Dict[str, int],
+                 probe: Optional[Callable[[], float]] = None):
+        self.cfg, self.state, self.world_size, self.layout, self.probe = cfg, state, world_size, dict(layout), probe
+        self.full_config = full_config(cfg)
+        self.hashed = hashed_config(self.full_config)
+        self.config_hash = config_hash(self.hashed)
+        self.init_from: Optional[Dict] = None  # {path, kind, hash} (checkpoint/interop/init_from.py)
+        self._eval: Optional[Tuple[int, float]] = None  # (step, validation loss) of the latest evaluation
+
+    def record_eval(self, step: int, val_loss: float) -> None:
+        """The validation loss after ``step``: a save of that step records it in its manifest."""
+        self._eval = (step, val_loss)
+
+    def build(self, step: int, loss: Optional[float]) -> Manifest:
+        """The manifest of a save of ``step``; sets the state's metadata to match (before its state
+        dict is taken). Runs the probe: post-load verification compares its loss."""
+        probe_loss = self.probe() if self.probe is not None else None
+        s, gbs = self.state, self.cfg.training.global_batch_size
+        s.meta = {"wall_clock": time.time(), "config_hash": self.config_hash, "world_size": self.world_size,
+                  "layout": dict(self.layout), "global_batch_size": gbs, "loss": loss, "probe_loss": probe_loss}
+        return Manifest(
+            checkpoint_id=checkpoint_id(step), step=step, tokens=s.tokens, samples=s.samples,
+            created_at=s.meta["wall_clock"], config_hash=self.config_hash, config=self.full_config,
+            world_size=self.world_size, layout=dict(self.layout), init_from=self.init_from,
+            global_batch_size=gbs, loss=loss, probe_loss=probe_loss, checksum_algorithm=None,
+            components=s.components(),
+            val_loss=self._eval[1] if self._eval is not None and self._eval[0] == step else None)

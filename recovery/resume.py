@@ -1,0 +1,131 @@
+"""Which checkpoint a run resumes from, and what happens when one fails to load or verify.
+
+The policy: with ``checkpoint.resume=auto`` the memory tier is tried first (its newest step, if
+newer than the newest durable checkpoint), then the newest committed durable checkpoint. A
+durable checkpoint that fails its checksums or post-load verification (recovery/verify.py) is
+marked BAD and the next older one is tried; a memory snapshot that fails is forgotten and the
+durable tier is used. Rank 0 picks each candidate and every rank loads the same one
+(parallel/collectives.py), so all ranks run the same loads. The mechanics of a load are
+CheckpointManager's (checkpoint/manager.py); the rollback of the guards
+(recovery/guards/rollback.py) uses the same fallback loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable, List, Optional, Tuple
+
+from checkpoint.durable.discovery import clean_uncommitted, latest_committed, list_committed, mark_bad, resolve_resume
+from checkpoint.durable.layout import checkpoint_id, parse
+from checkpoint.durable.manifest import CheckpointError, ConfigMismatch, Manifest
+from checkpoint.manager import CheckpointManager, VerifyHook
+from checkpoint.memory.tier import STEP_DIR
+from parallel.collectives import decided_on_rank0
+
+log = logging.getLogger("trainer")
+
+
+def _agreed_path(decide: Callable[[], Optional[Path]]) -> Optional[Path]:
+    """``decide`` on rank 0; every rank gets its path (or None, or its CheckpointError)."""
+    return decided_on_rank0(decide, errors=(CheckpointError,))
+
+
+def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
+    """Load per checkpoint.resume; returns what happened, for the banner's 'resume:' field.
+
+    With resume=auto a checkpoint that fails verification (checksums, or ``verify``) is
+    marked bad and the next older committed one is tried.
+    """
+    spec = str(ckpt.ckpt_cfg.resume)
+    if ckpt.memory is not None and ckpt.memory.enabled and spec == "auto":
+        resumed = _resume_from_memory(ckpt, verify)
+        if resumed is not None:
+            return resumed
+
+    def first() -> Optional[Path]:
+        clean_uncommitted(ckpt.root)
+        return resolve_resume(ckpt.root, spec)
+
+    def older(failed: Path) -> Optional[Path]:
+        found = [c.path for c in list_committed(ckpt.root) if c.step < parse(failed.name)[0]]
+        return found[0] if found else None
+
+    t0 = time.perf_counter()
+    loaded = load_with_fallback(ckpt, first, older, verify, fallback=spec == "auto")
+    if loaded is None:
+        return ("fresh start (resume=never)" if spec == "never"
+                else f"fresh start (no committed checkpoint in {ckpt.root})")
+    manifest, path, skipped = loaded
+    ckpt.events.event(manifest.step, kind="resume", checkpoint_id=manifest.checkpoint_id, path=str(path),
+                      load_s=round(time.perf_counter() - t0, 3), skipped=skipped, source="storage",
+                      sources={str(r): "storage" for r in range(ckpt.world_size)},
+                      saved_world_size=manifest.world_size, saved_layout=manifest.layout)
+    note = f" after skipping {', '.join(skipped)}" if skipped else ""
+    return f"from {path} (step {manifest.step}, saved at world {manifest.world_size}){note}"
+
+
+def load_with_fallback(ckpt: CheckpointManager, first: Callable[[], Optional[Path]],
+                       next_after: Callable[[Path], Optional[Path]], verify: Optional[VerifyHook] = None,
+                       fallback: bool = True) -> Optional[Tuple[Manifest, Path, List[str]]]:
+    """Load the checkpoint ``first()`` picks; while one fails (checksums, ``verify``), mark it
+    bad and load ``next_after(failed)`` instead. Rank 0 picks, every rank loads the same one.
+    Returns (manifest, path, skipped checkpoint ids), or None when ``first()`` picks nothing."""
+    path = _agreed_path(first)
+    if path is None:
+        return None
+    skipped: List[str] = []
+    while True:
+        try:
+            return ckpt.load(path, verify), path, skipped
+        except ConfigMismatch:
+            raise
+        except CheckpointError as exc:
+            if not fallback:
+                raise
+            if ckpt.rank == 0:
+                mark_bad(path, str(exc))
+            skipped.append(path.name)
+            failed = path
+            path = _agreed_path(lambda: next_after(failed))
+            if path is None:
+                raise CheckpointError(f"no usable checkpoint left in {ckpt.root} after {skipped}: {exc}") from exc
+            log.warning("falling back from %s to %s: %s", failed.name, path.name, exc)
+
+
+def _resume_from_memory(ckpt: CheckpointManager, verify: Optional[VerifyHook]) -> Optional[str]:
+    """The memory tier first (checkpoint/memory/): the newest step every rank can get an intact copy
+    of, newer than the newest durable checkpoint, verified like a durable load. None: go on to the
+    durable tier (nothing usable, or the snapshot failed and was forgotten)."""
+    t0 = time.perf_counter()
+    memory = ckpt.memory
+    newest = _agreed_path(lambda: getattr(latest_committed(ckpt.root), "path", None))
+    restored = memory.restore(ckpt.state, newer_than=parse(newest.name)[0] if newest is not None else 0)
+    if restored is None:
+        return None
+    problem = memory.agree(restored.problem)
+    where = memory.dir / STEP_DIR.format(restored.step)
+    if problem is None and verify is not None:
+        problem = memory.agree(verify(restored.manifest, where))
+    if problem is not None:
+        memory.forget(restored.step)
+        log.error("the memory snapshot of step %d failed to load or verify: %s; falling back to the durable tier",
+                  restored.step, problem)
+        ckpt.events.event(restored.step, kind="memory_restore_failed", problem=problem[:2000])
+        if newest is None:
+            raise CheckpointError(
+                f"the memory snapshot of step {restored.step} failed to load or verify ({problem}) and "
+                f"{ckpt.root} has no committed checkpoint to fall back to; the live state is partly overwritten, "
+                "so this attempt stops. The snapshot is forgotten: a restart starts afresh")
+        return None
+    seconds = time.perf_counter() - t0
+    log.info("resumed step %d from the memory tier in %.2f s (%s): %s", restored.step, seconds,
+             ", ".join(f"{k} {v:.2f} s" for k, v in restored.timings.items()),
+             ", ".join(f"rank {r} {s}" for r, s in sorted(restored.sources.items())))
+    ckpt.events.event(restored.step, kind="resume", checkpoint_id=checkpoint_id(restored.step), path=str(where),
+                      load_s=round(seconds, 3), skipped=[], source="memory",
+                      sources={str(r): s for r, s in restored.sources.items()},
+                      saved_world_size=ckpt.world_size, saved_layout=dict(ckpt.layout), **restored.timings)
+    sources = ", ".join(f"rank {r} {s}" for r, s in sorted(restored.sources.items()))
+    return f"from the memory tier (step {restored.step}; {sources})"
