@@ -19,12 +19,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from checkpoint.durable.manifest import CheckpointError, ConfigMismatch
 from checkpoint.durable.preflight import PreflightError
+from configs.checks import ConfigError
 from configs.schema import register
-from configs.validate import ConfigError, model_config, validate_config, world_size_of
-from data.checks import DataError
+from data.prepared import DataError
+from model.config import model_config
 from model.counting import count_params, flops_per_token
 from recovery.guards.rollback import RollbackError
 from recovery.verify import RecoveryError
+from trainer.checks import validate_config, world_size_of
 from trainer.plan import format_plan, plan_from_config
 from trainer.run import run
 

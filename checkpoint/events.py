@@ -14,7 +14,7 @@ from typing import Optional
 from checkpoint.durable.layout import checkpoint_id
 from checkpoint.durable.save_errors import CheckpointSaveError
 from checkpoint.durable.saver import SaveRecord
-from checkpoint.memory.tier import SnapshotRecord
+from checkpoint.memory.commit import SnapshotRecord
 
 log = logging.getLogger("trainer")
 

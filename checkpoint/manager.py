@@ -35,7 +35,8 @@ from checkpoint.durable.retention import apply_retention
 from checkpoint.durable.save_errors import CheckpointSaveError
 from checkpoint.durable.saver import CheckpointSaver, FaultHook, SaveRecord
 from checkpoint.events import CheckpointEvents
-from checkpoint.memory.tier import MemoryTier, SnapshotRecord
+from checkpoint.memory.commit import SnapshotRecord
+from checkpoint.memory.tier import MemoryTier
 from checkpoint.save_manifest import ManifestBuilder
 from checkpoint.state.fingerprint import config_differences, hashed_config, schedule_changes
 from checkpoint.state.training_state import TrainingState

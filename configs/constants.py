@@ -1,6 +1,6 @@
 """The project's shared vocabulary: the valid values of every choice key and the defaults that
 several modules need. Torch-free, with no imports from this project, so the config checks
-(configs/validate.py) run before torch is imported and every layer may import it.
+(each package's checks.py, gathered by trainer/checks.py) run before torch is imported and every layer may import it.
 """
 
 from __future__ import annotations

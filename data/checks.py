@@ -1,34 +1,50 @@
-"""Data settings checked at start-up, before any file is opened or memory allocated."""
+"""The data section checked at start-up (torch-free; trainer/checks.py gathers it).
+
+``config_problems`` looks at values only; ``file_problems`` is the part of the pre-flight that
+looks at data.path (a prepared dataset, or one prepare_if_missing may build) and the validation
+split, before anything is built.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import List, Optional
 
-META_FILE = "meta.json"  # a prepared dataset's description (data/token_file.py)
-
-
-class DataError(ValueError):
-    """Data that is missing or does not fit this run; the message says how to fix it."""
-
-
-def prepared_name(sources: Sequence[str], tokenizer: str) -> str:
-    """The folder name data.prepare_if_missing builds under: "<sources>-<tokenizer>" (pydoc-byte; for
-    data.tokenizer=hf:/models/llama3/tokenizer.json, pydoc-hf-llama3)."""
-    label = str(tokenizer)
-    if label.startswith("hf:"):
-        label = "hf-" + Path(label[3:]).parent.name
-    return "+".join(Path(str(s)).stem for s in sources) + "-" + label
+from configs.checks import Problems
+from data.prepared import is_prepared, prepare_command, prepared_name
+from data.tokenizer import check_tokenizer_name
+from data.validation import validation_problem
 
 
-def prepare_command(path, sources: Sequence[str] = ("pydoc",), tokenizer: str = "byte") -> str:
-    names = " ".join(map(str, sources))
-    return f"python scripts/prepare_data.py --out {path} --sources {names} --tokenizer {tokenizer}"
+def config_problems(cfg, problems: Problems) -> None:
+    d = cfg.data
+    problems.check(lambda: check_tokenizer_name(d.tokenizer))
+    problems.check(lambda: check_data_config(d))
+    if not 0 <= d.validation_fraction < 1:
+        problems.append(f"data.validation_fraction={d.validation_fraction} must be in [0, 1) (0 holds nothing out)")
+    if str(d.validation).strip() == "held_out" and d.prepare_if_missing and not d.validation_fraction > 0:
+        problems.append("data.validation=held_out with data.prepare_if_missing=true needs data.validation_fraction > 0 "
+                        "(the fraction of documents to hold out, e.g. 0.01)")
 
 
-def is_prepared(path: Path) -> bool:
-    """A prepared dataset, or a folder of prepared shards."""
-    return (path / META_FILE).is_file() or any(path.glob(f"*/{META_FILE}"))
+def file_problems(cfg) -> List[str]:
+    """data.path and data.validation, for a run that trains (not a dry run)."""
+    d = cfg.data
+    if cfg.dry_run:
+        return []
+    out = []
+    try:  # with an unknown tokenizer (reported already), the advice would name it in a prepare command
+        check_tokenizer_name(d.tokenizer)
+        problem = data_path_problem(d)
+        if problem:
+            out.append(problem)
+    except ValueError:
+        pass
+    prepared_yet = not (d.prepare_if_missing and not (Path(d.path) / "meta.json").is_file())
+    problem = validation_problem(d, prepared_yet=prepared_yet)
+    if problem:
+        out.append(problem)
+    return out
 
 
 def data_path_problem(data_cfg) -> Optional[str]:
@@ -53,7 +69,7 @@ def data_path_problem(data_cfg) -> Optional[str]:
 
 
 def check_data_config(data_cfg) -> None:
-    """Checks that need no files: run by configs/validate.py before anything is allocated."""
+    """Checks that need no files."""
     problems = []
     if data_cfg.num_workers < 0:
         problems.append(f"data.num_workers={data_cfg.num_workers} must be >= 0 (0 loads in the training process)")

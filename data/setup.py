@@ -9,9 +9,9 @@ from typing import List, Tuple
 import torch.distributed as dist
 
 from data.batching import BatchPlan
-from data.checks import DataError
 from data.order import SampleOrder
 from data.pipeline import DataPipeline
+from data.prepared import DataError
 from data.state import MEANING_FIELDS
 from data.token_file import META_FILE, prepare_token_file
 from data.token_source import TokenSource

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Collection, Dict, List
 
-from data.checks import DataError
+from data.prepared import DataError
 
 STATE_VERSION = 1
 # Fields that give samples a different meaning when they change: refused unless allowed.

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from data.checks import META_FILE, DataError, prepare_command
+from data.prepared import META_FILE, DataError, prepare_command
 from data.sources import iter_documents
 from data.split import SPLIT_RULE, VALIDATION_DIR, ValidationSplit, check_fraction, held_out
 from data.tokenizer import make_tokenizer, tokenizer_identity

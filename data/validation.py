@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from configs.constants import VALIDATION_CHOICES
-from data.checks import META_FILE, is_prepared, prepare_command
+from data.prepared import META_FILE, is_prepared, prepare_command
 from data.split import VALIDATION_DIR
 from data.token_source import TokenSource
 

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from omegaconf import OmegaConf
+
 
 @dataclass
 class ModelConfig:
@@ -86,3 +88,8 @@ def ffn_hidden_dim(dim: int, multiple_of: int, ffn_dim_multiplier: Optional[floa
     if ffn_dim_multiplier is not None:
         hidden = int(ffn_dim_multiplier * hidden)
     return multiple_of * math.ceil(hidden / multiple_of)
+
+
+def model_config(cfg) -> ModelConfig:
+    """The ModelConfig of a composed training config (its ``model`` section, interpolations resolved)."""
+    return ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))

@@ -20,7 +20,7 @@ checkpoint's internal ones (``checkpoint_snapshot``, ``checkpoint_write``,
 ``checkpoint_commit``, ``checkpoint_retention``, ``checkpoint_committed``,
 ``checkpoint_load``). ``step=-1`` matches any step; ``rank=-1`` every rank. The valid values
 are in configs/constants.py; a fault is a ``FaultConfig`` (configs/schema.py), checked by
-``fault_problems`` (configs/validate.py) at start-up.
+``fault_problems`` (recovery/checks.py) at start-up.
 
 One injector per process, owned by recovery/runtime.py, is the only way faults fire: the
 loop's phases, the checkpoint saver's phases (its ``fault_hook``) and the post-load check all

@@ -71,16 +71,3 @@ def choose_interval_steps(step_s: float, blocking_s: float, write_s: float, mtbf
         steps = max_steps
         why += f"; capped at {max_steps} steps"
     return IntervalChoice(steps=steps, optimum_s=optimum, lower_bound_steps=lower, reason=why)
-
-
-def parse_interval(value, key: str = "checkpoint.interval") -> int | str:
-    """``checkpoint.interval`` (or ``key``): a non-negative step count, or ``auto``."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    try:
-        steps = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key}={value!r}: use a step count (0 turns it off) or auto")
-    if steps < 0:
-        raise ValueError(f"{key}={steps} must be >= 0 (0 turns it off) or auto")
-    return steps

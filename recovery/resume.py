@@ -21,7 +21,7 @@ from checkpoint.durable.discovery import clean_uncommitted, latest_committed, li
 from checkpoint.durable.layout import checkpoint_id, parse
 from checkpoint.durable.manifest import CheckpointError, ConfigMismatch, Manifest
 from checkpoint.manager import CheckpointManager, VerifyHook
-from checkpoint.memory.tier import STEP_DIR
+from checkpoint.memory.snapshot import STEP_DIR
 from parallel.collectives import decided_on_rank0
 
 log = logging.getLogger("trainer")

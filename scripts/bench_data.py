@@ -67,7 +67,7 @@ def training_loop(args, num_workers: int) -> tuple[float, float]:
     from hydra import compose, initialize_config_dir
 
     from configs.schema import register
-    from configs.validate import model_config
+    from model.config import model_config
     from model.llama import build_model
     from training.optimizer import build_optimizer
     from training.schedule import build_scheduler

@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     from hydra import compose, initialize_config_dir
 
     from configs.schema import register
-    from configs.validate import validate_config
+    from trainer.checks import validate_config
     from trainer.plan import (
         DEFAULT_HOST_COPY_GBPS,
         DEFAULT_STORAGE_GBPS,

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from configs.checks import ConfigError
 from configs.schema import register
-from configs.validate import ConfigError, validate_config
 from helpers.launch import ROOT, run
+from trainer.checks import validate_config
 
 register()
 
@@ -82,7 +83,7 @@ def _compose(*overrides):
 def test_a_bad_value_is_named_with_its_choices(override, needles):
     cfg = _compose(override)
     with pytest.raises(ConfigError) as err:
-        validate_config(cfg, world_size=1)
+        validate_config(cfg, world_size=1, files=True)  # as train.py calls it: the values, then the file probes
     lines = str(err.value).splitlines()
     assert lines[0] == "invalid configuration:" and len(lines) == 2, lines  # this one problem, and only it
     for needle in needles:

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from checkpoint.memory.tier import SnapshotRecord
+from checkpoint.memory.commit import SnapshotRecord
 from helpers.launch import load_script
 
 TOP = {"config", "state_bytes_per_rank", "floors", "throughput", "snapshots", "restore", "targets", "problems"}

@@ -7,9 +7,11 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from configs.checks import ConfigError
 from configs.schema import register
-from configs.validate import ConfigError, model_config, validate_config
+from model.config import model_config
 from model.counting import count_params
+from trainer.checks import validate_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))

@@ -202,8 +202,9 @@ def test_two_epochs_through_the_loaders_visit_every_window_once_each(pydoc_data)
 def test_bad_data_settings_stop_at_start_up(pydoc_data):
     from hydra import compose, initialize_config_dir
 
+    from configs.checks import ConfigError
     from configs.schema import register
-    from configs.validate import ConfigError, validate_config
+    from trainer.checks import validate_config
 
     register()
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):

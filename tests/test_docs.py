@@ -28,7 +28,7 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Set
 from hydra import compose, initialize_config_dir
 
 from configs.schema import Config, register
-from configs.validate import validate_config
+from trainer.checks import validate_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))

@@ -24,13 +24,14 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from checkpoint.interop.weight_source import read_safetensors_header, source_problems
+from configs.checks import ConfigError
 from configs.schema import register
-from configs.validate import ConfigError, validate_config
 from helpers.data import data_config, global_batches
 from helpers.launch import ROOT, python_or_torchrun, run, run_train, worker
 from metrics.records import read_metrics
 from model.config import ModelConfig
 from tools.runs import debug_overrides
+from trainer.checks import validate_config
 
 DEBUG = ModelConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "configs/model/debug.yaml")))
 LAYOUTS = {"1": (1, []), "dp_shard2": (2, ["dp_shard=2"]), "tp2": (2, ["tp=2"]),

@@ -13,17 +13,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Lower layers never import higher ones; a package may import itself and anything below it.
 LAYERS = {
-    "configs.constants": 0,  # the vocabulary: valid values of choice keys, defaults
+    "configs.constants": 0, "configs.checks": 0,  # the vocabulary: valid choices, defaults, ConfigError
     "model": 1, "data": 1,
     "configs.schema": 2, "parallel": 2, "training": 2, "metrics": 2,
     "checkpoint": 3,
     "recovery": 4,
-    "configs.validate": 5,  # checks every section, so it sits above them all
-    "trainer": 6,
-    "tools": 7,
+    "trainer": 5,  # the recipe, the planner, and the config checks of every section gathered
+    "tools": 6,
 }
 PACKAGES = ("configs", "model", "data", "parallel", "training", "metrics", "checkpoint", "recovery", "trainer",
             "tools")
+# Inside checkpoint/ the same rule, one level down: what a checkpoint holds, then the durable tier,
+# then the memory tier and the weights in and out, then the facade and the modules beside it.
+CHECKPOINT_LAYERS = {"checkpoint.state": 0, "checkpoint.durable": 1, "checkpoint.memory": 2, "checkpoint.interop": 2,
+                     "checkpoint": 3}
 
 
 def _unit(module: str) -> str:
@@ -32,6 +35,13 @@ def _unit(module: str) -> str:
     if parts[0] == "configs":
         return "configs.schema" if len(parts) == 1 or parts[1] == "__init__" else ".".join(parts[:2])
     return parts[0]
+
+
+def _checkpoint_unit(module: str) -> str:
+    """checkpoint.<sub-package> for a module of one, else checkpoint (the facade and its neighbours)."""
+    parts = module.split(".")
+    unit = ".".join(parts[:2])
+    return unit if unit in CHECKPOINT_LAYERS else "checkpoint"
 
 
 def _project_imports(path: Path):
@@ -70,6 +80,25 @@ def test_imports_point_down():
                     wrong.append(f"{path.relative_to(ROOT)}:{line}: {me} (layer {LAYERS[me]}) imports {name} "
                                  f"(layer {LAYERS.get(them, 'top')})")
     assert not wrong, "imports that point up or sideways:\n" + "\n".join(wrong)
+
+
+def test_checkpoint_sub_packages_import_down():
+    wrong = []
+    for path in sorted((ROOT / "checkpoint").rglob("*.py")):
+        me = _checkpoint_unit(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        for line, name in _project_imports(path):
+            if name.split(".")[0] != "checkpoint":
+                continue
+            them = _checkpoint_unit(name)
+            if them != me and CHECKPOINT_LAYERS[them] >= CHECKPOINT_LAYERS[me]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {me} imports {name}")
+    assert not wrong, "imports inside checkpoint/ that point up or sideways:\n" + "\n".join(wrong)
+
+
+def test_no_checkpoint_module_is_over_300_lines():
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "checkpoint").rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 310}
+    assert not long, f"split these into modules with one job each: {long}"
 
 
 def test_nothing_imports_train_py():

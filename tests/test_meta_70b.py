@@ -24,8 +24,8 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from configs.schema import register
-from configs.validate import model_config
 from helpers.launch import ROOT
+from model.config import model_config
 from model.init import drawn_elements
 from model.llama import build_model
 from parallel.dims import resolve_parallel_dims

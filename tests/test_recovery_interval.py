@@ -7,11 +7,11 @@ import math
 
 import pytest
 
+from checkpoint.checks import parse_interval
 from helpers.launch import load_script
 from recovery.interval import (
     choose_interval_steps,
     cluster_mtbf_s,
-    parse_interval,
     waste_fraction,
     young_daly_interval_s,
 )

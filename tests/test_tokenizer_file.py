@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from data.batching import make_batch_plan
-from data.checks import DataError
+from data.prepared import DataError
 from data.setup import build_data_pipeline
 from data.token_file import TokenFile, prepare_token_file, read_meta
 from data.tokenizer import FileTokenizer, load_tokenizer, sha256_of

@@ -13,8 +13,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from configs.checks import ConfigError
 from configs.schema import DataConfig, register
-from configs.validate import ConfigError, validate_config
 from data.batching import make_batch_plan
 from data.split import held_out
 from data.token_file import TokenFile, prepare_token_file, read_meta, sha256_file
@@ -23,6 +23,7 @@ from data.tokenizer import ByteTokenizer
 from data.validation import open_validation
 from model.config import ModelConfig
 from model.llama import build_model
+from trainer.checks import validate_config
 from training.evaluate import Evaluator
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,7 +28,7 @@ from hydra import initialize_config_dir
 
 from checkpoint.durable.discovery import latest_committed
 from configs.schema import register
-from configs.validate import validate_config
+from trainer.checks import validate_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

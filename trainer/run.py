@@ -19,12 +19,12 @@ from omegaconf import DictConfig
 from checkpoint.interop.init_from import apply_init_from
 from checkpoint.manager import CheckpointManager
 from checkpoint.state.training_state import TrainingState
-from configs.validate import model_config
 from data.batching import make_batch_plan
 from data.setup import build_data_pipeline
 from metrics.logger import MetricsLogger, memory_gib, setup_logging
 from metrics.run_dir import write_run_config
 from metrics.throughput import Throughput
+from model.config import model_config
 from model.counting import count_params
 from model.llama import build_model
 from parallel.dims import resolve_parallel_dims

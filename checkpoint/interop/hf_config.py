@@ -12,7 +12,7 @@
 
 The rows of wq and wk are also permuted within each head: Meta's rotary embedding turns
 consecutive pairs (2j, 2j+1), Hugging Face's turns (j, j + head_dim/2) (checkpoint/interop/hf_weights.py).
-configs/validate.py uses this module to compare model.init_from's shape with model.* before
+checkpoint/checks.py uses this module to compare model.init_from's shape with model.* before
 anything is allocated, so it imports no torch.
 """
 

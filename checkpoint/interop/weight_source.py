@@ -9,7 +9,7 @@ Three kinds of source:
   checkpoint   a committed checkpoint directory (manifest.json); only its model weights are read.
 
 Everything here reads JSON (config.json, the index, a safetensors header, manifest.json), so
-configs/validate.py can compare the source's shape with model.* at start-up, before torch is
+checkpoint/checks.py can compare the source's shape with model.* at start-up, before torch is
 imported; checkpoint/interop/init_from.py then reads the tensors.
 """
 

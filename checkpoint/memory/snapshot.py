@@ -29,6 +29,7 @@ import torch
 
 from checkpoint.durable.integrity import hasher
 
+STEP_DIR = "step_{:08d}"  # a step's copies: STEP_DIR/rankR.snap and its commit, rankR.json
 MAGIC = b"LLMSNAP1"
 _HEAD = struct.Struct("<8sQ")
 CHUNK = 64 << 20  # bytes written and hashed at a time

@@ -5,7 +5,7 @@ import sys
 
 import configs.constants  # noqa: F401
 import configs.schema  # noqa: F401
-import configs.validate  # noqa: F401
+import trainer.checks  # noqa: F401
 
 assert "torch" not in sys.modules, "config validation imported torch"
 

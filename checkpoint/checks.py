@@ -1,0 +1,80 @@
+"""The checkpoint section checked at start-up (torch-free; trainer/checks.py gathers it).
+
+``config_problems`` looks at values only. ``file_problems`` is the part of the pre-flight that
+reads files before anything is built: the directory checkpoint.resume names, and the shape of
+model.init_from's weights (from their small JSON files) unless the run will resume instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List
+
+from checkpoint.durable.discovery import resolve_resume
+from checkpoint.durable.manifest import CheckpointError
+from checkpoint.interop.weight_source import source_problems
+from configs.checks import Problems
+from configs.constants import ASYNC_MODES, BEST_METRICS, CHECKPOINT_FORMATS, ON_SAVE_ERROR, RESUME_WORDS
+from model.config import model_config
+
+
+def parse_interval(value, key: str = "checkpoint.interval") -> int | str:
+    """``checkpoint.interval`` (or ``key``): a non-negative step count, or ``auto``."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        steps = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}={value!r}: use a step count (0 turns it off) or auto")
+    if steps < 0:
+        raise ValueError(f"{key}={steps} must be >= 0 (0 turns it off) or auto")
+    return steps
+
+
+def config_problems(cfg, problems: Problems) -> None:
+    c = cfg.checkpoint
+    problems.check(lambda: parse_interval(c.interval))
+    problems.choice("checkpoint.async_mode", c.async_mode, ASYNC_MODES)
+    problems.choice("checkpoint.format", c.format, CHECKPOINT_FORMATS)
+    problems.at_least("checkpoint.keep_last", c.keep_last, 1,
+                      "the newest committed checkpoint is always kept; 0 would keep none")
+    problems.at_least("checkpoint.keep_every", c.keep_every, 0, "0 turns the permanent tier off")
+    problems.at_least("checkpoint.keep_best", c.keep_best, 0, "0 turns the best tier off")
+    problems.choice("checkpoint.best_metric", c.best_metric, BEST_METRICS)
+    problems.choice("checkpoint.on_save_error", c.on_save_error, ON_SAVE_ERROR)
+    problems.at_least("checkpoint.load_threads", c.load_threads, 1,
+                      "read streams per rank while loading; 1 reads each file in one sequential stream")
+    problems.positive("checkpoint.commit_timeout_s", c.commit_timeout_s)
+    m = c.memory
+    problems.check(lambda: parse_interval(m.interval, "checkpoint.memory.interval"))
+    problems.choice("checkpoint.memory.replicas", m.replicas, (0, 1))
+    if m.node is not None:
+        problems.at_least("checkpoint.memory.node", m.node, 0, "a node id names root/node-<id>; null: one per host")
+    d, e = cfg.data, cfg.eval
+    evaluates = str(d.validation).strip() != "none" and e.interval > 0
+    if c.best_metric == "val_loss" and c.keep_best > 0 and not evaluates:
+        problems.append("checkpoint.best_metric=val_loss ranks checkpoints by their validation loss, but this run "
+                        f"does not evaluate (data.validation={d.validation}, eval.interval={e.interval}); set "
+                        "data.validation and eval.interval > 0, or choose best_metric loss or probe_loss")
+
+
+def file_problems(cfg) -> List[str]:
+    """checkpoint.resume=<path> holds a committed checkpoint; model.init_from fits model.* (unless
+    the run will resume: then its checkpoint's weights win and the source may even be gone)."""
+    out: List[str] = []
+    resume = str(cfg.checkpoint.resume).strip()
+    if resume not in RESUME_WORDS and not resume.isdigit() and not (Path(resume) / "manifest.json").is_file():
+        out.append(f"checkpoint.resume={resume!r}: use one of {list(RESUME_WORDS)}, a step number, or the "
+                   "path of a committed checkpoint directory (one holding manifest.json)")
+    if cfg.model.init_from and not cfg.dry_run:
+        out += _init_from_problems(cfg)
+    return out
+
+
+def _init_from_problems(cfg) -> List[str]:
+    try:
+        if resolve_resume(Path(cfg.checkpoint.dir), str(cfg.checkpoint.resume)) is not None:
+            return []
+    except CheckpointError:  # the resume itself reports it
+        return []
+    return source_problems(model_config(cfg), cfg.model.init_from)

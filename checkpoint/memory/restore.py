@@ -1,0 +1,135 @@
+"""Restoring from the memory tier, on every rank together.
+
+Each rank lists the committed copies its node holds; all ranks gather the lists and pick the
+newest step for which every rank has a copy at this world size and layout; holders check the
+checksums of their own copies; each rank then takes its own node's copy (local) or, failing
+that, a peer's, streamed over the tier's group (peer). Any problem on any rank (no intact copy,
+a copy that does not apply) is agreed on and reported, and the caller goes to the durable tier.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+from checkpoint.durable.manifest import Manifest
+from checkpoint.memory.snapshot import apply_snapshot, checksum_buffer
+
+log = logging.getLogger("trainer")
+
+
+@dataclass
+class Restored:
+    """What ``restore`` did. ``problem`` set: the state may be partly overwritten and the caller
+    must load the durable tier."""
+
+    step: int
+    manifest: Optional[Manifest]
+    sources: Dict[int, str] = field(default_factory=dict)  # rank -> local | peer
+    problem: Optional[str] = None
+    timings: Dict[str, float] = field(default_factory=dict)
+
+
+def held_copies(directory: Path) -> List[dict]:
+    """The committed copies in this node's directory (any owner)."""
+    out = []
+    for meta in sorted(directory.glob("step_*/rank*.json")):
+        try:
+            info = json.loads(meta.read_text())
+            info["path"] = str(meta.with_suffix(".snap"))
+            out.append(info)
+        except (OSError, ValueError) as exc:
+            log.warning("memory tier: unreadable copy manifest %s (%s): ignored", meta, exc)
+    return out
+
+
+def restore(tier, state, newer_than: int = 0) -> Optional[Restored]:
+    """Restore ``state`` from the newest step every rank can get an intact copy of (and newer
+    than ``newer_than``, the newest durable checkpoint). None: nothing usable, nothing touched."""
+    t0 = time.perf_counter()
+    held = held_copies(tier.dir)
+    everyone = tier.peers.gather([{k: v for k, v in h.items() if k != "manifest"} | {"holder": tier.rank}
+                             for h in held])
+    copies = [c for per_rank in everyone for c in per_rank]
+    if not copies:
+        return None
+    usable = [c for c in copies if c["world_size"] == tier.world_size and c["layout"] == tier.layout]
+    if not usable:
+        c = copies[0]
+        if tier.rank == 0:
+            log.warning("memory tier: the snapshots in memory were taken at world %d, layout %s; this run has "
+                        "world %d, layout %s: they are ignored, resuming from the durable tier", c["world_size"],
+                        c["layout"], tier.world_size, tier.layout)
+        return None
+    for step in sorted({c["step"] for c in usable}, reverse=True):
+        if step <= newer_than:
+            if tier.rank == 0:
+                log.info("memory tier: the newest snapshot (step %d) is not newer than the durable checkpoint of "
+                         "step %d: resuming from the durable tier", step, newer_than)
+            return None
+        at_step = [c for c in usable if c["step"] == step]
+        if {c["owner"] for c in at_step} != set(range(tier.world_size)):
+            continue
+        restored = _restore_step(tier, state, step, at_step, [h for h in held if h["step"] == step], t0)
+        if restored is not None:
+            return restored
+    if tier.rank == 0:
+        log.warning("memory tier: no step has an intact copy for every rank: resuming from the durable tier")
+    return None
+
+
+def _restore_step(tier, state, step: int, at_step: List[dict], mine: List[dict], t0: float) -> Optional[Restored]:
+    t1 = time.perf_counter()
+    own, own_buf = next((h for h in mine if h["owner"] == tier.rank), None), None
+    if own is not None:  # this rank's own copy is verified here; a replica by its receiver, on arrival
+        try:
+            data = torch.from_file(own["path"], shared=False, size=own["size"], dtype=torch.uint8)
+            if checksum_buffer(data.numpy(), own["algorithm"]) == own["checksum"]:
+                own_buf = data
+            else:
+                log.error("memory tier: the copy of rank %d step %d in %s fails its checksum", tier.rank, step,
+                          own["path"])
+        except (OSError, RuntimeError) as exc:
+            log.error("memory tier: the copy of rank %d step %d is unreadable: %s", tier.rank, step, exc)
+    verify_s = time.perf_counter() - t1
+    own_intact = tier.peers.gather(own_buf is not None)
+    sources: Dict[int, Optional[int]] = {}
+    for r in range(tier.world_size):
+        others = sorted(c["holder"] for c in at_step if c["owner"] == r and c["holder"] != r)
+        sources[r] = r if own_intact[r] else (others[0] if others else None)
+    missing = [r for r, h in sources.items() if h is None]
+    if missing:
+        if tier.rank == 0:
+            log.warning("memory tier: step %d has no intact copy for rank(s) %s", step, missing)
+        return None
+    t2 = time.perf_counter()
+    buf, problem, manifest_json = None, None, None
+    for r in range(tier.world_size):  # one transfer at a time, in rank order: every rank agrees on it
+        h = sources[r]
+        if h == r:
+            if r == tier.rank:
+                buf, manifest_json = own_buf, own.get("manifest")
+        elif tier.rank == h:
+            tier.peers.send_copy(next(x for x in mine if x["owner"] == r), r)
+        elif tier.rank == r:
+            buf, manifest_json, problem = tier.peers.receive_copy(h)
+    read_s = time.perf_counter() - t2
+    manifest = None
+    t3 = time.perf_counter()
+    if problem is None:
+        try:
+            manifest = Manifest.from_json(json.dumps(manifest_json))
+            apply_snapshot(state, buf)
+        except Exception as exc:  # noqa: BLE001 - a copy that does not apply is a problem to agree on
+            problem = f"rank {tier.rank}: {type(exc).__name__}: {exc}"
+    apply_s = time.perf_counter() - t3
+    names = {r: "local" if h == r else "peer" for r, h in sources.items()}
+    timings = {"verify_s": round(verify_s, 3), "read_s": round(read_s, 3), "apply_s": round(apply_s, 3),
+               "total_s": round(time.perf_counter() - t0, 3)}
+    return Restored(step, manifest, names, problem, timings)

@@ -1,0 +1,145 @@
+"""The memory tier's transport: its own gloo group, the replica exchange and copies streamed to a peer.
+
+Each rank sends its snapshot to ``peer`` (the rank ``local_world_size`` away: the same local rank
+on the next node, a ring over nodes) and receives the snapshot of ``source``. Every transfer is
+tagged (header: sizes; info: the copy's manifest; data: the bytes), and every agreement is a
+collective over the group, so a rank that failed never leaves its peer waiting. The group is
+the tier's own: its collectives run on the background thread, apart from training's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from checkpoint.memory.snapshot import SnapshotError, checksum_buffer
+
+log = logging.getLogger("trainer")
+
+_TAG_HEADER, _TAG_INFO, _TAG_DATA = 11, 12, 13
+
+
+def size_text(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def _wait(works: list) -> None:
+    for w in works:
+        w.wait()
+
+
+class PeerGroup:
+    def __init__(self, rank: int, world_size: int, local_world_size: int, replicas: int, timeout_s: float):
+        self.rank, self.world_size, self.local_world_size = rank, world_size, max(1, local_world_size)
+        self.peer: Optional[int] = None  # who receives this rank's replica
+        self.source: Optional[int] = None  # whose replica this rank holds
+        if replicas > 0:
+            if world_size > self.local_world_size:
+                self.peer = (rank + self.local_world_size) % world_size
+                self.source = (rank - self.local_world_size) % world_size
+            elif rank == 0:
+                log.warning("checkpoint.memory.replicas=1 needs more than one node (world %d, %d ranks per node): "
+                            "snapshots stay on their own node only", world_size, self.local_world_size)
+        self.group = None
+        if dist.is_available() and dist.is_initialized() and world_size > 1:
+            self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+    def all_ok(self, ok: bool) -> bool:
+        """True on every rank iff ``ok`` on every rank (over the tier's group)."""
+        if self.group is None:
+            return ok
+        t = torch.tensor([0 if ok else 1], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return int(t.item()) == 0
+
+    def gather(self, obj) -> list:
+        if self.group is None:
+            return [obj]
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def agree(self, problem: Optional[str]) -> Optional[str]:
+        """Every rank's problems, joined, if any rank has one (else None)."""
+        found = [p for p in self.gather(problem) if p]
+        return "; ".join(found) if found else None
+
+    def exchange(self, own: Path, info: dict, d: Path) -> dict:
+        """Send this rank's file to the peer and receive the source's into ``d``; check its checksum.
+        The destination is reserved with fallocate first (a write into a mapped file on a full tmpfs
+        would kill the process with SIGBUS); if that fails the bytes are received into scratch
+        memory, so the sender is not left hanging, and the failure is raised afterwards."""
+        payload = torch.from_file(str(own), shared=False, size=info["size"], dtype=torch.uint8)
+        info_out = torch.frombuffer(bytearray(json.dumps(info).encode()), dtype=torch.uint8)
+        header_out = torch.tensor([info["size"], info_out.numel()], dtype=torch.int64)
+        header_in = torch.empty(2, dtype=torch.int64)
+        _wait([dist.isend(header_out, self.peer, group=self.group, tag=_TAG_HEADER),
+               dist.irecv(header_in, self.source, group=self.group, tag=_TAG_HEADER)])
+        size_in, info_len = int(header_in[0]), int(header_in[1])
+        info_in = torch.empty(info_len, dtype=torch.uint8)
+        replica_tmp = d / f"replica-from-{self.source:05d}.tmp"
+        no_room: Optional[OSError] = None
+        try:
+            fd = os.open(replica_tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size_in)
+            finally:
+                os.close(fd)
+            incoming = torch.from_file(str(replica_tmp), shared=True, size=size_in, dtype=torch.uint8)
+        except OSError as exc:
+            no_room, incoming = exc, torch.empty(size_in, dtype=torch.uint8)
+            replica_tmp.unlink(missing_ok=True)
+        _wait([dist.isend(info_out, self.peer, group=self.group, tag=_TAG_INFO),
+               dist.isend(payload, self.peer, group=self.group, tag=_TAG_DATA),
+               dist.irecv(info_in, self.source, group=self.group, tag=_TAG_INFO),
+               dist.irecv(incoming, self.source, group=self.group, tag=_TAG_DATA)])
+        del payload
+        received = json.loads(info_in.numpy().tobytes())
+        if no_room is not None:
+            raise SnapshotError(f"no room for the replica of rank {received['owner']} ({size_text(size_in)}) in {d}: "
+                                f"{no_room}")
+        got = checksum_buffer(incoming.numpy(), received["algorithm"])
+        del incoming
+        if got != received["checksum"] or received["size"] != size_in:
+            raise SnapshotError(f"replica of rank {received['owner']} step {received['step']} arrived damaged "
+                                f"(checksum {got} != {received['checksum']})")
+        os.replace(replica_tmp, d / f"rank{received['owner']:05d}.snap")
+        return received
+
+    def send_copy(self, copy: dict, to: int) -> None:
+        """Stream one held copy to rank ``to``: header (size, manifest length), manifest, bytes. A copy
+        that cannot be read is announced with size -1 so the receiver does not wait for it."""
+        try:
+            data = torch.from_file(copy["path"], shared=False, size=copy["size"], dtype=torch.uint8)
+            meta = torch.frombuffer(bytearray(json.dumps(copy).encode()), dtype=torch.uint8)
+        except (OSError, RuntimeError) as exc:
+            log.error("memory tier: cannot read the copy of rank %d for sending: %s", to, exc)
+            dist.send(torch.tensor([-1, 0], dtype=torch.int64), to, group=self.group, tag=_TAG_HEADER)
+            return
+        dist.send(torch.tensor([copy["size"], meta.numel()], dtype=torch.int64), to, group=self.group,
+                  tag=_TAG_HEADER)
+        dist.send(meta, to, group=self.group, tag=_TAG_INFO)
+        dist.send(data, to, group=self.group, tag=_TAG_DATA)
+
+    def receive_copy(self, holder: int):
+        """(bytes, its manifest, problem) of this rank's copy streamed from ``holder``."""
+        header = torch.empty(2, dtype=torch.int64)
+        dist.recv(header, holder, group=self.group, tag=_TAG_HEADER)
+        size, meta_len = int(header[0]), int(header[1])
+        if size < 0:
+            return None, None, f"rank {self.rank}: the peer rank {holder} could not read its replica"
+        meta = torch.empty(meta_len, dtype=torch.uint8)
+        dist.recv(meta, holder, group=self.group, tag=_TAG_INFO)
+        buf = torch.empty(size, dtype=torch.uint8)
+        dist.recv(buf, holder, group=self.group, tag=_TAG_DATA)
+        copy = json.loads(meta.numpy().tobytes())
+        if checksum_buffer(buf.numpy(), copy["algorithm"]) != copy["checksum"]:
+            return None, None, f"rank {self.rank}: the replica streamed from rank {holder} arrived damaged"
+        return buf, copy.get("manifest"), None

@@ -1,0 +1,32 @@
+"""A prepared dataset: its description file, the folder name data.prepare_if_missing builds, the
+command that prepares one, and DataError, the error for data that is missing or does not fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+META_FILE = "meta.json"  # a prepared dataset's description (data/token_file.py)
+
+
+class DataError(ValueError):
+    """Data that is missing or does not fit this run; the message says how to fix it."""
+
+
+def prepared_name(sources: Sequence[str], tokenizer: str) -> str:
+    """The folder name data.prepare_if_missing builds under: "<sources>-<tokenizer>" (pydoc-byte; for
+    data.tokenizer=hf:/models/llama3/tokenizer.json, pydoc-hf-llama3)."""
+    label = str(tokenizer)
+    if label.startswith("hf:"):
+        label = "hf-" + Path(label[3:]).parent.name
+    return "+".join(Path(str(s)).stem for s in sources) + "-" + label
+
+
+def prepare_command(path, sources: Sequence[str] = ("pydoc",), tokenizer: str = "byte") -> str:
+    names = " ".join(map(str, sources))
+    return f"python scripts/prepare_data.py --out {path} --sources {names} --tokenizer {tokenizer}"
+
+
+def is_prepared(path: Path) -> bool:
+    """A prepared dataset, or a folder of prepared shards."""
+    return (path / META_FILE).is_file() or any(path.glob(f"*/{META_FILE}"))

@@ -1,0 +1,44 @@
+"""The recovery section checked at start-up (torch-free; trainer/checks.py gathers it): watchdog
+timeouts, stragglers, preemption, fallback, failure model, injected faults, guards."""
+
+from __future__ import annotations
+
+import signal
+
+from configs.checks import Problems
+from configs.constants import GUARD_ACTIONS, WATCHDOG_PHASES
+from recovery.faults import fault_problems
+
+
+def config_problems(cfg, problems: Problems) -> None:
+    r = cfg.recovery
+    unknown = sorted(set(r.timeouts) - set(WATCHDOG_PHASES))
+    if unknown:
+        problems.append(f"recovery.timeouts has unknown phases {unknown}: the phases are {list(WATCHDOG_PHASES)}")
+    for phase, seconds in r.timeouts.items():
+        problems.positive(f"recovery.timeouts.{phase}", seconds)
+    problems.positive("recovery.checkpoint_write_timeout_s", r.checkpoint_write_timeout_s)
+    problems.at_least("recovery.straggler_interval", r.straggler_interval, 0, "0 disables the report")
+    if not r.straggler_factor > 1:
+        problems.append(f"recovery.straggler_factor={r.straggler_factor} must be > 1")
+    for name in r.preemption_signals:
+        if not (str(name).startswith("SIG") and hasattr(signal, str(name))):
+            problems.append(f"recovery.preemption_signals: {name!r} is not a signal name (e.g. SIGTERM, SIGUSR1)")
+    problems.positive("recovery.preemption_grace_s", r.preemption_grace_s)
+    problems.positive("recovery.probe_rtol_reshard", r.probe_rtol_reshard)
+    problems.at_least("recovery.max_fallbacks", r.max_fallbacks, 0)
+    problems.positive("recovery.device_mtbf_hours", r.device_mtbf_hours)
+    problems.at_least("recovery.devices", r.devices, 0, "0 uses the world size")
+    for i, fault in enumerate(r.faults):
+        problems += fault_problems(fault, f"recovery.faults[{i}]")
+    g = r.guards
+    problems.choice("recovery.guards.action", g.action, GUARD_ACTIONS)
+    problems.at_least("recovery.guards.warmup_steps", g.warmup_steps, 0)
+    if not g.grad_norm_multiple > 1:
+        problems.append(f"recovery.guards.grad_norm_multiple={g.grad_norm_multiple} must be > 1")
+    for key in ("loss_window", "shadow_window"):
+        problems.at_least(f"recovery.guards.{key}", g[key], 3, "a median needs a few values")
+    for key in ("shadow_interval", "replica_interval", "rollback_min_age_steps"):
+        problems.at_least(f"recovery.guards.{key}", g[key], 0)
+    for key in ("max_consecutive_skips", "max_rollbacks"):
+        problems.at_least(f"recovery.guards.{key}", g[key], 1)
