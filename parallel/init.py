@@ -2,7 +2,7 @@
 
 The first step may legitimately be slow (compile, allocator warm-up, first all-gathers), so
 the process group starts with ``parallel.collective_timeout_s`` (minutes). After the first
-step a hung peer should be noticed in seconds to minutes, not NCCL's 30: train.py then calls
+step a hung peer should be noticed in seconds to minutes, not NCCL's 30: trainer/run.py then calls
 ``set_collective_timeout(parallel.collective_timeout_after_first_step_s, groups)`` for the
 training groups (the default group and the device mesh's sub-groups). Verified on gloo by
 tests/test_parallel.py (a stalled peer on a mesh sub-group fails after the new timeout).
@@ -128,7 +128,7 @@ def _restart_store(rank: int, world_size: int, timeout: datetime.timedelta,
 
 def set_collective_timeout(timeout_s: float, groups: Optional[Iterable[dist.ProcessGroup]] = None) -> int:
     """Change the timeout of ``groups`` (default: every process group this rank is in);
-    returns how many groups were changed. train.py passes the training groups only
+    returns how many groups were changed. trainer/run.py passes the training groups only
     (``Parallelized.process_groups``): a checkpoint writer's own group keeps its timeout."""
     if not dist.is_initialized():
         return 0

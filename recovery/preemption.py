@@ -10,7 +10,7 @@ abandoned (the previous committed checkpoint stays valid, contract 3). The same 
 carries the other reasons every rank must stop at one step (``agree``: a failed save).
 
 Under torchrun the signal goes to the agent, not to the workers: docs/recovery-runbook.md
-says which signal reaches which process, and scripts/torchrun_graceful.py is the agent that
+says which signal reaches which process, and scripts/torchrun_preemptible.py is the agent that
 forwards SIGTERM and SIGUSR1 to the workers instead of tearing them down.
 """
 

@@ -10,6 +10,9 @@
   (c) every ``python -m X``: X is a module that can run as a program, and the command names only
       options its argparse parser defines, including the required ones.
 
+and the docstrings of the code (modules, classes, functions) are held to (a) as well: every
+repository path they name exists, and every bare name of a code or doc file (``saver.py``, ``guards.md``) is a file of the tree.
+
 Nothing here imports torch: the schema, the config checks and Hydra are torch-free. Every problem
 is reported as ``file:line: reference: why``.
 """
@@ -369,6 +372,48 @@ def compose_problems(docs: List[tuple], composed: Optional[list] = None) -> List
     return out
 
 
+# Files named in docstrings that belong to other projects.
+FOREIGN_FILES = {"convert_llama_weights_to_hf.py"}  # transformers' conversion script
+CODE_DIRS = ("configs", "model", "data", "parallel", "training", "metrics", "checkpoint", "recovery", "trainer",
+             "tools", "scripts", "tests")
+BARE_FILE_RE = re.compile(r"(?<![\w./<>-])([A-Za-z_][\w-]*\.(?:py|sh|sbatch|md))\b")
+
+
+def code_files() -> List[Path]:
+    return [ROOT / "train.py"] + [p for d in CODE_DIRS for p in sorted((ROOT / d).rglob("*.py"))]
+
+
+def docstring_problems(path: Path, names: Set[str]) -> List[str]:
+    """Repository paths and bare file names in ``path``'s docstrings that do not exist."""
+    out = []
+    tree = ast.parse(path.read_text())
+    nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    for node in nodes:
+        doc = ast.get_docstring(node, clean=False)
+        if not doc:
+            continue
+        line = node.body[0].lineno if node is not tree else tree.body[0].lineno
+        at = f"{path.relative_to(ROOT)}:{line}"
+        for m in PATH_RE.finditer(doc):
+            ref = m.group(1).rstrip(".,:;)")
+            if any(PLACEHOLDER_RE.fullmatch(part.split(".")[0]) for part in ref.split("/")):
+                continue
+            if not ref.endswith("/") and "." not in ref.rsplit("/", 1)[-1]:
+                continue  # a word such as "checkpoint/s", not a file
+            ok = any(ROOT.glob(ref)) if "*" in ref else (ROOT / ref).exists()
+            if not ok:
+                out.append(f"{at}: {ref}: no such file or folder in the repository")
+        for m in BARE_FILE_RE.finditer(doc):
+            name = m.group(1)
+            if name not in names and name not in FOREIGN_FILES and not PLACEHOLDER_RE.fullmatch(name.split(".")[0]):
+                out.append(f"{at}: {name}: no file of that name in the repository")
+    return out
+
+
+def repository_file_names() -> Set[str]:
+    return {p.name for p in ROOT.rglob("*") if not ({".venv", ".git", "outputs"} & set(p.relative_to(ROOT).parts))}
+
+
 def docs_text() -> List[tuple]:
     return [(doc, doc.read_text()) for doc in DOCS]
 
@@ -384,6 +429,22 @@ def test_docs_are_found():
 def test_paths_exist():
     problems = [p for doc, text in docs_text() for p in scan(doc, text)["paths"]]
     assert not problems, report(problems)
+
+
+def test_docstrings_name_files_that_exist():
+    names = repository_file_names()
+    problems = [p for path in code_files() for p in docstring_problems(path, names)]
+    assert not problems, f"{len(problems)} problem(s) in docstrings:\n  " + "\n  ".join(problems)
+
+
+def test_the_docstring_check_can_fail(tmp_path):
+    bad = ROOT / "tests" / "_docstring_probe_tmp.py"
+    bad.write_text('"""See checkpoint/no_such.py and torchrun_graceful.py; checkpoint/durable/ is fine."""\n')
+    try:
+        found = docstring_problems(bad, repository_file_names())
+    finally:
+        bad.unlink()
+    assert len(found) == 2 and "checkpoint/no_such.py" in found[0] and "torchrun_graceful.py" in found[1], found
 
 
 def test_config_keys_exist():

@@ -3,7 +3,7 @@ every restart resumes from the newest committed checkpoint and reproduces the
 uninterrupted losses bit for bit.
 
 One driver process (python -m tools.rehearsal) imports torch once and forks each attempt,
-so 30+ real processes cost about a second each (recovery/supervisor.py).
+so 30+ real processes cost about a second each (tools/supervisor.py).
 """
 
 from __future__ import annotations

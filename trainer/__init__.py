@@ -1,2 +1,8 @@
-"""The training run (run.py): composes model, parallel layout, data, checkpointing and recovery
-from the config and runs the loop. train.py and the rehearsal tools call ``trainer.run.run``."""
+"""One training run, and what is decided before it starts.
+
+  run.py                the recipe: composes model, parallel layout, data, checkpointing and recovery
+                        from the config and runs the loop (train.py and tools/supervisor.py call it)
+  checks.py             every config check gathered into one block (each package checks its section)
+  plan.py               the layout planner: memory per rank, step time, MFU (scripts/plan.py)
+  activation_memory.py  activation bytes per rank for a layout and recipe (the planner's input)
+"""

@@ -1,1 +1,9 @@
-"""Optimizer, learning-rate schedule and the optimizer step with gradient accumulation."""
+"""Optimizer, learning-rate schedule and the optimizer step with gradient accumulation.
+
+  optimizer.py  AdamW, decoupled weight decay on matrices only, fused where it can be
+  schedule.py   warmup, then cosine (or constant)
+  step.py       one optimizer step: accumulation, global-token loss normalisation, precision
+  ema.py        exponential moving average of the parameters
+  evaluate.py   the validation loss, the same at every layout
+  checks.py     the training, optim and eval sections' config checks
+"""

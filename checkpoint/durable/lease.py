@@ -10,7 +10,8 @@ attempt (an orphaned worker, a job the scheduler believes dead) stops with ``Sta
 instead of committing over the newer attempt's checkpoints.
 
 It is a check, not a lock: the window between the last check and the rename is one system
-call. What closes the rest is that workers die with their launcher (recovery/lifeline.py).
+call. What closes the rest is that workers die with their launcher (``die_with_launcher`` in
+parallel/init.py).
 """
 
 from __future__ import annotations

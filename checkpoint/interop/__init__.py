@@ -1,1 +1,10 @@
-"""interop"""
+"""Weights in and out, in other tools' formats (docs/interop.md).
+
+  export.py          offline tensor reading, one tensor at a time; safetensors and Hugging Face exports
+  hf_config.py       Hugging Face names and config.json (torch-free)
+  hf_weights.py      the q/k rotary permutation between Meta's layout and Hugging Face's
+  safetensors_io.py  safetensors written tensor by tensor, read in slices (a DCP StorageReader)
+  weight_source.py   what a model.init_from path holds, from its small files (torch-free)
+  init_from.py       model.init_from: pretrained weights into a parallelised model at step 0
+  convert.py         a raw checkpoint as stock DCP files
+"""

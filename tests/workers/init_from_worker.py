@@ -1,4 +1,4 @@
-"""Run by test_interop.py, alone and under torchrun: model.init_from into a parallelised model.
+"""Run by test_interop_import.py, alone and under torchrun: model.init_from into a parallelised model.
 
 Builds the debug model (model.* overrides apply) the way trainer/run.py does (meta build,
 parallelize, materialize), loads SOURCE with checkpoint/interop/init_from.py, runs one forward pass on
