@@ -11,7 +11,8 @@
       options its argparse parser defines, including the required ones.
 
 and the docstrings of the code (modules, classes, functions) are held to (a) as well: every
-repository path they name exists, and every bare name of a code or doc file (``saver.py``, ``guards.md``) is a file of the tree.
+repository path they name exists, and every bare name of a code or doc file (``saver.py``,
+``guards.md``) is a file of the tree.
 
 Nothing here imports torch: the schema, the config checks and Hydra are torch-free. Every problem
 is reported as ``file:line: reference: why``.
