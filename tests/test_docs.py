@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib.util
+import os
 import re
 import shlex
 import typing
@@ -349,6 +350,7 @@ def compose_problems(docs: List[tuple], composed: Optional[list] = None) -> List
     commands composed are appended to ``composed``."""
     register()
     out = []
+    verdicts: Dict[tuple, Optional[str]] = {}  # overrides -> why they fail (None: they compose and validate)
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         for doc, text in docs:
             for snippet in snippets(doc, text):
@@ -366,10 +368,15 @@ def compose_problems(docs: List[tuple], composed: Optional[list] = None) -> List
                     continue
                 if composed is not None:
                     composed.append(at)
-                try:
-                    validate_config(compose(config_name="config", overrides=overrides))
-                except Exception as exc:  # composition or validation: report and go on
-                    out.append(f"{at}: {type(exc).__name__}: {exc}".replace("\n", " "))
+                key = tuple(overrides)
+                if key not in verdicts:  # the same overrides in several places are composed once
+                    try:
+                        validate_config(compose(config_name="config", overrides=overrides))
+                        verdicts[key] = None
+                    except Exception as exc:  # composition or validation: report and go on
+                        verdicts[key] = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+                if verdicts[key] is not None:
+                    out.append(f"{at}: {verdicts[key]}")
     return out
 
 
@@ -412,7 +419,11 @@ def docstring_problems(path: Path, names: Set[str]) -> List[str]:
 
 
 def repository_file_names() -> Set[str]:
-    return {p.name for p in ROOT.rglob("*") if not ({".venv", ".git", "outputs"} & set(p.relative_to(ROOT).parts))}
+    names: Set[str] = set()
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in {".venv", ".git", "outputs", "__pycache__"}]
+        names.update(files)
+    return names
 
 
 def docs_text() -> List[tuple]:

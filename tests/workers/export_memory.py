@@ -1,7 +1,7 @@
 """Run by test_export_memory.py: build a large checkpoint, or export one and report its peak memory.
 
-  python tests/workers/export_memory.py make ROOT PRESET      # a freshly initialised configs/model/PRESET.yaml,
-                                                               # saved by the project's saver (weights only)
+  python tests/workers/export_memory.py make ROOT PRESET [KEY=VALUE ...]   # a freshly initialised
+                          # configs/model/PRESET.yaml (with model overrides), saved by the project's saver
   python tests/workers/export_memory.py export CKPT OUT ARGS   # scripts/export.py's export, then one JSON line:
                                                                # RSS before it, peak RSS (VmHWM), the weights' bytes
 
@@ -36,8 +36,10 @@ def status_kib(field: str) -> int:
     raise KeyError(field)
 
 
-def make(root: Path, preset: str) -> None:
-    cfg = ModelConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "model" / f"{preset}.yaml")))
+def make(root: Path, preset: str, overrides: list) -> None:
+    shape = OmegaConf.merge(OmegaConf.load(ROOT / "configs" / "model" / f"{preset}.yaml"),
+                            OmegaConf.from_dotlist(overrides))
+    cfg = ModelConfig(**OmegaConf.to_container(shape))
     t0 = time.perf_counter()
     model = build_model(cfg, seed=0)
     manifest = Manifest("step_00000001", 1, 0, 0, 0.0, "export_memory", {"model": dataclasses.asdict(cfg)}, 1,
@@ -59,6 +61,6 @@ def export(ckpt: Path, out: Path, dtype: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "make":
-        make(Path(sys.argv[2]), sys.argv[3])
+        make(Path(sys.argv[2]), sys.argv[3], sys.argv[4:])
     else:
         export(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])
