@@ -10,7 +10,7 @@ model or more (the former export held every tensor and a converted copy, ~2x). T
 preset (4.6 GiB of weights, 1.0 GiB growth: its 1 GiB embedding read whole) is recorded in
 docs/interop.md; this shape proves the same bound in a quarter of the disk and time.
 
-Needs about 2.5 GiB of memory and 2.2 GB of disk under the test's tmp dir (deleted when it
+Writes about 2.2 GB under the test's tmp dir (the checkpoint and the export; deleted when it
 passes): marked distributed to keep it out of the fast loop (-m 'not distributed').
 """
 
