@@ -14,7 +14,6 @@ agreed with the other ranks on the step to stop at, then ``raise_save_failure`` 
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 import shutil
@@ -24,7 +23,6 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 
 from checkpoint.durable.integrity import default_algorithm
 from checkpoint.durable.lease import check_lease, take_lease
@@ -40,7 +38,7 @@ from checkpoint.memory.tier import MemoryTier
 from checkpoint.save_manifest import ManifestBuilder
 from checkpoint.state.fingerprint import config_differences, hashed_config, schedule_changes
 from checkpoint.state.training_state import TrainingState
-from parallel.collectives import any_rank
+from parallel import collectives
 
 log = logging.getLogger("trainer")
 
@@ -65,10 +63,10 @@ class CheckpointManager:
         self.events = CheckpointEvents(metrics)
         self._housekeeping = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-retention")
         group = None
-        if dist.is_available() and dist.is_initialized() and world_size > 1:
+        if collectives.distributed() and world_size > 1:
             # Own gloo group: DCP's collectives (from a background thread in async mode) must not
             # interleave with training collectives on the default group.
-            group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=c.commit_timeout_s))
+            group = collectives.new_gloo_group(c.commit_timeout_s)
         self.saver = CheckpointSaver(
             self.root, c.async_mode, rank, world_size, process_group=group,
             checksum_algorithm=default_algorithm() if c.checksum else None,
@@ -124,8 +122,7 @@ class CheckpointManager:
             except OSError as exc:
                 lease[1] = (f"checkpoint.dir={self.root} is not writable by this process: {exc}. Make it writable, "
                             "or point checkpoint.dir at a writable volume")
-        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
-            dist.broadcast_object_list(lease, src=0)
+        lease = collectives.broadcast_object(lease)
         if lease[1] is not None:
             raise PreflightError(lease[1])
         self.saver.attempt = lease[0]
@@ -183,7 +180,7 @@ class CheckpointManager:
         log.info("loaded %s in %.2f s", path, time.perf_counter() - t0)
         m.init_from = manifest.init_from  # a resumed run's weights descend from the same source
         problem = verify(manifest, path) if verify is not None else None
-        if any_rank(problem is not None, self.device):
+        if collectives.any_rank(problem is not None):
             raise CheckpointError(f"{path} failed post-load verification: {problem or 'on another rank'}")
         return manifest
 

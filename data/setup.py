@@ -6,8 +6,6 @@ import logging
 from pathlib import Path
 from typing import List, Tuple
 
-import torch.distributed as dist
-
 from data.batching import BatchPlan
 from data.order import SampleOrder
 from data.pipeline import DataPipeline
@@ -16,6 +14,7 @@ from data.state import MEANING_FIELDS
 from data.token_file import META_FILE, prepare_token_file
 from data.token_source import TokenSource
 from data.tokenizer import tokenizer_mismatch
+from parallel import collectives
 
 log = logging.getLogger("trainer")
 
@@ -31,8 +30,7 @@ def prepare_if_missing(data_cfg, world) -> None:
                      data_cfg.tokenizer, data_cfg.validation_fraction)
             prepare_token_file(path, list(data_cfg.sources), data_cfg.tokenizer, data_cfg.bpe_vocab_size,
                                validation_fraction=data_cfg.validation_fraction)
-        if dist.is_initialized():
-            dist.barrier()
+        collectives.barrier()
 
 
 def open_sources(data_cfg, seq_len: int) -> Tuple[List[TokenSource], List[float]]:

@@ -1,33 +1,180 @@
-"""Rank agreement: the small collectives through which ranks make one decision together.
+"""Every collective the product's own code issues (not FSDP's, DTensor's or DCP's), in one place.
 
-A choice that decides which collectives a rank runs next (load this checkpoint or that one, stop
-or go on) must be the same on every rank, or the ranks pair different collectives and hang.
-These helpers make it so: one rank decides and tells the others (``decided_on_rank0``), or every
-rank votes and all get the same verdict (``any_rank``). Without a process group each is the
+Two kinds of traffic, two kinds of group:
+- **Tensors of the model** (token counts, loss sums, gradient norms, weight fingerprints) live on
+  the training device and go to a training group (the default group or a mesh group):
+  ``all_reduce``, ``all_gather``. On CUDA those groups are NCCL, which takes CUDA tensors only.
+- **Control values** (flags, timings, verdicts, picklable answers) live on the host and go to the
+  *control group*, a gloo group over every rank (``init_control_group``; on a CPU run, where the
+  default group is gloo already, it is the default group): ``agree_max``, ``any_rank``,
+  ``gather_floats``, ``broadcast_object``, ``decided_on_rank0``, ``all_gather_object``, ``barrier``.
+  A caller with a gloo group of its own (the checkpoint writer, the memory tier) passes it.
+
+Each helper checks that the group's backend takes the tensor's device before sending
+(``check_device``): a CPU tensor on an NCCL group fails here with the group and the fix, not as
+"No backend type associated with device type cpu" deep inside a 512-rank job. gloo takes every
+device, so CPU tests cannot see that rule; tests/test_collectives.py checks it with stand-in
+groups, and tests/test_layout.py fails on any torch.distributed collective called elsewhere.
+
+Agreement: a choice that decides which collectives a rank runs next (load this checkpoint or that
+one, roll back or go on, save at this step) must be the same on every rank, or the ranks pair
+different collectives and hang. One rank decides and tells the others (``decided_on_rank0``), or
+every rank votes (``any_rank``, ``agree_max``). Without a process group every helper is the
 identity, so single-process code calls them unconditionally.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Tuple, Type, TypeVar
+import datetime
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
 
 import torch
 import torch.distributed as dist
 
 T = TypeVar("T")
+DEFAULT_TIMEOUT_S = 1800.0  # torch's default for a process group
+_control: Optional[dist.ProcessGroup] = None  # set by init_control_group
+_devices: Dict[int, frozenset] = {}  # id(group) -> device types its backends take
 
 
 def distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def any_rank(flag: bool, device: torch.device = torch.device("cpu")) -> bool:
-    """True on every rank if ``flag`` is true on any rank (``flag`` itself without a process group)."""
+def world(group: Optional[dist.ProcessGroup] = None) -> int:
+    return dist.get_world_size(group) if distributed() else 1
+
+
+# -- groups -----------------------------------------------------------------------------------
+def new_gloo_group(timeout_s: float) -> dist.ProcessGroup:
+    """A gloo group over every rank (every rank must call it, in the same order)."""
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def init_control_group(timeout_s: float) -> Optional[dist.ProcessGroup]:
+    """Make the control group once, right after the default group (every rank calls it)."""
+    global _control
     if not distributed():
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+        return None
+    if _control is None:
+        _control = dist.group.WORLD if "cpu" in _device_types(dist.group.WORLD) else new_gloo_group(timeout_s)
+    return _control
+
+
+def control_group() -> Optional[dist.ProcessGroup]:
+    """The gloo group control values travel on. Made on first use if start-up did not make it:
+    every rank reaches its first control collective at the same point, so all make it there."""
+    if _control is None and distributed():
+        init_control_group(DEFAULT_TIMEOUT_S)
+    return _control
+
+
+def forget_groups() -> None:
+    """After destroy_process_group: the next process group gets a new control group."""
+    global _control
+    _control = None
+    _devices.clear()
+
+
+def _device_types(group: Optional[dist.ProcessGroup]) -> frozenset:
+    group = group if group is not None else dist.group.WORLD
+    key = id(group)
+    if key not in _devices:
+        config = dist.get_backend_config(group)  # "cuda:nccl", "cpu:gloo,cuda:gloo", ...
+        _devices[key] = frozenset(part.split(":")[0] for part in config.split(",") if ":" in part) or \
+            frozenset(dist.Backend.backend_capability.get(config, []))
+    return _devices[key]
+
+
+def check_device(tensor: torch.Tensor, group: Optional[dist.ProcessGroup], what: str) -> None:
+    """Raise before sending ``tensor`` to a group whose backend does not take its device."""
+    takes = _device_types(group)
+    if tensor.device.type not in takes:
+        name = "the default group" if group is None or group is dist.group.WORLD else "this group"
+        raise RuntimeError(
+            f"{what}: a {tensor.device.type} tensor sent to {name} ({dist.get_backend_config(group)}), whose "
+            f"backend takes only {sorted(takes)} tensors. Send control values through the control group "
+            "(parallel/collectives.py), and model tensors on the training device")
+
+
+# -- tensors of the model, on a training group ---------------------------------------------------
+def all_reduce(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, op=None) -> torch.Tensor:
+    """In-place sum (or ``op``) over ``group``; the tensor stays on its device."""
+    if world(group) > 1:
+        check_device(tensor, group, "all_reduce")
+        dist.all_reduce(tensor, op=op if op is not None else dist.ReduceOp.SUM, group=group)
+    return tensor
+
+
+def all_gather(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None) -> List[torch.Tensor]:
+    """Every rank's ``tensor`` (same shape), in rank order of ``group``."""
+    if world(group) == 1:
+        return [tensor]
+    check_device(tensor, group, "all_gather")
+    out = [torch.empty_like(tensor) for _ in range(world(group))]
+    dist.all_gather(out, tensor, group=group)
+    return out
+
+
+# -- control values, on the control group (or the caller's gloo group) ----------------------------
+def _control_or(group: Optional[dist.ProcessGroup]) -> Optional[dist.ProcessGroup]:
+    return group if group is not None else control_group()
+
+
+def agree_max(values: Sequence[float], group: Optional[dist.ProcessGroup] = None,
+              dtype: torch.dtype = torch.float64) -> List[float]:
+    """The element-wise maximum of ``values`` over the ranks: one small all_reduce on the host."""
+    if not distributed():
+        return list(values)
+    group = _control_or(group)
+    if world(group) == 1:
+        return list(values)
+    t = torch.tensor(list(values), dtype=dtype)
+    check_device(t, group, "agree_max")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return [v for v in t.tolist()]
+
+
+def any_rank(flag: bool, group: Optional[dist.ProcessGroup] = None) -> bool:
+    """True on every rank if ``flag`` is true on any rank (``flag`` itself without a process group)."""
+    return bool(agree_max([1 if flag else 0], group, dtype=torch.int32)[0])
+
+
+def gather_floats(value: float, group: Optional[dist.ProcessGroup] = None) -> List[float]:
+    """Every rank's ``value``, in rank order (a timing, for a report)."""
+    if not distributed():
+        return [value]
+    group = _control_or(group)
+    if world(group) == 1:
+        return [value]
+    t = torch.tensor([value], dtype=torch.float64)
+    check_device(t, group, "gather_floats")
+    out = [torch.zeros(1, dtype=torch.float64) for _ in range(world(group))]
+    dist.all_gather(out, t, group=group)
+    return [float(x) for x in out]
+
+
+def broadcast_object(obj: T, src: int = 0, group: Optional[dist.ProcessGroup] = None) -> T:
+    """Rank ``src``'s picklable ``obj`` on every rank."""
+    if not distributed() or world(_control_or(group)) == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, group=_control_or(group))
+    return box[0]
+
+
+def all_gather_object(obj, group: Optional[dist.ProcessGroup] = None) -> list:
+    """Every rank's picklable ``obj``, in rank order of ``group``."""
+    if not distributed() or world(_control_or(group)) == 1:
+        return [obj]
+    out: list = [None] * world(_control_or(group))
+    dist.all_gather_object(out, obj, group=_control_or(group))
+    return out
+
+
+def barrier(group: Optional[dist.ProcessGroup] = None) -> None:
+    if distributed() and world(_control_or(group)) > 1:
+        dist.barrier(group=_control_or(group))
 
 
 def decided_on_rank0(decide: Callable[[], T], errors: Tuple[Type[Exception], ...] = ()) -> T:
@@ -40,8 +187,33 @@ def decided_on_rank0(decide: Callable[[], T], errors: Tuple[Type[Exception], ...
             outcome[0] = decide()
         except errors as exc:
             outcome[1] = (next(i for i, e in enumerate(errors) if isinstance(exc, e)), str(exc))
-    if distributed():
-        dist.broadcast_object_list(outcome, src=0)
+    outcome = broadcast_object(outcome)
     if outcome[1] is not None:
         raise errors[outcome[1][0]](outcome[1][1])
     return outcome[0]
+
+
+# -- point to point, on the caller's gloo group (the memory tier's replica exchange) --------------
+def send(tensor: torch.Tensor, dst: int, group: dist.ProcessGroup, tag: int = 0) -> None:
+    check_device(tensor, group, "send")
+    dist.send(tensor, dst, group=group, tag=tag)
+
+
+def recv(tensor: torch.Tensor, src: int, group: dist.ProcessGroup, tag: int = 0) -> None:
+    check_device(tensor, group, "recv")
+    dist.recv(tensor, src, group=group, tag=tag)
+
+
+def exchange(sends: Sequence[Tuple[torch.Tensor, int, int]], recvs: Sequence[Tuple[torch.Tensor, int, int]],
+             group: dist.ProcessGroup) -> None:
+    """Post every (tensor, peer, tag) send and receive at once, then wait for all of them: a ring
+    where each rank sends to one peer and receives from another cannot deadlock."""
+    works = []
+    for tensor, peer, tag in sends:
+        check_device(tensor, group, "exchange")
+        works.append(dist.isend(tensor, peer, group=group, tag=tag))
+    for tensor, peer, tag in recvs:
+        check_device(tensor, group, "exchange")
+        works.append(dist.irecv(tensor, peer, group=group, tag=tag))
+    for work in works:
+        work.wait()

@@ -1,5 +1,9 @@
 """Process-group start-up: backend by device (nccl on CUDA, gloo on CPU), explicit timeouts.
 
+On CUDA the default group is NCCL, which takes CUDA tensors only; the control values every rank
+agrees on (flags, timings, verdicts) go to a gloo group made right after it
+(parallel/collectives.py), so no CPU tensor is ever sent to the default group.
+
 The first step may legitimately be slow (compile, allocator warm-up, first all-gathers), so
 the process group starts with ``parallel.collective_timeout_s`` (minutes). After the first
 step a hung peer should be noticed in seconds to minutes, not NCCL's 30: trainer/run.py then calls
@@ -29,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from configs.constants import DEVICES
+from parallel import collectives
 
 # Connecting to torchrun's store (with the client's retries it took up to 2.2x this: tests/test_orphans.py);
 # once connected, waits on the store get the collective timeout.
@@ -91,6 +96,7 @@ def init_distributed(device_choice: str, timeout_s: float) -> WorldInfo:
             backend=backend, timeout=timeout, device_id=device if device.type == "cuda" else None,
             **_restart_store(rank, world_size, timeout),
         )
+        collectives.init_control_group(timeout_s)  # NCCL takes no CPU tensor: control values go to gloo
     return WorldInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
@@ -145,3 +151,4 @@ def set_collective_timeout(timeout_s: float, groups: Optional[Iterable[dist.Proc
 def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+    collectives.forget_groups()

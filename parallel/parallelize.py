@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from parallel import collectives
 from parallel.activations import apply_activation_checkpointing, apply_compile
 from parallel.dims import ParallelDims, check_tensor_parallel_fits
 from parallel.fsdp import apply_fsdp, set_grad_sync
@@ -35,11 +36,12 @@ class Parallelized:
     cpu_offload: bool = False  # sharded state in host memory (parameters materialised there)
 
     def process_groups(self) -> List[dist.ProcessGroup]:
-        """The groups training collectives run on: the default group and the mesh's groups."""
+        """The groups the step's collectives run on: the default group, the mesh's groups and the
+        control group (the per-step agreements: a hung peer must be noticed there as fast)."""
         if not dist.is_initialized():
             return []
         meshes = [m for m in (self.mesh, self.dp_mesh) if m is not None]
-        return [dist.group.WORLD] + [g for m in meshes for g in m.get_all_groups()]
+        return [dist.group.WORLD, collectives.control_group()] + [g for m in meshes for g in m.get_all_groups()]
 
     def before_micro_batch(self, model: nn.Module, last: bool) -> None:
         """Called by train_step before each micro-batch's backward: skip gradient syncs

@@ -25,6 +25,8 @@ from typing import Iterable, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from parallel import collectives
+
 log = logging.getLogger("trainer")
 
 
@@ -61,10 +63,7 @@ class Preemption:
         """Collective at a step boundary, one all_reduce MAX: (any rank signalled, then each of
         ``flags`` true on any rank)."""
         values = [1 if self.requested_at is not None else 0] + [1 if f else 0 for f in flags]
-        if dist.is_initialized() and dist.get_world_size(self.group) > 1:
-            t = torch.tensor(values, dtype=torch.int32)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-            values = [int(v) for v in t.tolist()]
+        values = [int(v) for v in collectives.agree_max(values, self.group, dtype=torch.int32)]
         if values[0] and self.requested_at is None:
             self.requested_at = time.monotonic()  # another rank was signalled; start our clock too
             self.signal_name = "peer"

@@ -13,8 +13,9 @@ import logging
 import statistics
 from typing import List, Optional, Sequence
 
-import torch
 import torch.distributed as dist
+
+from parallel import collectives
 
 log = logging.getLogger("trainer")
 
@@ -44,12 +45,7 @@ class StragglerMonitor:
             return []
         mine = sum(self._times) / len(self._times)
         self._times = []
-        per_rank = [mine]
-        if dist.is_initialized() and dist.get_world_size(self.group) > 1:
-            t = torch.tensor([mine], dtype=torch.float64)
-            out = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size(self.group))]
-            dist.all_gather(out, t, group=self.group)
-            per_rank = [float(x) for x in out]
+        per_rank = collectives.gather_floats(mine, self.group)
         self.last_report = per_rank
         slow = find_stragglers(per_rank, self.factor)
         median = statistics.median(per_rank)

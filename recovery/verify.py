@@ -34,7 +34,7 @@ from typing import Callable, Optional
 from checkpoint.durable.discovery import list_committed
 from checkpoint.durable.manifest import ConfigMismatch, Manifest
 from checkpoint.state.fingerprint import config_hash, hashed_config
-from parallel.collectives import any_rank
+from parallel import collectives
 from training.schedule import lr_at
 
 log = logging.getLogger("trainer")
@@ -142,7 +142,7 @@ class ResumeVerifier:
             return
         newer = [c for c in list_committed(self.root, include_bad=True) if c.step > step]
         limit = self.cfg.recovery.max_fallbacks
-        if any_rank(len(newer) > limit, self.device) if self.device is not None else len(newer) > limit:
+        if collectives.any_rank(len(newer) > limit):
             tried = ", ".join(f"{c.checkpoint_id} ({c.bad or 'failed'})" for c in newer)
             raise RecoveryError(
                 f"verified resume gave up: {len(newer)} newer checkpoints failed ({tried}), more than "

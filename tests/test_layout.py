@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Lower layers never import higher ones; a package may import itself and anything below it.
 LAYERS = {
     "configs.constants": 0, "configs.checks": 0,  # the vocabulary: valid choices, defaults, ConfigError
+    "parallel.collectives": 0,  # every product collective (torch only): any package may agree through it
     "model": 1, "data": 1,
     "configs.schema": 2, "parallel": 2, "training": 2, "metrics": 2,
     "checkpoint": 3,
@@ -34,6 +35,8 @@ def _unit(module: str) -> str:
     parts = module.split(".")
     if parts[0] == "configs":
         return "configs.schema" if len(parts) == 1 or parts[1] == "__init__" else ".".join(parts[:2])
+    if parts[:2] == ["parallel", "collectives"]:
+        return "parallel.collectives"
     return parts[0]
 
 
@@ -51,7 +54,9 @@ def _project_imports(path: Path):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
+            folder = ROOT.joinpath(*node.module.split("."))  # "from parallel import collectives": a module
+            names = [f"{node.module}.{a.name}" if (folder / f"{a.name}.py").exists() else node.module
+                     for a in node.names]
         else:
             continue
         for name in names:

@@ -32,6 +32,7 @@ from data.dataset import MicroBatchDataset
 from data.order import SampleOrder
 from data.token_source import TokenSource
 from data.validation import open_validation
+from parallel import collectives
 from training.step import _full, _loss_parallel, token_loss_sum
 
 log = logging.getLogger("trainer")
@@ -96,7 +97,7 @@ class Evaluator:
             self.model.train(was_training)
         totals = torch.stack([loss_sum, torch.tensor(float(count), dtype=torch.float64, device=self.device)])
         if self.dp_group is not None:
-            dist.all_reduce(totals, group=self.dp_group)
+            collectives.all_reduce(totals, self.dp_group)
         loss_total, tokens = totals.tolist()
         if tokens == 0:
             raise ValueError(f"the validation batches of {self.source.path} have no target tokens (all ignored)")

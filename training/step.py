@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from configs.constants import IGNORE_INDEX, PRECISIONS
+from parallel import collectives
 
 
 class Precision:
@@ -79,7 +80,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     counts = torch.tensor([sum(int((t != IGNORE_INDEX).sum()) for _, t in micro_batches)],
                           dtype=torch.float64, device=device)
     if dp_group is not None:
-        dist.all_reduce(counts, group=dp_group)
+        collectives.all_reduce(counts, dp_group)
     global_tokens = counts.item()
     if global_tokens == 0:
         raise ValueError("the global batch has no target tokens (every target is ignored)")
@@ -101,7 +102,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
         loss_sum += _full(micro_loss.detach()).double()
 
     if dp_group is not None:
-        dist.all_reduce(loss_sum, group=dp_group)
+        collectives.all_reduce(loss_sum, dp_group)
     loss = loss_sum.item() / global_tokens
     if precision.scaler is not None:
         precision.scaler.unscale_(optimizer)

@@ -29,7 +29,7 @@ from checkpoint.durable.reader import RawFileReader
 from checkpoint.durable.writer import RAW
 from checkpoint.state.rng import reseed_rng
 from checkpoint.state.training_state import TrainingState, rng_key
-from parallel.collectives import any_rank
+from parallel import collectives
 
 log = logging.getLogger("trainer")
 
@@ -37,7 +37,7 @@ log = logging.getLogger("trainer")
 def _agree(path: Path, problems: List[str], device: torch.device, what: str) -> None:
     for p in problems:
         log.error("checkpoint %s: %s", path, p)
-    if any_rank(bool(problems), device):
+    if collectives.any_rank(bool(problems)):
         raise CheckpointError(f"{path} failed verification{what}"
                               + (f": {'; '.join(problems)}" if problems else " on another rank (see its log)"))
 

@@ -40,6 +40,7 @@ from checkpoint.durable.save_errors import CheckpointSaveError, describe_save_fa
 from checkpoint.durable.writer import WRITERS, RawFileWriter
 from checkpoint.state.staging import HostStager
 from configs.constants import ASYNC_MODES
+from parallel import collectives
 
 log = logging.getLogger("trainer")
 
@@ -232,8 +233,7 @@ class CheckpointSaver:
             mine = ("os", error.errno, error.strerror, error.filename)
         elif error is not None:
             mine = ("other", type(error).__name__, str(error), None)
-        outcomes: List = [None] * self.world_size
-        dist.all_gather_object(outcomes, mine, group=self.process_group)
+        outcomes = collectives.all_gather_object(mine, self.process_group)
         failures: Dict[int, BaseException] = {}
         for r, outcome in enumerate(outcomes):
             if outcome is not None:

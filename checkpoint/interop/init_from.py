@@ -38,7 +38,7 @@ from checkpoint.interop.hf_config import hf_name, rotary_heads
 from checkpoint.interop.safetensors_io import SafetensorsReader, source_tensors
 from checkpoint.interop.weight_source import WeightSource, open_source, source_problems
 from model.config import ModelConfig
-from parallel.collectives import any_rank
+from parallel import collectives
 
 log = logging.getLogger("trainer")
 
@@ -61,8 +61,7 @@ def source_hash(source: WeightSource) -> str:
     mine = {str(f.name): (f.stat().st_size, checksum_file(f, algorithm)) for f in source.files[rank::world]}
     parts: List[Dict] = [mine]
     if _dist():
-        parts = [None] * world  # type: ignore[list-item]
-        dist.all_gather_object(parts, mine)
+        parts = collectives.all_gather_object(mine)
     digest = hashlib.sha256(algorithm.encode())
     for name, (size, checksum) in sorted(kv for part in parts for kv in part.items()):
         digest.update(f"{name} {size} {checksum}\n".encode())
@@ -104,7 +103,7 @@ def _checkpoint_reader(path: Path, device: torch.device) -> RawFileReader:
         reader.verify = data
     elif not problems:
         problems = check_files(path, manifest, sorted(data), checksums=checksums)
-    if any_rank(bool(problems), device):
+    if collectives.any_rank(bool(problems)):
         raise CheckpointError(f"model.init_from={path} failed verification: {'; '.join(problems) or 'another rank'}")
     return reader
 
@@ -120,7 +119,7 @@ def load_initial_weights(model: torch.nn.Module, source: WeightSource, device: t
     if source.kind == "checkpoint":
         reader = _checkpoint_reader(source.path, device)
         dcp.load({"model": wanted}, storage_reader=reader, no_dist=not _dist())
-        if any_rank(bool(reader.problems), device):
+        if collectives.any_rank(bool(reader.problems)):
             raise CheckpointError(f"model.init_from={source.path} failed verification while loading: "
                                   f"{'; '.join(reader.problems) or 'on another rank'} (the weights are partly "
                                   "overwritten; the run stops)")

@@ -9,7 +9,6 @@ the tier's own: its collectives run on the background thread, apart from trainin
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
@@ -17,9 +16,9 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from checkpoint.memory.snapshot import SnapshotError, checksum_buffer
+from parallel import collectives
 
 log = logging.getLogger("trainer")
 
@@ -28,11 +27,6 @@ _TAG_HEADER, _TAG_INFO, _TAG_DATA = 11, 12, 13
 
 def size_text(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
-
-
-def _wait(works: list) -> None:
-    for w in works:
-        w.wait()
 
 
 class PeerGroup:
@@ -48,23 +42,19 @@ class PeerGroup:
                 log.warning("checkpoint.memory.replicas=1 needs more than one node (world %d, %d ranks per node): "
                             "snapshots stay on their own node only", world_size, self.local_world_size)
         self.group = None
-        if dist.is_available() and dist.is_initialized() and world_size > 1:
-            self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        if collectives.distributed() and world_size > 1:
+            self.group = collectives.new_gloo_group(timeout_s)
 
     def all_ok(self, ok: bool) -> bool:
         """True on every rank iff ``ok`` on every rank (over the tier's group)."""
         if self.group is None:
             return ok
-        t = torch.tensor([0 if ok else 1], dtype=torch.int32)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return int(t.item()) == 0
+        return not collectives.any_rank(not ok, self.group)
 
     def gather(self, obj) -> list:
         if self.group is None:
             return [obj]
-        out: list = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
+        return collectives.all_gather_object(obj, self.group)
 
     def agree(self, problem: Optional[str]) -> Optional[str]:
         """Every rank's problems, joined, if any rank has one (else None)."""
@@ -80,8 +70,8 @@ class PeerGroup:
         info_out = torch.frombuffer(bytearray(json.dumps(info).encode()), dtype=torch.uint8)
         header_out = torch.tensor([info["size"], info_out.numel()], dtype=torch.int64)
         header_in = torch.empty(2, dtype=torch.int64)
-        _wait([dist.isend(header_out, self.peer, group=self.group, tag=_TAG_HEADER),
-               dist.irecv(header_in, self.source, group=self.group, tag=_TAG_HEADER)])
+        collectives.exchange([(header_out, self.peer, _TAG_HEADER)], [(header_in, self.source, _TAG_HEADER)],
+                             self.group)
         size_in, info_len = int(header_in[0]), int(header_in[1])
         info_in = torch.empty(info_len, dtype=torch.uint8)
         replica_tmp = d / f"replica-from-{self.source:05d}.tmp"
@@ -96,10 +86,8 @@ class PeerGroup:
         except OSError as exc:
             no_room, incoming = exc, torch.empty(size_in, dtype=torch.uint8)
             replica_tmp.unlink(missing_ok=True)
-        _wait([dist.isend(info_out, self.peer, group=self.group, tag=_TAG_INFO),
-               dist.isend(payload, self.peer, group=self.group, tag=_TAG_DATA),
-               dist.irecv(info_in, self.source, group=self.group, tag=_TAG_INFO),
-               dist.irecv(incoming, self.source, group=self.group, tag=_TAG_DATA)])
+        collectives.exchange([(info_out, self.peer, _TAG_INFO), (payload, self.peer, _TAG_DATA)],
+                             [(info_in, self.source, _TAG_INFO), (incoming, self.source, _TAG_DATA)], self.group)
         del payload
         received = json.loads(info_in.numpy().tobytes())
         if no_room is not None:
@@ -121,24 +109,24 @@ class PeerGroup:
             meta = torch.frombuffer(bytearray(json.dumps(copy).encode()), dtype=torch.uint8)
         except (OSError, RuntimeError) as exc:
             log.error("memory tier: cannot read the copy of rank %d for sending: %s", to, exc)
-            dist.send(torch.tensor([-1, 0], dtype=torch.int64), to, group=self.group, tag=_TAG_HEADER)
+            collectives.send(torch.tensor([-1, 0], dtype=torch.int64), to, self.group, tag=_TAG_HEADER)
             return
-        dist.send(torch.tensor([copy["size"], meta.numel()], dtype=torch.int64), to, group=self.group,
-                  tag=_TAG_HEADER)
-        dist.send(meta, to, group=self.group, tag=_TAG_INFO)
-        dist.send(data, to, group=self.group, tag=_TAG_DATA)
+        collectives.send(torch.tensor([copy["size"], meta.numel()], dtype=torch.int64), to, self.group,
+                         tag=_TAG_HEADER)
+        collectives.send(meta, to, self.group, tag=_TAG_INFO)
+        collectives.send(data, to, self.group, tag=_TAG_DATA)
 
     def receive_copy(self, holder: int):
         """(bytes, its manifest, problem) of this rank's copy streamed from ``holder``."""
         header = torch.empty(2, dtype=torch.int64)
-        dist.recv(header, holder, group=self.group, tag=_TAG_HEADER)
+        collectives.recv(header, holder, self.group, tag=_TAG_HEADER)
         size, meta_len = int(header[0]), int(header[1])
         if size < 0:
             return None, None, f"rank {self.rank}: the peer rank {holder} could not read its replica"
         meta = torch.empty(meta_len, dtype=torch.uint8)
-        dist.recv(meta, holder, group=self.group, tag=_TAG_INFO)
+        collectives.recv(meta, holder, self.group, tag=_TAG_INFO)
         buf = torch.empty(size, dtype=torch.uint8)
-        dist.recv(buf, holder, group=self.group, tag=_TAG_DATA)
+        collectives.recv(buf, holder, self.group, tag=_TAG_DATA)
         copy = json.loads(meta.numpy().tobytes())
         if checksum_buffer(buf.numpy(), copy["algorithm"]) != copy["checksum"]:
             return None, None, f"rank {self.rank}: the replica streamed from rank {holder} arrived damaged"

@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from parallel import collectives
+
 
 def layer_groups(model: nn.Module) -> Dict[str, List[nn.Parameter]]:
     """Parameters grouped the way people read a transformer: embedding, each block, head."""
@@ -54,7 +56,6 @@ def layer_grad_norms(groups: Dict[str, List[nn.Parameter]], device: torch.device
         for p in params:
             if p.grad is not None:
                 squares[i] += _local_square_sum(p.grad, world).double()
-    if world > 1:
-        dist.all_reduce(squares, group=group)
+    collectives.all_reduce(squares, group)
     return {name: math.sqrt(max(v, 0.0)) if math.isfinite(v) else v
             for name, v in zip(groups, squares.tolist())}

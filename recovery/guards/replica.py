@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from parallel import collectives
+
 
 def param_fingerprint(model: nn.Module, device: torch.device) -> torch.Tensor:
     total = torch.zeros((), dtype=torch.int64, device=device)
@@ -47,6 +49,5 @@ def check_replicas(model: nn.Module, device: torch.device, replicate_group: Opti
     if replicate_group is None or dist.get_world_size(replicate_group) < 2:
         return []
     mine = param_fingerprint(model, device)
-    gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size(replicate_group))]
-    dist.all_gather(gathered, mine, group=replicate_group)
+    gathered = collectives.all_gather(mine, replicate_group)
     return disagreeing_replicas([int(t) for t in gathered])
