@@ -36,7 +36,7 @@ DEFAULT_WRITE_TIMEOUT_S = 900.0  # a background checkpoint write stuck longer ab
 
 # recovery.faults (recovery/faults.py): what can be injected, where, and how a checkpoint is damaged.
 FAULT_KINDS = ("sigkill", "hang", "exception", "nan_loss", "corrupt", "bitflip_param", "bitflip_grad", "disk_full",
-               "node_loss")
+               "node_loss", "slow")
 SAVE_PHASES = ("checkpoint_snapshot", "checkpoint_write", "checkpoint_commit", "checkpoint_committed")
 FAULT_PHASES = ("step", "data_wait", "gradients", "eval") + SAVE_PHASES + ("checkpoint_retention", "checkpoint_load")
 CORRUPTIONS = ("truncate", "flip_byte", "delete_file", "delete_manifest")

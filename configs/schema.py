@@ -150,9 +150,9 @@ class CheckpointConfig:
 
 @dataclass
 class FaultConfig:
-    """One injected fault (recovery/faults.py): fires once per run directory."""
+    """One injected fault (recovery/faults.py): fires once per run directory (``slow``: every match)."""
 
-    # sigkill | hang | exception | nan_loss | corrupt | bitflip_param | bitflip_grad | disk_full | node_loss
+    # sigkill | hang | exception | nan_loss | corrupt | bitflip_param | bitflip_grad | disk_full | node_loss | slow
     kind: str = "sigkill"
     phase: str = "step"  # step | data_wait | gradients | checkpoint_* phases (configs/constants.py: FAULT_PHASES)
     step: int = -1  # 1-based step (for checkpoint phases: the checkpoint's step); -1: any
@@ -160,6 +160,8 @@ class FaultConfig:
     corruption: str = "flip_byte"  # truncate | flip_byte | delete_file | delete_manifest
     hang_s: float = 3600.0
     bit: int = 30  # bitflip_param | bitflip_grad: which bit of the fp32 word to flip
+    param: str = ""  # bitflip_*: the parameter's name ("output.weight"); "": block 0's first matrix
+    delay_s: float = 0.05  # slow: seconds added each time it matches (with step=-1: every step, every save)
 
 
 @dataclass

@@ -10,11 +10,14 @@ Kinds: ``sigkill`` (the process dies with no chance to clean up), ``hang`` (slee
 watchdog must notice), ``exception``, ``nan_loss`` (poisons a parameter so the next loss is
 NaN; needs ``model=``), ``corrupt`` (damages the committed checkpoint at ``path=`` the way
 real storage does, see ``corrupt_checkpoint``), ``bitflip_param`` / ``bitflip_grad`` (one flipped bit in a weight before
-the forward pass, or in a gradient after backward: silent corruption for recovery/guards),
+the forward pass or after backward, or in a gradient after backward: silent corruption for
+recovery/guards),
 ``disk_full`` (the checkpoint writer gets ``OSError(ENOSPC)`` as from a full disk, at
 ``checkpoint_write`` on the ranks it names or at ``checkpoint_commit`` on the coordinator),
 ``node_loss`` (the node goes down: SIGKILL to the launcher that started this process, torchrun's
-agent, then to this process; its node-local memory is the test's to delete).
+agent, then to this process; its node-local memory is the test's to delete), ``slow`` (this rank
+is ``delay_s`` slower at the phase each time it matches, a throttled GPU or a slow disk: no
+marker, it fires at every matching step).
 Phases: the watchdog's (``step``, ``data_wait``, ...) plus the
 checkpoint's internal ones (``checkpoint_snapshot``, ``checkpoint_write``,
 ``checkpoint_commit``, ``checkpoint_retention``, ``checkpoint_committed``,
@@ -68,14 +71,17 @@ def fault_problems(fault, key: str = "recovery.faults") -> list:
     if kind == "corrupt" and phase != "checkpoint_committed":
         out.append(f"{key}: a corrupt fault damages a committed checkpoint: use phase=checkpoint_committed "
                    f"(not {phase!r})")
-    if kind == "bitflip_param" and phase != "step":
-        out.append(f"{key}: bitflip_param flips a weight before the forward pass: use phase=step (not {phase!r})")
+    if kind == "bitflip_param" and phase not in ("step", "gradients"):
+        out.append(f"{key}: bitflip_param flips a weight before the forward pass (phase=step) or after backward, "
+                   f"where this step's gradients no longer see it (phase=gradients), not at {phase!r}")
     if kind == "bitflip_grad" and phase != "gradients":
         out.append(f"{key}: bitflip_grad flips a gradient after backward: use phase=gradients (not {phase!r})")
     if kind.startswith("bitflip") and not 0 <= fault.bit < 32:
         out.append(f"{key}.bit={fault.bit} must be in [0, 32) (an fp32 word)")
     if kind == "node_loss" and phase not in ("step", "data_wait"):
         out.append(f"{key}: node_loss takes the node down between steps: use phase step or data_wait (not {phase!r})")
+    if kind == "slow" and not fault.delay_s > 0:
+        out.append(f"{key}.delay_s={fault.delay_s} must be > 0 (the seconds this rank is slower at {phase})")
     if kind == "disk_full" and phase not in DISK_FULL_PHASES:
         out.append(f"{key}: disk_full fails a checkpoint write: use phase one of {list(DISK_FULL_PHASES)} "
                    f"(not {phase!r})")
@@ -116,6 +122,9 @@ class FaultInjector:
     def maybe_inject(self, phase: str, step: int, model=None, path: Optional[Path] = None) -> None:
         for i, fault in enumerate(self.faults):
             if fault.phase != phase or fault.step not in (-1, step):
+                continue
+            if fault.kind == "slow":  # a lasting condition, not an event: no marker, every match
+                time.sleep(fault.delay_s)
                 continue
             if fault.kind in ("sigkill", "node_loss"):
                 # One death per process: while one thread kills the process, a sigkill due at the
@@ -160,7 +169,7 @@ class FaultInjector:
         elif fault.kind in ("bitflip_param", "bitflip_grad"):
             if model is None:
                 raise ValueError(f"a {fault.kind} fault needs the model at its injection point ({fault.phase})")
-            name, value = flip_bit_in_model(model, fault.bit, grad=fault.kind == "bitflip_grad")
+            name, value = flip_bit_in_model(model, fault.bit, grad=fault.kind == "bitflip_grad", param=fault.param)
             log.warning("fault injection: flipped bit %d of %s%s[0] on rank %d (now %r)", fault.bit, name,
                         ".grad" if fault.kind == "bitflip_grad" else "", self.rank, value)
         elif fault.kind == "corrupt":
@@ -172,13 +181,22 @@ class FaultInjector:
             raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected disk_full fault)", str(path))
 
 
-def flip_bit_in_model(model, bit: int, grad: bool = False):
-    """Flip ``bit`` of the first element of this rank's shard of the first matrix weight of a
-    transformer block (or its gradient), as a silent hardware fault would; returns (name, new value)."""
+def flip_bit_in_model(model, bit: int, grad: bool = False, param: str = ""):
+    """Flip ``bit`` of the first element of this rank's shard of the weight named ``param`` (by
+    default the first matrix weight of a transformer block), or of its gradient, as a silent hardware
+    fault would; returns (name, new value)."""
     import torch
 
-    matrices = [(n, p) for n, p in model.named_parameters() if p.ndim >= 2]
-    name, param = next(((n, p) for n, p in matrices if n.startswith("layers.")), matrices[0])
+    params = dict(model.named_parameters())
+    if param:
+        if param not in params:
+            raise ValueError(f"recovery.faults: no parameter {param!r} to flip a bit in; the model has "
+                             f"{', '.join(list(params)[:6])}, ...")
+        name = param
+    else:
+        matrices = [n for n, p in params.items() if p.ndim >= 2]
+        name = next((n for n in matrices if n.startswith("layers.")), matrices[0])
+    param = params[name]
     target = param.grad if grad else param
     if target is None:
         raise ValueError(f"bitflip_grad: {name} has no gradient at this point")

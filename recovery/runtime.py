@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from checkpoint.durable.saver import SaveRecord
+from parallel import collectives
 from recovery.faults import FaultInjector
 from recovery.guards.rollback import roll_back
 from recovery.interval import choose_interval_steps, cluster_mtbf_s
@@ -105,19 +106,22 @@ class RecoveryRuntime:
             self.beat("checkpoint_snapshot", step)
         gate = self.guards.take_verified_block if self.guards is not None else None
         records = ckpt.after_step(step, loss, verified_gate=gate)
-        if self.auto_interval is not None:
-            self.auto_interval.record(step_s, records, first=not self._first_step_done)
-            self.auto_interval.maybe_choose(ckpt, step)
-        if self.auto_memory_interval is not None:
-            self.auto_memory_interval.record(step_s, ckpt.memory_records(), first=not self._first_step_done)
-            self.auto_memory_interval.maybe_choose(ckpt, step)
+        autos = [a for a in (self.auto_interval, self.auto_memory_interval) if a is not None]
+        for auto in autos:
+            auto.record(step_s, records if auto.tier == "durable" else ckpt.memory_records(),
+                        first=not self._first_step_done)
         self._first_step_done = True
         self.beat("step", step)
         self._watch_write()
         self.stragglers.record(step, step_s)
-        preempted, save_failed = self.preemption.agree(ckpt.save_failure is not None)
+        # One all_reduce MAX per step carries every flag a rank's next collectives depend on.
+        preempted, save_failed, *waiting = self.preemption.agree(ckpt.save_failure is not None,
+                                                                 *(auto.waiting for auto in autos))
         if save_failed:
             ckpt.raise_save_failure()
+        for auto, someone_waits in zip(autos, waiting):
+            if auto.chosen is None and not someone_waits:  # every rank has its measurements: choose together
+                auto.choose(ckpt, step)
         if not preempted:
             return False
         self._save_before_exit(step, loss)
@@ -176,6 +180,11 @@ class AutoInterval:
     (the background part); a memory snapshot's record gives its stall and its background part
     (write, replica, commit). With the median step time (first step excluded) and the job's
     MTBF (recovery.device_mtbf_hours / devices) the interval is chosen and never revisited.
+
+    The interval decides at which steps every rank enters a save's collectives, so it is chosen
+    once for all: when no rank is still waiting for its first record (``waiting``, agreed with the
+    step's other flags), from the maximum over ranks of each measurement. A rank's own timings
+    differ (the coordinator's write includes the commit; a throttled GPU's steps are slower).
     """
 
     def __init__(self, cfg, world_size: int, tier: str = "durable"):
@@ -191,18 +200,23 @@ class AutoInterval:
         if saves and self.first_save is None:
             self.first_save = saves[0]
 
-    def maybe_choose(self, ckpt, step: int) -> None:
-        if self.chosen is not None or self.first_save is None or not self.step_times:
-            return
-        step_s = statistics.median(self.step_times)
+    @property
+    def waiting(self) -> bool:
+        """Not chosen yet, and this rank still lacks its first save's record or a step time."""
+        return self.chosen is None and (self.first_save is None or not self.step_times)
+
+    def choose(self, ckpt, step: int) -> None:
+        """Every rank calls it at the same step (one all_reduce MAX), and all set the same interval."""
         save = self.first_save
-        self.chosen = choose_interval_steps(step_s, save.blocking_s, save.background_s, self.mtbf_s,
+        step_s, blocking_s, write_s = collectives.agree_max(
+            [statistics.median(self.step_times), save.blocking_s, save.background_s])
+        self.chosen = choose_interval_steps(step_s, blocking_s, write_s, self.mtbf_s,
                                             max_steps=self.cfg.training.steps)
         (ckpt.memory.set_interval if self.tier == "memory" else ckpt.set_interval)(self.chosen.steps)
         key = "checkpoint.memory.interval" if self.tier == "memory" else "checkpoint.interval"
         log.info("%s=auto: every %d steps (%s)", key, self.chosen.steps, self.chosen.reason)
         ckpt.log_event(step, kind="checkpoint_interval", tier=self.tier, interval_steps=self.chosen.steps,
-                       step_s=step_s, blocking_s=save.blocking_s, write_s=save.background_s, mtbf_s=self.mtbf_s,
+                       step_s=step_s, blocking_s=blocking_s, write_s=write_s, mtbf_s=self.mtbf_s,
                        optimum_s=self.chosen.optimum_s)
 
 

@@ -29,9 +29,10 @@ import torch.distributed as dist
 from torch import nn
 
 from configs.constants import GUARD_ACTIONS as ACTIONS
+from parallel import collectives
 from recovery.guards.alarms import Alarm, AlarmSink
 from recovery.guards.detectors import Anomaly, RatioToRunningMean, RobustSpike
-from recovery.guards.norms import layer_grad_norms, layer_groups
+from recovery.guards.norms import guard_inputs, layer_groups
 from recovery.guards.replica import check_replicas
 
 log = logging.getLogger("trainer")
@@ -70,7 +71,7 @@ class TrainingGuards:
         """False: skip this update. Raises RollbackRequested after skipping when asked to."""
         if not self.cfg.enabled:
             return True
-        self.last_layer_norms = layer_grad_norms(self.groups, self.device)
+        self.last_layer_norms, loss = guard_inputs(self.groups, self.device, loss)  # the same on every rank
         found: List[Anomaly] = self.grad_norms.update(self.last_layer_norms)
         check = "grad_norm" if found else "loss_spike"
         spike = self.loss.update(loss)
@@ -98,18 +99,32 @@ class TrainingGuards:
             raise pending
         if not self.cfg.enabled:
             return
-        if self.shadow_loss is not None and self.cfg.shadow_interval > 0 and step % self.cfg.shadow_interval == 0:
-            anomaly = self.shadow.update(self.shadow_loss())
-            if anomaly is not None:
-                self._escalate(step, "shadow", [anomaly])
-        if self.replicate_group is not None and self.cfg.replica_interval > 0 and step % self.cfg.replica_interval == 0:
-            bad = check_replicas(self.model, self.device, self.replicate_group)
-            if bad:
-                size = dist.get_world_size(self.replicate_group)
-                who = f"replica(s) {bad} (dp_replicate index) differ from the majority" if len(bad) < size else \
-                    f"all {size} replicas {bad} disagree (no majority{' with 2 replicas' if size == 2 else ''})"
-                anomaly = Anomaly("replica_fingerprint", float(len(bad)), 0.0, f"weights differ across replicas: {who}")
-                self._escalate(step, "replica", [anomaly])
+        found = {}  # check -> this rank's anomaly
+        every = self.cfg.shadow_interval
+        if self.shadow_loss is not None and every > 0 and step % every == 0:
+            found["shadow"] = self.shadow.update(self.shadow_loss())
+        every = self.cfg.replica_interval
+        if self.replicate_group is not None and every > 0 and step % every == 0:
+            found["replica"] = self._replica_anomaly()
+        if not found:
+            return
+        # Each rank saw its own probe loss and its own replica group: one rank's alarm is everyone's,
+        # or that rank alone would roll back (broadcasts, loads) while the others train on.
+        alarmed = collectives.agree_max([1 if found[c] is not None else 0 for c in found], dtype=torch.int32)
+        for check, seen in zip(list(found), alarmed):
+            if seen:
+                anomaly = found[check] or Anomaly(f"{check}_on_another_rank", 1.0, 0.0,
+                                                   f"the {check} check alarmed on another rank (see its alarms)")
+                self._escalate(step, check, [anomaly])
+
+    def _replica_anomaly(self) -> Optional[Anomaly]:
+        bad = check_replicas(self.model, self.device, self.replicate_group)
+        if not bad:
+            return None
+        size = dist.get_world_size(self.replicate_group)
+        who = f"replica(s) {bad} (dp_replicate index) differ from the majority" if len(bad) < size else \
+            f"all {size} replicas {bad} disagree (no majority{' with 2 replicas' if size == 2 else ''})"
+        return Anomaly("replica_fingerprint", float(len(bad)), 0.0, f"weights differ across replicas: {who}")
 
     def after_rollback(self) -> None:
         """The state is a verified checkpoint again: earlier alarms no longer taint the next save."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -50,12 +50,23 @@ def _local_square_sum(grad: torch.Tensor, world_size: int) -> torch.Tensor:
 def layer_grad_norms(groups: Dict[str, List[nn.Parameter]], device: torch.device,
                      group: Optional[dist.ProcessGroup] = None) -> Dict[str, float]:
     """L2 norm of each group's gradient over the whole model (all ranks agree on the result)."""
+    return guard_inputs(groups, device, 0.0, group)[0]
+
+
+def guard_inputs(groups: Dict[str, List[nn.Parameter]], device: torch.device, loss: float,
+                 group: Optional[dist.ProcessGroup] = None) -> Tuple[Dict[str, float], float]:
+    """(each group's gradient norm, the mean of ``loss`` over the ranks) from one all-reduce.
+
+    The guards' verdicts decide which collectives follow (skip, roll back), so their inputs must be
+    the same bits on every rank: the result of one all-reduce over every rank is. A loss reduced
+    over each data-parallel group separately need not be (NCCL may sum in another order per group)."""
     world = dist.get_world_size(group) if dist.is_initialized() else 1
-    squares = torch.zeros(len(groups), dtype=torch.float64, device=device)
+    squares = torch.zeros(len(groups) + 1, dtype=torch.float64, device=device)
     for i, params in enumerate(groups.values()):
         for p in params:
             if p.grad is not None:
                 squares[i] += _local_square_sum(p.grad, world).double()
-    collectives.all_reduce(squares, group)
-    return {name: math.sqrt(max(v, 0.0)) if math.isfinite(v) else v
-            for name, v in zip(groups, squares.tolist())}
+    squares[-1] = loss / world
+    values = collectives.all_reduce(squares, group).tolist()
+    norms = {name: math.sqrt(max(v, 0.0)) if math.isfinite(v) else v for name, v in zip(groups, values)}
+    return norms, values[-1]
