@@ -27,7 +27,13 @@ import torch
 from checkpoint.durable.integrity import default_algorithm
 from checkpoint.durable.lease import check_lease, take_lease
 from checkpoint.durable.loader import load_checkpoint
-from checkpoint.durable.manifest import CheckpointError, ConfigMismatch, Manifest, read_manifest
+from checkpoint.durable.manifest import (
+    LOAD_ERRORS,
+    CheckpointError,
+    Manifest,
+    VerificationFailed,
+    read_manifest,
+)
 from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes, preflight_checkpoint_dir
 from checkpoint.durable.retention import apply_retention
 from checkpoint.durable.save_errors import CheckpointSaveError
@@ -36,7 +42,6 @@ from checkpoint.events import CheckpointEvents
 from checkpoint.memory.commit import SnapshotRecord
 from checkpoint.memory.tier import MemoryTier
 from checkpoint.save_manifest import ManifestBuilder
-from checkpoint.state.fingerprint import config_differences, hashed_config, schedule_changes
 from checkpoint.state.training_state import TrainingState
 from parallel import collectives
 
@@ -61,6 +66,7 @@ class CheckpointManager:
         self.interval = AUTO_MEASURE_STEPS if str(c.interval).strip().lower() == "auto" else int(c.interval)
         self.manifests = ManifestBuilder(cfg, state, world_size, self.layout, probe)
         self.events = CheckpointEvents(metrics)
+        self._fault_hook = fault_hook  # the saver's phases, and checkpoint_read while loading
         self._housekeeping = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-retention")
         group = None
         if collectives.distributed() and world_size > 1:
@@ -151,6 +157,10 @@ class CheckpointManager:
         self.saver.wait()
         self._report()
 
+    def wait_for_retention(self) -> None:
+        """Until the retention queued so far is done: a rollback must not choose a directory it renames."""
+        self._housekeeping.submit(lambda: None).result()
+
     @property
     def writing(self) -> Optional[Tuple[int, Callable[[], bool]]]:
         """(step, is_done) of the background write in flight, or None. ``is_done`` is thread-safe."""
@@ -160,28 +170,18 @@ class CheckpointManager:
         """Load the committed checkpoint at ``path`` into the state (every rank together), then run
         ``verify``; raises CheckpointError (damaged, or failed verification on any rank) or
         ConfigMismatch (saved with another config, not allowed by checkpoint.allow_config_change)."""
-        manifest = read_manifest(path)
+        manifest = collectives.decided_on_rank0(lambda: read_manifest(path), errors=LOAD_ERRORS)  # one reader
         m = self.manifests
-        changed = schedule_changes(manifest.config, m.full_config)
-        if changed:
-            log.warning("resume changes the schedule (this run's config applies from step %d on): %s",
-                        manifest.step, "; ".join(changed))
-        if manifest.config_hash != m.config_hash:
-            diffs = config_differences(hashed_config(manifest.config), m.hashed)
-            msg = (f"{path} was saved with a different config (hash {manifest.config_hash}, this run "
-                   f"{m.config_hash}): {'; '.join(diffs) or 'unknown fields'}")
-            if not self.ckpt_cfg.allow_config_change:
-                raise ConfigMismatch(msg + ". Resume with the same settings, or set "
-                                     "checkpoint.allow_config_change=true to accept the change.")
-            log.warning("checkpoint.allow_config_change=true: %s", msg)
+        m.check_resume(manifest, path, self.ckpt_cfg.allow_config_change)  # ConfigMismatch
         t0 = time.perf_counter()
+        fault = (lambda f: self._fault_hook("checkpoint_read", manifest.step, path=f)) if self._fault_hook else None
         manifest = load_checkpoint(self.state, path, seed=self.cfg.seed, verify=self.ckpt_cfg.verify_on_load,
-                                   threads=self.ckpt_cfg.load_threads, device=self.device)
+                                   threads=self.ckpt_cfg.load_threads, manifest=manifest, fault=fault)
         log.info("loaded %s in %.2f s", path, time.perf_counter() - t0)
         m.init_from = manifest.init_from  # a resumed run's weights descend from the same source
         problem = verify(manifest, path) if verify is not None else None
         if collectives.any_rank(problem is not None):
-            raise CheckpointError(f"{path} failed post-load verification: {problem or 'on another rank'}")
+            raise VerificationFailed(f"{path} failed post-load verification: {problem or 'on another rank'}")
         return manifest
 
     # -- the loop ----------------------------------------------------------------------------

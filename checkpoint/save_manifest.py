@@ -3,18 +3,28 @@
 It records what post-load verification (recovery/verify.py) compares: the config hash, the world
 and layout, the losses, and the probe loss, a forward pass on a fixed batch (recovery/probe.py)
 that this builder runs through the callable it is given. It also carries the validation loss of
-an evaluation at S (``record_eval``) and the weights' pretrained source (``init_from``).
+an evaluation at S (``record_eval``) and the weights' pretrained source (``init_from``). On resume,
+``check_resume`` compares a saved manifest's config with this run's.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, Dict, Optional, Tuple
 
 from checkpoint.durable.layout import checkpoint_id
-from checkpoint.durable.manifest import Manifest
-from checkpoint.state.fingerprint import config_hash, full_config, hashed_config
+from checkpoint.durable.manifest import ConfigMismatch, Manifest
+from checkpoint.state.fingerprint import (
+    config_differences,
+    config_hash,
+    full_config,
+    hashed_config,
+    schedule_changes,
+)
 from checkpoint.state.training_state import TrainingState
+
+log = logging.getLogger("trainer")
 
 
 class ManifestBuilder:
@@ -26,6 +36,23 @@ class ManifestBuilder:
         self.config_hash = config_hash(self.hashed)
         self.init_from: Optional[Dict] = None  # {path, kind, hash} (checkpoint/interop/init_from.py)
         self._eval: Optional[Tuple[int, float]] = None  # (step, validation loss) of the latest evaluation
+
+    def check_resume(self, manifest: Manifest, path, allow_config_change: bool) -> None:
+        """Log what a resume from ``manifest`` changes in the schedule; raise ConfigMismatch when it was
+        saved with another hashed config, unless ``allow_config_change`` (then warn)."""
+        changed = schedule_changes(manifest.config, self.full_config)
+        if changed:
+            log.warning("resume changes the schedule (this run's config applies from step %d on): %s",
+                        manifest.step, "; ".join(changed))
+        if manifest.config_hash == self.config_hash:
+            return
+        diffs = config_differences(hashed_config(manifest.config), self.hashed)
+        msg = (f"{path} was saved with a different config (hash {manifest.config_hash}, this run "
+               f"{self.config_hash}): {'; '.join(diffs) or 'unknown fields'}")
+        if not allow_config_change:
+            raise ConfigMismatch(msg + ". Resume with the same settings, or set "
+                                 "checkpoint.allow_config_change=true to accept the change.")
+        log.warning("checkpoint.allow_config_change=true: %s", msg)
 
     def record_eval(self, step: int, val_loss: float) -> None:
         """The validation loss after ``step``: a save of that step records it in its manifest."""

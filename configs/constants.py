@@ -36,9 +36,10 @@ DEFAULT_WRITE_TIMEOUT_S = 900.0  # a background checkpoint write stuck longer ab
 
 # recovery.faults (recovery/faults.py): what can be injected, where, and how a checkpoint is damaged.
 FAULT_KINDS = ("sigkill", "hang", "exception", "nan_loss", "corrupt", "bitflip_param", "bitflip_grad", "disk_full",
-               "node_loss", "slow")
+               "node_loss", "slow", "read_error")
 SAVE_PHASES = ("checkpoint_snapshot", "checkpoint_write", "checkpoint_commit", "checkpoint_committed")
-FAULT_PHASES = ("step", "data_wait", "gradients", "eval") + SAVE_PHASES + ("checkpoint_retention", "checkpoint_load")
+FAULT_PHASES = ("step", "data_wait", "gradients", "eval") + SAVE_PHASES + ("checkpoint_retention", "checkpoint_load",
+                                                                          "checkpoint_read")
 CORRUPTIONS = ("truncate", "flip_byte", "delete_file", "delete_manifest")
 DISK_FULL_PHASES = ("checkpoint_write", "checkpoint_commit")  # where a disk_full fault raises ENOSPC
 

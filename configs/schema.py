@@ -153,6 +153,7 @@ class FaultConfig:
     """One injected fault (recovery/faults.py): fires once per run directory (``slow``: every match)."""
 
     # sigkill | hang | exception | nan_loss | corrupt | bitflip_param | bitflip_grad | disk_full | node_loss | slow
+    # | read_error
     kind: str = "sigkill"
     phase: str = "step"  # step | data_wait | gradients | checkpoint_* phases (configs/constants.py: FAULT_PHASES)
     step: int = -1  # 1-based step (for checkpoint phases: the checkpoint's step); -1: any
@@ -162,6 +163,7 @@ class FaultConfig:
     bit: int = 30  # bitflip_param | bitflip_grad: which bit of the fp32 word to flip
     param: str = ""  # bitflip_*: the parameter's name ("output.weight"); "": block 0's first matrix
     delay_s: float = 0.05  # slow: seconds added each time it matches (with step=-1: every step, every save)
+    times: int = 1  # how many matches fire it (its markers count them); -1: every match (slow always)
 
 
 @dataclass
@@ -202,6 +204,8 @@ class RecoveryConfig:
     verify: bool = True
     probe_rtol_reshard: float = 1e-4  # probe loss tolerance after a change of layout (same layout: bitwise)
     max_fallbacks: int = 3  # older checkpoints tried after a failed verification, then stop
+    read_retries: int = 3  # a checkpoint the storage failed to deliver (EIO, ESTALE) is loaded again ...
+    read_retry_backoff_s: float = 2.0  # ... after 2, 4, 8 s; then skipped for this attempt, never marked BAD
     allow_global_batch_change: bool = False  # resume with a global batch other than the checkpoint's
     device_mtbf_hours: float = 50000.0  # for checkpoint.interval=auto (recovery/interval.py)
     devices: int = 0  # devices in the job for the MTBF; 0: the world size

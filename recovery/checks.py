@@ -27,6 +27,8 @@ def config_problems(cfg, problems: Problems) -> None:
     problems.positive("recovery.preemption_grace_s", r.preemption_grace_s)
     problems.positive("recovery.probe_rtol_reshard", r.probe_rtol_reshard)
     problems.at_least("recovery.max_fallbacks", r.max_fallbacks, 0)
+    problems.at_least("recovery.read_retries", r.read_retries, 0, "0 skips an unreadable checkpoint at once")
+    problems.positive("recovery.read_retry_backoff_s", r.read_retry_backoff_s)
     problems.positive("recovery.device_mtbf_hours", r.device_mtbf_hours)
     problems.at_least("recovery.devices", r.devices, 0, "0 uses the world size")
     for i, fault in enumerate(r.faults):

@@ -17,11 +17,13 @@ recovery/guards),
 ``node_loss`` (the node goes down: SIGKILL to the launcher that started this process, torchrun's
 agent, then to this process; its node-local memory is the test's to delete), ``slow`` (this rank
 is ``delay_s`` slower at the phase each time it matches, a throttled GPU or a slow disk: no
-marker, it fires at every matching step).
+marker, it fires at every matching step), ``read_error`` (reading a checkpoint's data file
+fails with ``OSError(EIO)``, as a flaky parallel file system does, at ``checkpoint_read``; with
+``times=-1`` every read fails). ``times`` fires a fault at that many matches (-1: all).
 Phases: the watchdog's (``step``, ``data_wait``, ...) plus the
 checkpoint's internal ones (``checkpoint_snapshot``, ``checkpoint_write``,
 ``checkpoint_commit``, ``checkpoint_retention``, ``checkpoint_committed``,
-``checkpoint_load``). ``step=-1`` matches any step; ``rank=-1`` every rank. The valid values
+``checkpoint_load``, ``checkpoint_read``). ``step=-1`` matches any step; ``rank=-1`` every rank. The valid values
 are in configs/constants.py; a fault is a ``FaultConfig`` (configs/schema.py), checked by
 ``fault_problems`` (recovery/checks.py) at start-up.
 
@@ -80,6 +82,11 @@ def fault_problems(fault, key: str = "recovery.faults") -> list:
         out.append(f"{key}.bit={fault.bit} must be in [0, 32) (an fp32 word)")
     if kind == "node_loss" and phase not in ("step", "data_wait"):
         out.append(f"{key}: node_loss takes the node down between steps: use phase step or data_wait (not {phase!r})")
+    if kind == "read_error" and phase != "checkpoint_read":
+        out.append(f"{key}: read_error fails a read of a checkpoint's data file: use phase=checkpoint_read "
+                   f"(not {phase!r})")
+    if fault.times == 0 or fault.times < -1:
+        out.append(f"{key}.times={fault.times}: fire it at >= 1 matches, or -1 for every match")
     if kind == "slow" and not fault.delay_s > 0:
         out.append(f"{key}.delay_s={fault.delay_s} must be > 0 (the seconds this rank is slower at {phase})")
     if kind == "disk_full" and phase not in DISK_FULL_PHASES:
@@ -100,13 +107,13 @@ class FaultInjector:
         self.rank = rank
         self._kill_lock = threading.Lock()
 
-    def _marker(self, index: int, fault: FaultConfig) -> Path:
-        return self.dir / f"fired-{index}-{fault_name(fault)}-on-rank{self.rank}"
+    def _marker(self, index: int, fault: FaultConfig, n: int = 0) -> Path:
+        return self.dir / f"fired-{index}-{fault_name(fault)}-on-rank{self.rank}{f'-{n + 1}' if n else ''}"
 
-    def _claim(self, index: int, fault: FaultConfig, step: int) -> bool:
-        """Durably record that the fault fires now; False if it already fired in this run."""
+    def _claim(self, index: int, fault: FaultConfig, step: int, n: int = 0) -> bool:
+        """Durably record that the fault fires now (its ``n``-th time); False if that already happened."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        marker = self._marker(index, fault)
+        marker = self._marker(index, fault, n)
         try:
             fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
@@ -134,7 +141,7 @@ class FaultInjector:
                     if self._claim(i, fault, step):
                         self._fire(fault, step, model, path)
                 continue
-            if not self._claim(i, fault, step):
+            if fault.times != -1 and not any(self._claim(i, fault, step, n) for n in range(fault.times)):
                 continue
             self._fire(fault, step, model, path)
 
@@ -179,6 +186,8 @@ class FaultInjector:
             log.warning("fault injection: corrupted %s (%s)", path, what)
         elif fault.kind == "disk_full":
             raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected disk_full fault)", str(path))
+        elif fault.kind == "read_error":
+            raise OSError(errno.EIO, f"{os.strerror(errno.EIO)} (injected read_error fault)", str(path))
 
 
 def flip_bit_in_model(model, bit: int, grad: bool = False, param: str = ""):

@@ -1,11 +1,17 @@
 """Which checkpoint a run resumes from, and what happens when one fails to load or verify.
 
 The policy: with ``checkpoint.resume=auto`` the memory tier is tried first (its newest step, if
-newer than the newest durable checkpoint), then the newest committed durable checkpoint. A
-durable checkpoint that fails its checksums or post-load verification (recovery/verify.py) is
-marked BAD and the next older one is tried; a memory snapshot that fails is forgotten and the
-durable tier is used. Rank 0 picks each candidate and every rank loads the same one
-(parallel/collectives.py), so all ranks run the same loads. The mechanics of a load are
+newer than the newest durable checkpoint), then the newest committed durable checkpoint; a
+memory snapshot that fails is forgotten and the durable tier is used. What a durable checkpoint
+that fails to load gets depends on what is proven:
+- damage (a checksum wrong on two reads, a wrong size, a file missing on two looks; or a
+  post-load verification (recovery/verify.py) that fails again on a second load) marks it BAD,
+  and the next older one is tried;
+- the storage failing (an I/O error, a timeout, bytes that hash right on a second read) is
+  retried ``recovery.read_retries`` times with a doubling backoff; then the next older one is
+  tried *for this attempt*, with no mark: the next start tries the newest again.
+Rank 0 picks each candidate and every rank loads the same one (parallel/collectives.py), so
+all ranks run the same loads. The mechanics of a load are
 CheckpointManager's (checkpoint/manager.py); the rollback of the guards
 (recovery/guards/rollback.py) uses the same fallback loop.
 """
@@ -19,7 +25,13 @@ from typing import Callable, List, Optional, Tuple
 
 from checkpoint.durable.discovery import clean_uncommitted, latest_committed, list_committed, mark_bad, resolve_resume
 from checkpoint.durable.layout import checkpoint_id, parse
-from checkpoint.durable.manifest import CheckpointError, ConfigMismatch, Manifest
+from checkpoint.durable.manifest import (
+    CheckpointError,
+    CheckpointUnreadable,
+    ConfigMismatch,
+    Manifest,
+    VerificationFailed,
+)
 from checkpoint.manager import CheckpointManager, VerifyHook
 from checkpoint.memory.snapshot import STEP_DIR
 from parallel.collectives import decided_on_rank0
@@ -69,29 +81,66 @@ def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
 def load_with_fallback(ckpt: CheckpointManager, first: Callable[[], Optional[Path]],
                        next_after: Callable[[Path], Optional[Path]], verify: Optional[VerifyHook] = None,
                        fallback: bool = True) -> Optional[Tuple[Manifest, Path, List[str]]]:
-    """Load the checkpoint ``first()`` picks; while one fails (checksums, ``verify``), mark it
-    bad and load ``next_after(failed)`` instead. Rank 0 picks, every rank loads the same one.
-    Returns (manifest, path, skipped checkpoint ids), or None when ``first()`` picks nothing."""
+    """Load the checkpoint ``first()`` picks; while one fails, retry it or mark it bad (the module
+    docstring says which), then load ``next_after(failed)`` instead. Rank 0 picks, every rank
+    loads the same one, and every rank gets the same error from a load (checkpoint/durable/
+    loader.py), so all take the same path. Returns (manifest, path, skipped checkpoint ids), or
+    None when ``first()`` picks nothing."""
     path = _agreed_path(first)
     if path is None:
         return None
     skipped: List[str] = []
+    rc = ckpt.cfg.recovery
     while True:
         try:
-            return ckpt.load(path, verify), path, skipped
+            return _load_trusting_only_proof(ckpt, path, verify, rc.read_retries, rc.read_retry_backoff_s), \
+                path, skipped
         except ConfigMismatch:
             raise
+        except CheckpointUnreadable as exc:
+            if not fallback:
+                raise
+            log.error("%s could not be read after %d retries; skipping it for this attempt (not marked bad): %s",
+                      path.name, rc.read_retries, exc)
+            ckpt.events.event(parse(path.name)[0], kind="checkpoint_unreadable", checkpoint_id=path.name,
+                              problem=str(exc)[:2000])
+            skipped.append(f"{path.name} (unreadable)")
+            problem = exc
         except CheckpointError as exc:
             if not fallback:
                 raise
             if ckpt.rank == 0:
                 mark_bad(path, str(exc))
             skipped.append(path.name)
-            failed = path
-            path = _agreed_path(lambda: next_after(failed))
-            if path is None:
-                raise CheckpointError(f"no usable checkpoint left in {ckpt.root} after {skipped}: {exc}") from exc
-            log.warning("falling back from %s to %s: %s", failed.name, path.name, exc)
+            problem = exc
+        failed = path
+        path = _agreed_path(lambda: next_after(failed))
+        if path is None:
+            raise CheckpointError(f"no usable checkpoint left in {ckpt.root} after {skipped}: {problem}") from problem
+        log.warning("falling back from %s to %s: %s", failed.name, path.name, problem)
+
+
+def _load_trusting_only_proof(ckpt: CheckpointManager, path: Path, verify: Optional[VerifyHook], retries: int,
+                              backoff_s: float) -> Manifest:
+    """``ckpt.load``, again after an unreadable read (``retries`` times, backoff doubling) and once
+    after a failed post-load verification: only a failure that repeats is believed."""
+    tries, reverified = 0, False
+    while True:
+        try:
+            return ckpt.load(path, verify)
+        except CheckpointUnreadable as exc:
+            if tries >= retries:
+                raise
+            wait = backoff_s * 2 ** tries
+            tries += 1
+            log.warning("%s: the storage did not deliver (%s); loading it again in %.1f s (retry %d of %d)",
+                        path.name, exc, wait, tries, retries)
+            time.sleep(wait)
+        except VerificationFailed as exc:
+            if reverified:
+                raise
+            reverified = True
+            log.warning("%s: %s; loading it again: a mismatch that persists is damage", path.name, exc)
 
 
 def _resume_from_memory(ckpt: CheckpointManager, verify: Optional[VerifyHook]) -> Optional[str]:
@@ -101,7 +150,8 @@ def _resume_from_memory(ckpt: CheckpointManager, verify: Optional[VerifyHook]) -
     t0 = time.perf_counter()
     memory = ckpt.memory
     newest = _agreed_path(lambda: getattr(latest_committed(ckpt.root), "path", None))
-    restored = memory.restore(ckpt.state, newer_than=parse(newest.name)[0] if newest is not None else 0)
+    restored = memory.restore(ckpt.state, newer_than=parse(newest.name)[0] if newest is not None else 0,
+                              allow_config_change=ckpt.ckpt_cfg.allow_config_change)
     if restored is None:
         return None
     problem = memory.agree(restored.problem)

@@ -369,3 +369,22 @@ def test_shared_memory_filling_up_mid_run_skips_snapshots_and_training_goes_on(t
     assert failed and min(failed) >= 10, snapshots  # 10: if its background write was still going
     assert any(e["committed"] and e["step"] > max(failed) for e in snapshots), snapshots
     _assert_bitwise(run_dir, baseline)
+
+
+@pytest.mark.distributed
+def test_a_snapshot_taken_with_another_config_is_refused_like_a_durable_checkpoint(tmp_path, pydoc_data):
+    """Killed with snapshots in memory and no durable checkpoint yet; restarted with other optimizer
+    betas: the memory tier must refuse, as a durable resume would, not restore the old run's state."""
+    run_dir, shm = tmp_path / "run", tmp_path / "shm"
+    kill = faults_override([{"kind": "sigkill", "phase": "step", "step": 7}])
+    first = run_train(overrides(run_dir, pydoc_data, shm, [kill]), check=False)
+    assert first.returncode != 0 and list(shm.rglob("*.snap"))
+    changed = run_train(overrides(run_dir, pydoc_data, shm, ["optim.beta2=0.99"]), check=False)
+    assert changed.returncode != 0
+    assert "were taken with another config" in changed.stderr and "checkpoint.allow_config_change=true" in \
+        changed.stderr, changed.stderr[-3000:]
+    assert read_metrics(run_dir, "resume") == []
+    allowed = run_train(overrides(run_dir, pydoc_data, shm, ["optim.beta2=0.99",
+                                                            "checkpoint.allow_config_change=true"]))
+    assert "checkpoint.allow_config_change=true: the memory tier's snapshots" in allowed.stderr
+    assert read_metrics(run_dir, "resume")[-1]["source"] == "memory"

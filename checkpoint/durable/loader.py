@@ -4,12 +4,16 @@ DCP reshards on load: each rank asks for the shards its current layout needs (mo
 optimizer and EMA tensors are DTensors or plain tensors; DCP maps saved chunks to them), and
 checkpoint/durable/reader.py reads the bytes straight into them.
 
-Verification against the manifest, in two parts (all ranks agree on every verdict):
+The manifest and DCP's ``.metadata`` are read on rank 0 and broadcast (one reader, not one per
+rank). Verification against the manifest, in two parts (all ranks agree on every verdict):
 - before anything is touched: ``.metadata``'s checksum and every data file's size;
 - while loading: rank r checksums the data files of saved ranks k with k % world_size == r
   (at an unchanged layout, its own file) as it streams them, so the disk is read once. When
   that fails the live state is partly overwritten: ``CheckpointError`` says so, and the caller
   loads another checkpoint or stops (recovery/resume.py falls back to an older one).
+A verdict is damage (CheckpointError) only when it is proven (checkpoint/durable/manifest.py:
+inspect_files); the storage failing to deliver is CheckpointUnreadable, which is retried and
+never marked BAD. Every rank raises the same error with the same message.
 """
 
 from __future__ import annotations
@@ -17,14 +21,21 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest, check_files, read_manifest
+from checkpoint.durable.manifest import (
+    LOAD_ERRORS,
+    CheckpointError,
+    CheckpointUnreadable,
+    FileEntry,
+    Manifest,
+    inspect_files,
+    read_manifest,
+)
 from checkpoint.durable.reader import RawFileReader
 from checkpoint.durable.writer import RAW
 from checkpoint.state.rng import reseed_rng
@@ -34,12 +45,29 @@ from parallel import collectives
 log = logging.getLogger("trainer")
 
 
-def _agree(path: Path, problems: List[str], device: torch.device, what: str) -> None:
-    for p in problems:
+def _agree(path: Path, found: Tuple[List[str], List[str]], what: str) -> None:
+    """Raise the same error on every rank if any rank found (damage, unreadable) problems: damage
+    wins (CheckpointError), else CheckpointUnreadable. Each message names the rank that saw it."""
+    damage, unreadable = found
+    for p in damage + unreadable:
         log.error("checkpoint %s: %s", path, p)
-    if collectives.any_rank(bool(problems)):
-        raise CheckpointError(f"{path} failed verification{what}"
-                              + (f": {'; '.join(problems)}" if problems else " on another rank (see its log)"))
+    everyone = collectives.all_gather_object((damage, unreadable)) if collectives.any_rank(
+        bool(damage or unreadable)) else []
+    seen_damage = [f"rank {r}: {p}" for r, (d, _) in enumerate(everyone) for p in d]
+    seen_unreadable = [f"rank {r}: {p}" for r, (_, u) in enumerate(everyone) for p in u]
+    if seen_damage:
+        raise CheckpointError(f"{path} failed verification{what}: {'; '.join(seen_damage)}")
+    if seen_unreadable:
+        raise CheckpointUnreadable(f"{path} could not be read{what}: {'; '.join(seen_unreadable)}")
+
+
+def _read_metadata(reader: "RawFileReader") -> Metadata:
+    try:
+        return reader.read_metadata()
+    except OSError as exc:
+        raise CheckpointUnreadable(f"{reader.path}: .metadata: {exc}") from exc
+    except Exception as exc:  # checksummed up front when verifying: a bad unpickle is damage
+        raise CheckpointError(f"{reader.path}: .metadata does not load ({type(exc).__name__}: {exc})") from exc
 
 
 def _saved_rank(name: str) -> int | None:
@@ -66,21 +94,26 @@ def _has(keys: List[str], component: str) -> bool:
 
 
 def load_checkpoint(state: TrainingState, path: Path, *, seed: int, verify: bool = True, threads: int = 2,
-                    process_group=None, device: torch.device = torch.device("cpu")) -> Manifest:
-    """Verify ``path`` and restore ``state`` from it; returns the manifest."""
+                    process_group=None, manifest: Optional[Manifest] = None,
+                    fault: Optional[Callable[[Path], None]] = None) -> Manifest:
+    """Verify ``path`` and restore ``state`` from it; returns the manifest (``manifest``: already
+    read and agreed by the caller). ``fault(file)`` is called before each data file is read."""
     path = Path(path)
-    manifest = read_manifest(path)
+    if manifest is None:
+        manifest = collectives.decided_on_rank0(lambda: read_manifest(path), errors=LOAD_ERRORS)
     checksums = manifest.checksum_algorithm is not None
     others, data = verification_shares(manifest, state.rank, state.world_size)
     if verify:  # before anything is touched: .metadata completely, data files by size
-        _agree(path, check_files(path, manifest, others, checksums=checksums)
-               + check_files(path, manifest, sorted(data), checksums=False), device, "")
-    reader = RawFileReader(path, algorithm=manifest.checksum_algorithm, threads=threads)
+        first, sizes = (inspect_files(path, manifest, others, checksums=checksums),
+                        inspect_files(path, manifest, sorted(data), checksums=False))
+        _agree(path, (first[0] + sizes[0], first[1] + sizes[1]), "")
+    reader = RawFileReader(path, algorithm=manifest.checksum_algorithm, threads=threads, fault=fault)
+    reader._metadata = collectives.decided_on_rank0(lambda: _read_metadata(reader), errors=LOAD_ERRORS)
     meta = reader.read_metadata()
     if verify and _all_raw(meta):
         reader.verify = data  # checksummed while reading
     elif verify:  # stock DCP's format deserialises: check the bytes before it does
-        _agree(path, check_files(path, manifest, sorted(data), checksums=checksums), device, "")
+        _agree(path, inspect_files(path, manifest, sorted(data), checksums=checksums), "")
     keys = list(meta.state_dict_metadata)
     sd = state.state_dict()
     same_world = manifest.world_size == state.world_size
@@ -104,8 +137,8 @@ def load_checkpoint(state: TrainingState, path: Path, *, seed: int, verify: bool
                               f"{sorted({k.split('.')[0] for k in keys})}); it was saved by a run without it")
     no_dist = not (dist.is_available() and dist.is_initialized())
     dcp.load(sd, storage_reader=reader, process_group=process_group, no_dist=no_dist)
-    _agree(path, reader.problems, device, " while loading (the live training state is now partly overwritten: "
-           "load another checkpoint before training)")
+    _agree(path, (reader.problems, reader.unreadable), " while loading (the live training state is now partly "
+           "overwritten: load another checkpoint before training)")
     state.load_state_dict(sd)
     if reinit_ema:
         log.warning("the checkpoint has no EMA weights: EMA starts from the loaded weights")

@@ -9,9 +9,10 @@ step, losses (logged, probe and validation), config hash, layout, counters, wall
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from checkpoint.durable.integrity import atomic_write_text, checksum_file
 from checkpoint.durable.layout import MANIFEST
@@ -25,6 +26,24 @@ class CheckpointError(RuntimeError):
 
 class ConfigMismatch(CheckpointError):
     """The checkpoint was written with settings a resume must not change."""
+
+
+class CheckpointUnreadable(CheckpointError):
+    """The storage did not deliver the bytes (an I/O error, a timeout, a read that differed from a
+    second read): nothing proves the checkpoint is damaged. Retried, then skipped for this
+    attempt; never marked BAD."""
+
+
+class VerificationFailed(CheckpointError):
+    """Loaded, but the post-load check (the probe loss) disagrees with the manifest: damage only
+    if a second load disagrees again (one faulty device, or a kernel choice, is not the bytes)."""
+
+
+# Ordered for decided_on_rank0 and agreement: a subclass before its base.
+LOAD_ERRORS = (ConfigMismatch, CheckpointUnreadable, VerificationFailed, CheckpointError)
+# A file a network file system's attribute cache reports missing, or whose bytes hash wrong,
+# is looked at again after this long before it counts as damage.
+REREAD_DELAY_S = 1.0
 
 
 @dataclass
@@ -80,35 +99,72 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
     atomic_write_text(Path(directory) / MANIFEST, manifest.to_json())
 
 
-def read_manifest(directory: Path) -> Manifest:
+def read_manifest(directory: Path, reread_delay_s: float = REREAD_DELAY_S) -> Manifest:
+    """The manifest of a committed checkpoint. An I/O error raises CheckpointUnreadable; a manifest
+    missing twice, ``reread_delay_s`` apart, or that does not parse, CheckpointError."""
     path = Path(directory) / MANIFEST
-    if not path.is_file():
-        raise CheckpointError(f"{directory}: no {MANIFEST}: not a committed checkpoint")
     try:
-        return Manifest.from_json(path.read_text())
+        if not path.is_file():
+            time.sleep(reread_delay_s)  # an attribute cache may be behind the commit
+            if not path.is_file():
+                raise CheckpointError(f"{directory}: no {MANIFEST}: not a committed checkpoint")
+        text = path.read_text()
+    except OSError as exc:
+        raise CheckpointUnreadable(f"{path}: {exc}") from exc
+    try:
+        return Manifest.from_json(text)
     except (ValueError, TypeError, KeyError) as exc:
         raise CheckpointError(f"{path}: unreadable manifest ({type(exc).__name__}: {exc})") from exc
 
 
-def check_files(directory: Path, manifest: Manifest, names: Optional[List[str]] = None,
-                checksums: bool = True) -> List[str]:
-    """Problems (missing file, wrong size, checksum mismatch) for ``names`` (default: all files)."""
-    problems = []
-    for name in names if names is not None else sorted(manifest.files):
-        entry = manifest.files[name]
-        path = Path(directory) / name
+def inspect_files(directory: Path, manifest: Manifest, names: Optional[List[str]] = None, checksums: bool = True,
+                  reread_delay_s: float = REREAD_DELAY_S) -> Tuple[List[str], List[str]]:
+    """(damage, unreadable) for ``names`` (default: all files). Damage is proven: a file missing,
+    or hashing wrong when read whole, on two looks ``reread_delay_s`` apart, or of the wrong size.
+    Unreadable: an I/O error, or a hash that was right on the second read."""
+    names = names if names is not None else sorted(manifest.files)
+    damage, unreadable, suspects = [], [], []
+    for name in names:
+        kind, text = _inspect(Path(directory) / name, manifest, name, checksums)
+        if kind == "suspect":
+            suspects.append(name)
+        elif kind is not None:
+            (damage if kind == "damage" else unreadable).append(text)
+    if suspects:
+        time.sleep(reread_delay_s)
+        for name in suspects:
+            kind, text = _inspect(Path(directory) / name, manifest, name, checksums)
+            if kind is None:
+                unreadable.append(f"{name}: missing or hashing wrong on the first look, intact {reread_delay_s:g} s "
+                                  "later (a stale cache or a bad read, not damage)")
+            else:
+                (unreadable if kind == "unreadable" else damage).append(text)
+    return damage, unreadable
+
+
+def _inspect(path: Path, manifest: Manifest, name: str, checksums: bool) -> Tuple[Optional[str], str]:
+    """(None | "suspect" | "damage" | "unreadable", what): one file against its manifest entry."""
+    entry = manifest.files[name]
+    try:
         if not path.is_file():
-            problems.append(f"{name}: missing")
-            continue
+            return "suspect", f"{name}: missing"
         size = path.stat().st_size
         if size != entry.size:
-            problems.append(f"{name}: {size} bytes, manifest says {entry.size}")
-            continue
+            return "damage", f"{name}: {size} bytes, manifest says {entry.size}"
         if checksums and entry.checksum is not None:
             actual = checksum_file(path, manifest.checksum_algorithm)
             if actual != entry.checksum:
-                problems.append(f"{name}: {manifest.checksum_algorithm} {actual}, manifest says {entry.checksum}")
-    return problems
+                return "suspect", f"{name}: {manifest.checksum_algorithm} {actual}, manifest says {entry.checksum}"
+    except OSError as exc:
+        return "unreadable", f"{name}: {exc}"
+    return None, ""
+
+
+def check_files(directory: Path, manifest: Manifest, names: Optional[List[str]] = None,
+                checksums: bool = True) -> List[str]:
+    """Problems (missing file, wrong size, checksum mismatch, I/O error) for ``names`` (default: all)."""
+    damage, unreadable = inspect_files(directory, manifest, names, checksums)
+    return damage + unreadable
 
 
 def verify_checkpoint(directory: Path, checksums: bool = True) -> Manifest:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
@@ -21,7 +22,8 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
-from checkpoint.durable.manifest import FileEntry
+from checkpoint.durable.integrity import checksum_file
+from checkpoint.durable.manifest import REREAD_DELAY_S, FileEntry
 from checkpoint.durable.segments import (
     Request,
     hash_in_order,
@@ -36,17 +38,24 @@ from checkpoint.durable.writer import RAW, _done
 class RawFileReader(FileSystemReader):
     """Reads raw-bytes tensors into their destinations with ``threads`` read streams per file;
     verifies the files in ``verify`` (name -> expected size and checksum, all with
-    ``algorithm``) while reading them."""
+    ``algorithm``) while reading them.
+
+    What goes wrong is sorted as inspect_files sorts it (checkpoint/durable/manifest.py):
+    ``problems`` is proven damage (a file missing twice, cut short, hashing wrong on a second
+    read); ``unreadable`` is the storage failing (an I/O error, a hash right on the second read).
+    ``fault(path)``, called before each file is opened, is the fault injector's read point."""
 
     def __init__(self, path, verify: Optional[Dict[str, FileEntry]] = None, algorithm: Optional[str] = None,
-                 threads: int = 2):
+                 threads: int = 2, fault: Optional[Callable[[Path], None]] = None):
         super().__init__(path)
         if threads < 1:
             raise ValueError(f"checkpoint.load_threads={threads}: need at least 1 read stream")
         self.verify = dict(verify or {})
         self.algorithm = algorithm
         self.threads = threads
+        self.fault = fault
         self.problems: List[str] = []
+        self.unreadable: List[str] = []
         self._chunks: Dict[MetadataIndex, Tuple[Tuple[int, ...], torch.dtype]] = {}
         self._metadata: Optional[Metadata] = None
 
@@ -95,6 +104,21 @@ class RawFileReader(FileSystemReader):
                 self.problems.append(f"{req.storage_index.fqn}: cannot unpickle ({type(exc).__name__}: {exc})")
         return _done(None)
 
+    def _hashed_wrong(self, path: Path, name: str, got: str, expected: str) -> None:
+        """A file hashed wrong as it streamed: read it whole once more before calling it damaged."""
+        time.sleep(REREAD_DELAY_S)
+        try:
+            again = checksum_file(path, self.algorithm)
+        except OSError as exc:
+            self.unreadable.append(f"{name}: hashed {got} while loading, then {exc}")
+            return
+        if again == expected:
+            self.unreadable.append(f"{name}: the bytes read while loading hashed {got}, the file on disk hashes "
+                                   f"right: a bad read, not damage")
+        else:
+            self.problems.append(f"{name}: {self.algorithm} checksum {again} (read twice), the manifest says "
+                                 f"{expected}")
+
     def _tensor_request(self, req: ReadItem, info: _StorageInfo) -> Request:
         sizes, dtype = self._chunks[MetadataIndex(req.storage_index.fqn, req.storage_index.offset)]
         if not sizes:  # 0-dim
@@ -115,9 +139,15 @@ class RawFileReader(FileSystemReader):
         them through two recycled buffers."""
         path = Path(self.path) / name
         try:
+            if self.fault is not None:
+                self.fault(path)
             size = path.stat().st_size
+        except FileNotFoundError as exc:
+            time.sleep(REREAD_DELAY_S)
+            (self.unreadable if path.exists() else self.problems).append(f"{name}: {exc}")
+            return
         except OSError as exc:
-            self.problems.append(f"{name}: {exc}")
+            self.unreadable.append(f"{name}: {exc}")
             return
         expected = self.verify.get(name)
         if expected is not None and size != expected.size:
@@ -139,11 +169,11 @@ class RawFileReader(FileSystemReader):
         if aside:  # requests overlapping bytes already hashed: read on their own
             errors += [e for e in [read_segments(path, aside, recycle=False)] if e]
         for e in errors:
-            self.problems.append(f"{name}: {e}")
+            (self.unreadable if isinstance(e, OSError) else self.problems).append(f"{name}: {e}")
         if digest is not None:
             got = digest.result()
             if not errors and got != expected.checksum:
-                self.problems.append(f"{name}: {self.algorithm} checksum {got}, the manifest says {expected.checksum}")
+                self._hashed_wrong(path, name, got, expected.checksum)
         for seg in sorted(segments + aside, key=lambda x: x.start):
             r = seg.request
             if r is None or not seg.read.result():

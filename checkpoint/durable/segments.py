@@ -12,7 +12,7 @@ import dataclasses
 import os
 from concurrent.futures import Future
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import torch
 from torch.distributed.checkpoint.planner import ReadItem
@@ -104,9 +104,10 @@ def split_streams(segments: List[Segment], streams: int) -> List[List[Segment]]:
     return [g for g in groups if g]
 
 
-def read_segments(path: Path, segments: List[Segment], recycle: bool) -> Optional[str]:
+def read_segments(path: Path, segments: List[Segment], recycle: bool) -> Union[None, str, OSError]:
     """Read ``segments`` in order through one file handle (its own readahead); None, or what
-    went wrong. Every segment's ``read`` future is resolved, whatever happens."""
+    went wrong: the OSError the storage raised, or a text when the file ends early. Every
+    segment's ``read`` future is resolved, whatever happens."""
     gaps = _GapBuffers(recycle)
     try:
         with open(path, "rb", buffering=0) as f:
@@ -121,7 +122,7 @@ def read_segments(path: Path, segments: List[Segment], recycle: bool) -> Optiona
                 seg.read.set_result(mv)
         return None
     except OSError as exc:
-        return str(exc)
+        return exc
     finally:
         for seg in segments:
             if not seg.read.done():

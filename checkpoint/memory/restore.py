@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from checkpoint.durable.manifest import Manifest
+from checkpoint.durable.manifest import ConfigMismatch, Manifest
 from checkpoint.memory.snapshot import apply_snapshot, checksum_buffer
 
 log = logging.getLogger("trainer")
@@ -49,9 +49,12 @@ def held_copies(directory: Path) -> List[dict]:
     return out
 
 
-def restore(tier, state, newer_than: int = 0) -> Optional[Restored]:
+def restore(tier, state, newer_than: int = 0, allow_config_change: bool = False) -> Optional[Restored]:
     """Restore ``state`` from the newest step every rank can get an intact copy of (and newer
-    than ``newer_than``, the newest durable checkpoint). None: nothing usable, nothing touched."""
+    than ``newer_than``, the newest durable checkpoint). None: nothing usable, nothing touched.
+    A snapshot taken with another config is refused as a durable resume refuses it
+    (ConfigMismatch), unless ``allow_config_change``; every rank sees the same copies, so every
+    rank decides the same."""
     t0 = time.perf_counter()
     held = held_copies(tier.dir)
     everyone = tier.peers.gather([{k: v for k, v in h.items() if k != "manifest"} | {"holder": tier.rank}
@@ -67,6 +70,7 @@ def restore(tier, state, newer_than: int = 0) -> Optional[Restored]:
                         "world %d, layout %s: they are ignored, resuming from the durable tier", c["world_size"],
                         c["layout"], tier.world_size, tier.layout)
         return None
+    _check_config(tier, [c for c in usable if c["step"] > newer_than], allow_config_change)
     for step in sorted({c["step"] for c in usable}, reverse=True):
         if step <= newer_than:
             if tier.rank == 0:
@@ -82,6 +86,20 @@ def restore(tier, state, newer_than: int = 0) -> Optional[Restored]:
     if tier.rank == 0:
         log.warning("memory tier: no step has an intact copy for every rank: resuming from the durable tier")
     return None
+
+
+def _check_config(tier, newer: List[dict], allow_config_change: bool) -> None:
+    changed = sorted({c["step"] for c in newer if c.get("config_hash") != tier.config_hash})
+    if not changed:
+        return
+    hashes = sorted({str(c.get("config_hash")) for c in newer if c["step"] in changed})
+    msg = (f"the memory tier's snapshots of step(s) {changed} were taken with another config (hash "
+           f"{', '.join(hashes)}; this run {tier.config_hash})")
+    if not allow_config_change:
+        raise ConfigMismatch(msg + ". Resume with the same settings, set checkpoint.allow_config_change=true to "
+                                   "accept the change, or checkpoint.resume=never to start afresh")
+    if tier.rank == 0:
+        log.warning("checkpoint.allow_config_change=true: %s", msg)
 
 
 def _restore_step(tier, state, step: int, at_step: List[dict], mine: List[dict], t0: float) -> Optional[Restored]:

@@ -145,10 +145,11 @@ class MemoryTier:
             shutil.rmtree(d, ignore_errors=True)
 
     # -- restore ---------------------------------------------------------------------------
-    def restore(self, state, newer_than: int = 0) -> Optional[Restored]:
+    def restore(self, state, newer_than: int = 0, allow_config_change: bool = False) -> Optional[Restored]:
         """Restore ``state`` from the newest step every rank can get an intact copy of (and newer
-        than ``newer_than``, the newest durable checkpoint). None: nothing usable, nothing touched."""
-        return restore(self, state, newer_than)
+        than ``newer_than``, the newest durable checkpoint). None: nothing usable, nothing touched.
+        ConfigMismatch: taken with another config (checkpoint/memory/restore.py)."""
+        return restore(self, state, newer_than, allow_config_change)
 
     def forget(self, step: int) -> None:
         """Drop this node's copies of ``step`` (it failed to restore): the next restart does not retry it."""

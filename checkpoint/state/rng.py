@@ -1,4 +1,4 @@
-"""Random number generator state of one rank: python, numpy, torch CPU and every CUDA device.
+"""Random number generator state of one rank: python, numpy, torch CPU and this rank's CUDA device.
 
 Policy on resume: at the same world size every rank restores exactly its own saved state
 (bitwise continuation). At a different world size there is no meaningful mapping from old
@@ -23,20 +23,25 @@ def capture_rng() -> Dict[str, Any]:
         "torch_cpu": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["torch_cuda"] = torch.cuda.get_rng_state_all()
+        state["torch_cuda"] = torch.cuda.get_rng_state()  # this rank's device (LOCAL_RANK's) only
     return state
 
 
 def restore_rng(state: Dict[str, Any]) -> None:
+    """Restore this rank's generators. Only the current CUDA device's: a restart under another
+    CUDA_VISIBLE_DEVICES, or on a node with another device count, is not an error."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch_cpu"])
-    if "torch_cuda" in state and torch.cuda.is_available():
-        saved = state["torch_cuda"]
-        if len(saved) != torch.cuda.device_count():
-            raise RuntimeError(f"the checkpoint holds RNG state for {len(saved)} CUDA devices, this process "
-                               f"sees {torch.cuda.device_count()}")
-        torch.cuda.set_rng_state_all(saved)
+    saved = state.get("torch_cuda")
+    if saved is None or not torch.cuda.is_available():
+        return
+    if isinstance(saved, (list, tuple)):  # written by an older version: every visible device's state
+        index = torch.cuda.current_device()
+        if index >= len(saved):
+            return  # this device was not visible to the saving process: its generator keeps its seed
+        saved = saved[index]
+    torch.cuda.set_rng_state(saved)
 
 
 def reseed_rng(seed: int, step: int, rank: int) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from checkpoint.durable.discovery import list_committed
+from checkpoint.durable.layout import parse
 from recovery.guards.guard import RollbackRequested
 from recovery.resume import load_with_fallback
 
@@ -49,23 +50,25 @@ class RollbackError(RuntimeError):
 
 def roll_back(request: RollbackRequested, guards, ckpt, data, cfg, rollbacks_done: int) -> int:
     """Load the chosen checkpoint into the live training state and move the data past the bad
-    window; returns the step to continue from. A target that fails to load is marked bad and
-    the next choice is loaded (the checkpoint manager's fallback)."""
+    window; returns the step to continue from. A target that fails to load is marked bad (or,
+    unreadable, skipped) and the next older choice is loaded (recovery/resume.py's fallback)."""
     gcfg = cfg.recovery.guards
     if rollbacks_done >= gcfg.max_rollbacks:
         raise RollbackError(
             f"{request}; already rolled back {rollbacks_done} times in this process "
             f"(recovery.guards.max_rollbacks={gcfg.max_rollbacks}): stopping instead of looping. "
             f"Inspect the alarms in {Path(cfg.run_dir) / 'alarms'}")
-    ckpt.wait()  # an in-flight save must commit (or fail) before we choose
+    ckpt.wait()  # an in-flight save must commit (or fail) before we choose ...
+    ckpt.wait_for_retention()  # ... and retention must not be renaming the one we choose
 
-    def target() -> Optional[Path]:
-        found = [RollbackCandidate(c.step, c.manifest.verified, str(c.path)) for c in list_committed(ckpt.root)]
+    def target(below: Optional[int] = None) -> Optional[Path]:
+        found = [RollbackCandidate(c.step, c.manifest.verified, str(c.path)) for c in list_committed(ckpt.root)
+                 if below is None or c.step < below]  # below: older than one that failed (BAD or unreadable)
         chosen = choose_rollback_target(found, request.step, gcfg.rollback_min_age_steps,
                                         cfg.checkpoint.keep_every, gcfg.rollback_prefer_permanent)
         return Path(chosen.path) if chosen else None
 
-    loaded = load_with_fallback(ckpt, target, lambda failed: target())
+    loaded = load_with_fallback(ckpt, target, lambda failed: target(below=parse(failed.name)[0]))
     if loaded is None:
         raise RollbackError(
             f"{request}, but {ckpt.root} holds no verified checkpoint before step {request.step}"
