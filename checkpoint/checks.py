@@ -39,6 +39,8 @@ def config_problems(cfg, problems: Problems) -> None:
     problems.at_least("checkpoint.keep_last", c.keep_last, 1,
                       "the newest committed checkpoint is always kept; 0 would keep none")
     problems.at_least("checkpoint.keep_every", c.keep_every, 0, "0 turns the permanent tier off")
+    problems.at_least("checkpoint.keep_forensic", c.keep_forensic, 0,
+                      "0 deletes BAD, superseded and replaced checkpoints at once")
     problems.at_least("checkpoint.keep_best", c.keep_best, 0, "0 turns the best tier off")
     problems.choice("checkpoint.best_metric", c.best_metric, BEST_METRICS)
     problems.choice("checkpoint.on_save_error", c.on_save_error, ON_SAVE_ERROR)

@@ -277,7 +277,7 @@ class CheckpointManager:
         try:
             check_lease(self.root, self.saver.attempt)  # an older attempt's writer deletes nothing
             apply_retention(self.root, c.keep_last, c.keep_every, c.keep_best, c.best_metric,
-                            fault_hook=self.saver.fault_hook)
+                            fault_hook=self.saver.fault_hook, keep_forensic=c.keep_forensic)
         except Exception:  # retention must never stop training; the next commit retries
             log.exception("retention after step %d failed", step)
 

@@ -134,6 +134,7 @@ class CheckpointConfig:
     save_final: bool = True  # also save after the last step (when interval > 0)
     keep_last: int = 2  # rolling tier: newest committed checkpoints kept (>= 1)
     keep_every: int = 0  # permanent tier: steps divisible by this are never deleted; 0: off
+    keep_forensic: int = 1  # BAD, superseded and replaced checkpoints kept for people (newest first)
     keep_best: int = 0  # milestone tier: the N best by best_metric are kept; 0: off
     best_metric: str = "loss"  # loss | probe_loss | val_loss (lower is better)
     resume: str = "auto"  # auto | never | must | <path or step>
@@ -164,6 +165,7 @@ class FaultConfig:
     param: str = ""  # bitflip_*: the parameter's name ("output.weight"); "": block 0's first matrix
     delay_s: float = 0.05  # slow: seconds added each time it matches (with step=-1: every step, every save)
     times: int = 1  # how many matches fire it (its markers count them); -1: every match (slow always)
+    skip: int = 0  # pass over the first this many matches (a step replayed after a rollback is the next)
 
 
 @dataclass

@@ -19,7 +19,8 @@ agent, then to this process; its node-local memory is the test's to delete), ``s
 is ``delay_s`` slower at the phase each time it matches, a throttled GPU or a slow disk: no
 marker, it fires at every matching step), ``read_error`` (reading a checkpoint's data file
 fails with ``OSError(EIO)``, as a flaky parallel file system does, at ``checkpoint_read``; with
-``times=-1`` every read fails). ``times`` fires a fault at that many matches (-1: all).
+``times=-1`` every read fails). ``times`` fires a fault at that many matches (-1: all), after
+passing over the first ``skip`` matches (a step replayed after a rollback matches again).
 Phases: the watchdog's (``step``, ``data_wait``, ...) plus the
 checkpoint's internal ones (``checkpoint_snapshot``, ``checkpoint_write``,
 ``checkpoint_commit``, ``checkpoint_retention``, ``checkpoint_committed``,
@@ -85,6 +86,8 @@ def fault_problems(fault, key: str = "recovery.faults") -> list:
     if kind == "read_error" and phase != "checkpoint_read":
         out.append(f"{key}: read_error fails a read of a checkpoint's data file: use phase=checkpoint_read "
                    f"(not {phase!r})")
+    if fault.skip < 0:
+        out.append(f"{key}.skip={fault.skip} must be >= 0 (matches passed over before it fires)")
     if fault.times == 0 or fault.times < -1:
         out.append(f"{key}.times={fault.times}: fire it at >= 1 matches, or -1 for every match")
     if kind == "slow" and not fault.delay_s > 0:
@@ -107,13 +110,14 @@ class FaultInjector:
         self.rank = rank
         self._kill_lock = threading.Lock()
 
-    def _marker(self, index: int, fault: FaultConfig, n: int = 0) -> Path:
-        return self.dir / f"fired-{index}-{fault_name(fault)}-on-rank{self.rank}{f'-{n + 1}' if n else ''}"
+    def _marker(self, index: int, fault: FaultConfig, n: int = 0, what: str = "fired") -> Path:
+        return self.dir / f"{what}-{index}-{fault_name(fault)}-on-rank{self.rank}{f'-{n + 1}' if n else ''}"
 
-    def _claim(self, index: int, fault: FaultConfig, step: int, n: int = 0) -> bool:
-        """Durably record that the fault fires now (its ``n``-th time); False if that already happened."""
+    def _claim(self, index: int, fault: FaultConfig, step: int, n: int = 0, what: str = "fired") -> bool:
+        """Durably record that the fault fires now (its ``n``-th time; ``what="passed"``: is passed
+        over); False if that already happened."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        marker = self._marker(index, fault, n)
+        marker = self._marker(index, fault, n, what)
         try:
             fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
@@ -133,6 +137,8 @@ class FaultInjector:
             if fault.kind == "slow":  # a lasting condition, not an event: no marker, every match
                 time.sleep(fault.delay_s)
                 continue
+            if any(self._claim(i, fault, step, n, "passed") for n in range(fault.skip)):
+                continue  # one of the first ``skip`` matches
             if fault.kind in ("sigkill", "node_loss"):
                 # One death per process: while one thread kills the process, a sigkill due at the
                 # same moment in another thread (the background checkpoint writer) must not claim

@@ -23,7 +23,14 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
-from checkpoint.durable.discovery import clean_uncommitted, latest_committed, list_committed, mark_bad, resolve_resume
+from checkpoint.durable.discovery import (
+    clean_uncommitted,
+    latest_committed,
+    list_committed,
+    mark_bad,
+    mark_superseded,
+    resolve_resume,
+)
 from checkpoint.durable.layout import checkpoint_id, parse
 from checkpoint.durable.manifest import (
     CheckpointError,
@@ -34,6 +41,7 @@ from checkpoint.durable.manifest import (
 )
 from checkpoint.manager import CheckpointManager, VerifyHook
 from checkpoint.memory.snapshot import STEP_DIR
+from parallel import collectives
 from parallel.collectives import decided_on_rank0
 
 log = logging.getLogger("trainer")
@@ -70,12 +78,24 @@ def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
         return ("fresh start (resume=never)" if spec == "never"
                 else f"fresh start (no committed checkpoint in {ckpt.root})")
     manifest, path, skipped = loaded
+    if spec not in ("auto", "must"):  # an explicit step or path: newer checkpoints are another trajectory now
+        _supersede_newer(ckpt, manifest.step, f"checkpoint.resume={spec} went back to step {manifest.step}")
     ckpt.events.event(manifest.step, kind="resume", checkpoint_id=manifest.checkpoint_id, path=str(path),
                       load_s=round(time.perf_counter() - t0, 3), skipped=skipped, source="storage",
                       sources={str(r): "storage" for r in range(ckpt.world_size)},
                       saved_world_size=manifest.world_size, saved_layout=manifest.layout)
     note = f" after skipping {', '.join(skipped)}" if skipped else ""
     return f"from {path} (step {manifest.step}, saved at world {manifest.world_size}){note}"
+
+
+def _supersede_newer(ckpt: CheckpointManager, step: int, reason: str) -> None:
+    """Fence the trajectory after ``step``: committed checkpoints marked superseded (rank 0), memory
+    snapshots forgotten (every node its own), so the next resume=auto continues from here."""
+    if ckpt.rank == 0:
+        mark_superseded(ckpt.root, step, reason)
+    if ckpt.memory is not None:
+        ckpt.memory.forget_newer(step)
+    collectives.barrier()  # marked before anyone trains on (and saves) past it
 
 
 def load_with_fallback(ckpt: CheckpointManager, first: Callable[[], Optional[Path]],

@@ -85,3 +85,38 @@ def test_bad_checkpoints_do_not_count_as_kept(tmp_path):
     apply_retention(tmp_path, keep_last=1, keep_every=0, keep_best=0, best_metric="loss")
     assert [c.step for c in list_committed(tmp_path)] == [10]  # the only good one survives
     assert (tmp_path / checkpoint_id(20)).is_dir()  # the bad one stays for people to inspect
+
+
+def test_the_newest_verified_checkpoint_is_never_deleted():
+    # 8 was saved after a guard alarm; 4 stays as permanent; 6 is what a rollback needs
+    cands = [Candidate(4, verified=True), Candidate(6, verified=True), Candidate(8, verified=False)]
+    plan = retention_plan(cands, keep_last=1, keep_every=4)
+    assert kept(plan) == [4, 6, 8] and plan[6] == ["verified"]
+
+
+def _replace(root, step):
+    """A re-save of ``step`` committed over the old one (which is moved aside)."""
+    from checkpoint.durable.commit import commit_checkpoint
+
+    fresh = _fake_checkpoint(root / "staging", step)
+    return commit_checkpoint(fresh, root / checkpoint_id(step))
+
+
+def test_bad_superseded_and_replaced_directories_keep_the_newest_few(tmp_path):
+    from checkpoint.durable.discovery import mark_bad, mark_superseded
+
+    for s in (10, 20, 30, 40, 50):
+        _fake_checkpoint(tmp_path, s)
+    mark_bad(tmp_path / checkpoint_id(20), "flipped byte")
+    mark_superseded(tmp_path, 40, "rolled back to step 40")
+    _replace(tmp_path, 30)
+    _replace(tmp_path, 30)  # twice within a second: two names, nothing lost
+    replaced = sorted(p.name for p in tmp_path.glob("step_00000030.replaced-*"))
+    assert len(replaced) == 2
+    apply_retention(tmp_path, keep_last=1, keep_every=0, keep_best=0, best_metric="loss", keep_forensic=2)
+    # in the tiers: 40 (rolling, the newest verified); forensic, newest first: 50 (superseded), then
+    # the newer of the two replaced saves of step 30; the older one and the BAD 20 are reclaimed
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "staging") == sorted([
+        checkpoint_id(40), replaced[1], checkpoint_id(50)])
+    apply_retention(tmp_path, keep_last=1, keep_every=0, keep_best=0, best_metric="loss", keep_forensic=0)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "staging") == [checkpoint_id(40)]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from checkpoint.durable.integrity import atomic_write_text, checksum_files, fsync_dir, fsync_file
-from checkpoint.durable.layout import ACKS, LATEST, MANIFEST
+from checkpoint.durable.layout import ACKS, LATEST, MANIFEST, REPLACED
 from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest, write_manifest
 
 
@@ -111,7 +111,7 @@ def commit_checkpoint(uncommitted: Path, final: Path) -> Path:
     if not (uncommitted / MANIFEST).is_file():
         raise CheckpointError(f"{uncommitted}: refusing to commit without a manifest")
     if final.exists():
-        os.rename(final, final.with_name(f"{final.name}.replaced-{int(time.time())}"))
+        os.rename(final, final.with_name(f"{final.name}{REPLACED}{time.time_ns()}"))  # unique, even twice a second
     os.rename(uncommitted, final)
     fsync_dir(final.parent)
     return final

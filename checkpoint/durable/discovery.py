@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import List, Optional
 
 from checkpoint.durable.integrity import atomic_write_text, fsync_dir
-from checkpoint.durable.layout import BAD_MARKER, DELETING, LATEST, MANIFEST, UNCOMMITTED, committed_dir, parse
+from checkpoint.durable.layout import (
+    BAD_MARKER,
+    DELETING,
+    LATEST,
+    MANIFEST,
+    SUPERSEDED_MARKER,
+    UNCOMMITTED,
+    committed_dir,
+    parse,
+)
 from checkpoint.durable.manifest import CheckpointError, Manifest, read_manifest
 
 log = logging.getLogger("trainer")
@@ -28,6 +37,7 @@ class CheckpointInfo:
     committed: bool
     bad: Optional[str]  # why recovery marked it unusable, or None
     manifest: Optional[Manifest]
+    superseded: Optional[str] = None  # why it belongs to an abandoned trajectory (a rollback), or None
 
 
 def list_checkpoints(root: Path) -> List[CheckpointInfo]:
@@ -50,13 +60,17 @@ def list_checkpoints(root: Path) -> List[CheckpointInfo]:
                 log.warning("%s", exc)
                 committed = False
         bad = (d / BAD_MARKER).read_text().strip() or "marked bad" if (d / BAD_MARKER).exists() else None
-        out.append(CheckpointInfo(d.name, d, step, committed, bad, manifest))
+        gone = (d / SUPERSEDED_MARKER).read_text().strip() or "superseded" if (d / SUPERSEDED_MARKER).exists() \
+            else None
+        out.append(CheckpointInfo(d.name, d, step, committed, bad, manifest, gone))
     return sorted(out, key=lambda c: (c.step, c.committed), reverse=True)
 
 
-def list_committed(root: Path, include_bad: bool = False) -> List[CheckpointInfo]:
-    """Committed checkpoints newest first (what resume and recovery choose from)."""
-    return [c for c in list_checkpoints(root) if c.committed and (include_bad or c.bad is None)]
+def list_committed(root: Path, include_bad: bool = False, include_superseded: bool = False) -> List[CheckpointInfo]:
+    """Committed checkpoints newest first (what resume and recovery choose from): without the BAD
+    ones and those of an abandoned trajectory unless asked for."""
+    return [c for c in list_checkpoints(root) if c.committed and (include_bad or c.bad is None)
+            and (include_superseded or c.superseded is None)]
 
 
 def latest_committed(root: Path) -> Optional[CheckpointInfo]:
@@ -75,6 +89,20 @@ def mark_bad(path: Path, reason: str) -> None:
     log.warning("checkpoint %s marked bad: %s", path, reason)
 
 
+def mark_superseded(root: Path, after_step: int, reason: str) -> List[str]:
+    """Lineage: the committed checkpoints newer than ``after_step`` belong to a trajectory that was
+    abandoned (a rollback, or an explicit resume to an older step). They stay on disk for people,
+    are never chosen by resume=auto and do not count in keep_last; returns their ids."""
+    marked = []
+    for c in list_committed(root, include_bad=True):
+        if c.step > after_step:
+            atomic_write_text(c.path / SUPERSEDED_MARKER, reason.strip() + "\n")
+            marked.append(c.checkpoint_id)
+    if marked:
+        log.warning("checkpoints %s superseded: %s", ", ".join(marked), reason)
+    return marked
+
+
 def clean_uncommitted(root: Path) -> List[str]:
     """Remove leftovers of interrupted saves and deletions. Call only when no save is in flight."""
     removed = []
@@ -83,7 +111,7 @@ def clean_uncommitted(root: Path) -> List[str]:
         return removed
     for d in root.iterdir():
         parsed = parse(d.name)
-        if parsed and parsed[1] in (UNCOMMITTED, DELETING) and d.is_dir():
+        if parsed and (parsed[1] == UNCOMMITTED or parsed[1].endswith(DELETING)) and d.is_dir():
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d.name)
     if removed:

@@ -3,7 +3,7 @@
     step_00000100/               committed: manifest.json present, renamed into place atomically
     step_00000200.uncommitted/   being written, or left by a crash: never loaded, cleaned at start-up
     step_00000050.deleting/      being removed by retention: never loaded, cleaned at start-up
-    step_00000300.replaced-<t>/  an older save of the same step, moved aside (kept for people)
+    step_00000300.replaced-<ns>/ an older save of the same step, moved aside (kept for people)
     latest                       text: the checkpoint_id of the newest commit (for people and tools)
 """
 
@@ -19,6 +19,8 @@ DELETING = ".deleting"
 MANIFEST = "manifest.json"
 LATEST = "latest"
 BAD_MARKER = "BAD"  # inside a committed checkpoint: recovery found it unusable (text: why)
+SUPERSEDED_MARKER = "SUPERSEDED"  # inside a committed checkpoint: of a trajectory a rollback abandoned (why)
+REPLACED = ".replaced-"  # + a nanosecond time: an older save of the same step, moved aside
 ACKS = "acks"  # inside an uncommitted checkpoint: one file per rank that finished writing
 
 _NAME = re.compile(r"^step_(\d{8,})(\..+)?$")

@@ -74,7 +74,7 @@ def leftover_bytes(root: Path) -> int:
 
 def room_for(root: Path, estimate_bytes: int, keep_last: int) -> Room:
     """The room ``root`` has and the size of one checkpoint (the newest manifest's, else ``estimate_bytes``)."""
-    committed = list_committed(Path(root), include_bad=True)
+    committed = list_committed(Path(root), include_bad=True, include_superseded=True)
     newest = next((c for c in committed if c.manifest is not None and c.manifest.total_bytes > 0), None)
     size, source = ((newest.manifest.total_bytes, f"the size in {newest.checkpoint_id}'s manifest") if newest
                     else (estimate_bytes, "estimated from the model: no committed checkpoint yet"))

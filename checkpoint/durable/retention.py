@@ -2,10 +2,15 @@
 
 Tiers: ``rolling`` (the newest keep_last), ``permanent`` (step divisible by keep_every),
 ``best`` (the keep_best lowest values of ``checkpoint.best_metric``, a manifest field: ``loss``,
-``probe_loss`` or ``val_loss``; a checkpoint without a value is never best), and ``verified``: when every
-kept checkpoint was saved after a guard alarm, the newest clean one stays for rollback. The
-newest committed checkpoint is always kept. Only committed checkpoints are considered: an in-flight save
-never counts as kept, and retention only runs after a newer commit.
+``probe_loss`` or ``val_loss``; a checkpoint without a value is never best), and ``verified``: the
+newest checkpoint saved with no guard alarm before it is always kept, for rollback. The newest
+committed checkpoint is always kept. Only committed checkpoints that are neither BAD nor superseded
+are considered: an in-flight save never counts as kept, and retention only runs after a newer commit.
+
+Forensics: BAD and superseded checkpoints (checkpoint/durable/discovery.py) and older saves of a
+step moved aside (``.replaced-<ns>``) are not in the tiers; the newest ``keep_forensic`` of them
+(by step) stay for people, the rest are deleted, so a run that keeps hitting damage does not keep
+a terabyte per incident.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from checkpoint.durable.integrity import fsync_dir
-from checkpoint.durable.layout import DELETING
+from checkpoint.durable.layout import DELETING, REPLACED, parse
 
 log = logging.getLogger("trainer")
 
@@ -50,9 +55,8 @@ def retention_plan(candidates: Sequence[Candidate], keep_last: int, keep_every: 
     if by_step and "rolling" not in tiers[by_step[0].step]:  # cannot happen with keep_last >= 1
         tiers[by_step[0].step].append("rolling")
     newest_verified = next((c for c in by_step if c.verified), None)
-    if newest_verified is not None and not any(tiers[c.step] for c in by_step if c.verified):
-        # Every kept checkpoint was saved after a guard alarm: keep the last clean one to roll back to.
-        tiers[newest_verified.step].append("verified")
+    if newest_verified is not None and not tiers[newest_verified.step]:
+        tiers[newest_verified.step].append("verified")  # what a rollback goes back to
     return tiers
 
 
@@ -63,14 +67,26 @@ def delete_checkpoint(path: Path, fault_hook=None) -> None:
     os.rename(path, doomed)
     fsync_dir(path.parent)
     if fault_hook is not None:  # recovery's fault injection: a crash mid-deletion
-        fault_hook("checkpoint_retention", int(path.name.split("_")[-1]))
+        fault_hook("checkpoint_retention", parse(path.name)[0])
     shutil.rmtree(doomed)
 
 
+def forensic_plan(names: Sequence[str], keep: int) -> List[str]:
+    """Of the BAD, superseded and replaced directories ``names``, the ones to delete: all but the
+    newest ``keep`` by step (a replaced one by its time of replacement among the same step)."""
+    def order(name: str):  # newest first: by step, then the one in place, then the latest replaced
+        step, suffix = parse(name)
+        moved = suffix[len(REPLACED):] if suffix.startswith(REPLACED) else ""
+        return step, int(moved) if moved.isdigit() else (0 if moved else float("inf"))
+
+    return sorted(names, key=order, reverse=True)[max(keep, 0):]
+
+
 def apply_retention(root: Path, keep_last: int, keep_every: int, keep_best: int, best_metric: str,
-                    fault_hook=None) -> List[str]:
-    """Delete what the plan drops among the committed, not-bad checkpoints; returns their ids."""
-    from checkpoint.durable.discovery import list_committed
+                    fault_hook=None, keep_forensic: int = 1) -> List[str]:
+    """Delete what the plan drops among the committed, not-bad, not-superseded checkpoints, and
+    the forensic directories past ``keep_forensic``; returns their names."""
+    from checkpoint.durable.discovery import list_checkpoints, list_committed
 
     committed = list_committed(root)
     cands = [Candidate(c.step, getattr(c.manifest, best_metric, None), c.manifest.verified) for c in committed]
@@ -80,6 +96,12 @@ def apply_retention(root: Path, keep_last: int, keep_every: int, keep_best: int,
         if not plan[c.step]:
             delete_checkpoint(c.path, fault_hook)
             deleted.append(c.checkpoint_id)
+    forensic = [c.path for c in list_checkpoints(root) if (c.committed and (c.bad or c.superseded))
+                or parse(c.checkpoint_id)[1].startswith(REPLACED)]
+    by_name = {p.name: p for p in forensic}
+    for name in forensic_plan(list(by_name), keep_forensic):
+        delete_checkpoint(by_name[name], fault_hook)
+        deleted.append(name)
     if deleted:
         log.info("retention removed %s", ", ".join(deleted))
     return deleted

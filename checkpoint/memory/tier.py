@@ -151,6 +151,12 @@ class MemoryTier:
         ConfigMismatch: taken with another config (checkpoint/memory/restore.py)."""
         return restore(self, state, newer_than, allow_config_change)
 
+    def forget_newer(self, step: int) -> None:
+        """Drop this node's copies of every step after ``step``: a resume went back past them."""
+        for d in self.dir.glob("step_*"):
+            if d.name.split("_")[-1].isdigit() and int(d.name.split("_")[-1]) > step:
+                shutil.rmtree(d, ignore_errors=True)
+
     def forget(self, step: int) -> None:
         """Drop this node's copies of ``step`` (it failed to restore): the next restart does not retry it."""
         shutil.rmtree(self.dir / STEP_DIR.format(step), ignore_errors=True)

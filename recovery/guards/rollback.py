@@ -8,6 +8,9 @@ prefers the permanent (keep_every) tier, whose checkpoints outlive the rolling w
 
 After loading, the data position jumps past the window [target step, alarm step]: the
 steps replayed from the target see fresh samples, so a poisonous batch is not fed again.
+Lineage: the committed checkpoints after the target are marked superseded (never resumed by
+resume=auto, not counted in keep_last), and the target is saved again with the data skip, so a
+crash after the rollback continues the new trajectory.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from checkpoint.durable.discovery import list_committed
+from checkpoint.durable.discovery import list_committed, mark_superseded
 from checkpoint.durable.layout import parse
 from recovery.guards.guard import RollbackRequested
 from recovery.resume import load_with_fallback
@@ -76,9 +79,16 @@ def roll_back(request: RollbackRequested, guards, ckpt, data, cfg, rollbacks_don
             + ". Restart from a known-good checkpoint with checkpoint.resume=<path>.")
     manifest = loaded[0]
     ckpt.discard_memory()  # the memory tier's snapshots hold the trajectory just abandoned
+    if ckpt.rank == 0:  # so do the committed checkpoints after the target: a crash must not resume them
+        mark_superseded(ckpt.root, manifest.step, f"abandoned by the rollback from step {request.step} to step "
+                                                  f"{manifest.step} ({request.reason})")
     skipped = (request.step - manifest.step) * cfg.training.global_batch_size
     data.skip_samples(skipped)
     guards.after_rollback()
+    # The data skip and the clean guard state exist only in memory: save them over the target, and
+    # wait, so a crash from here on resumes this trajectory, not the one before the rollback.
+    ckpt.save(manifest.step, manifest.loss)
+    ckpt.wait()
     log.warning("rolled back from step %d to verified checkpoint %s (step %d); skipping %d samples (the "
                 "data of steps %d..%d)", request.step, manifest.checkpoint_id, manifest.step, skipped,
                 manifest.step + 1, request.step)
