@@ -119,7 +119,8 @@ class CheckpointManager:
     def preflight(self) -> None:
         """Before resume: take this attempt's lease on checkpoint.dir (checkpoint/durable/lease.py), so an
         older attempt's writers can no longer commit there; then check the directory has room
-        for the saves to come (checkpoint/durable/preflight.py)."""
+        for the saves to come (checkpoint/durable/preflight.py), and the memory tier's root. Each
+        rank checks, and all agree: one rank short of room stops (or disables the tier on) all."""
         lease = [None, None]  # (attempt, why it could not be taken)
         if self.rank == 0:
             try:
@@ -135,12 +136,19 @@ class CheckpointManager:
         log.info("checkpoint.dir %s: this is attempt %d", self.root, lease[0])
         estimate = expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None)
         self.saver.expected_bytes = estimate
+        problem = None  # every rank checks its own access; all stop if one cannot write
         if self.enabled:
-            room = preflight_checkpoint_dir(self.root, estimate, self.ckpt_cfg.keep_last, self.rank,
-                                            strict=self.ckpt_cfg.on_save_error == "stop")
-            self.saver.expected_bytes = room.checkpoint_bytes
-        if self.memory is not None:
-            problem = self.memory.preflight(-(-estimate // self.world_size))
+            try:
+                room = preflight_checkpoint_dir(self.root, estimate, self.ckpt_cfg.keep_last, self.rank,
+                                                strict=self.ckpt_cfg.on_save_error == "stop")
+                self.saver.expected_bytes = room.checkpoint_bytes
+            except PreflightError as exc:
+                problem = f"rank {self.rank}: {exc}"
+        found = sorted({p for p in collectives.all_gather_object(problem) if p})
+        if found:
+            raise PreflightError("; ".join(found))
+        if self.memory is not None:  # each node measures its own memory; every rank takes the same decision
+            problem = self.memory.peers.agree(self.memory.preflight(-(-estimate // self.world_size)))
             if problem is not None and self.ckpt_cfg.memory.required:
                 raise PreflightError(problem)
             if problem is not None:

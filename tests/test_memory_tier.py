@@ -388,3 +388,27 @@ def test_a_snapshot_taken_with_another_config_is_refused_like_a_durable_checkpoi
                                                             "checkpoint.allow_config_change=true"]))
     assert "checkpoint.allow_config_change=true: the memory tier's snapshots" in allowed.stderr
     assert read_metrics(run_dir, "resume")[-1]["source"] == "memory"
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("required", [True, False])
+def test_one_node_short_of_memory_decides_for_every_rank(tmp_path, pydoc_data, required):
+    """Node 1's memory root is a 4 MiB tmpfs (it needs ~10 MiB), node 0's has room. Every rank takes
+    the same decision: all stop at the pre-flight (required), or all train on the durable tier
+    alone; a node deciding alone would leave its peer waiting in the tier's collectives."""
+    root = tmp_path / "shm"
+    with tmpfs(root / "node-1", 4):
+        args = overrides(tmp_path / "run", pydoc_data, root, [f"checkpoint.memory.required={str(required).lower()}",
+                                                               "training.steps=8"])
+        nodes = Nodes(tmp_path, args, max_restarts=0)
+        codes = nodes.run_both()
+        text = nodes.text()
+        assert not list(root.rglob("*.snap"))
+    if required:
+        assert codes == {0: 1, 1: 1}, text[-6000:]
+        for node in (0, 1):  # both say why, with the short node's numbers
+            assert "the memory tier needs" in (tmp_path / f"node{node}-{node + 1}.log").read_text()
+    else:
+        assert codes == {0: 0, 1: 0}, text[-6000:]
+        assert text.count("training on the durable tier alone") >= 2, text[-6000:]
+        assert read_metrics(tmp_path / "run", "memory_snapshot") == []

@@ -58,7 +58,7 @@ class PeerGroup:
 
     def agree(self, problem: Optional[str]) -> Optional[str]:
         """Every rank's problems, joined, if any rank has one (else None)."""
-        found = [p for p in self.gather(problem) if p]
+        found = list(dict.fromkeys(p for p in self.gather(problem) if p))  # the same on every rank
         return "; ".join(found) if found else None
 
     def exchange(self, own: Path, info: dict, d: Path) -> dict:
