@@ -143,10 +143,10 @@ class CheckpointManager:
                                                 strict=self.ckpt_cfg.on_save_error == "stop")
                 self.saver.expected_bytes = room.checkpoint_bytes
             except PreflightError as exc:
-                problem = f"rank {self.rank}: {exc}"
-        found = sorted({p for p in collectives.all_gather_object(problem) if p})
-        if found:
-            raise PreflightError("; ".join(found))
+                problem = str(exc)
+        problem = collectives.agree_on_problems(problem)
+        if problem is not None:
+            raise PreflightError(problem)
         if self.memory is not None:  # each node measures its own memory; every rank takes the same decision
             problem = self.memory.peers.agree(self.memory.preflight(-(-estimate // self.world_size)))
             if problem is not None and self.ckpt_cfg.memory.required:

@@ -172,6 +172,17 @@ def all_gather_object(obj, group: Optional[dist.ProcessGroup] = None) -> list:
     return out
 
 
+def agree_on_problems(problem: Optional[str], group: Optional[dist.ProcessGroup] = None) -> Optional[str]:
+    """Every rank's ``problem`` joined, each distinct one once (with the ranks that met it, unless
+    every rank did), on every rank; None on every rank when no rank has one."""
+    found = [(r, p) for r, p in enumerate(all_gather_object(problem, group)) if p]
+    if not found:
+        return None
+    ranks = {p: [r for r, q in found if q == p] for _, p in found}
+    size = world(_control_or(group)) if distributed() else 1
+    return "; ".join(p if len(r) == size else f"ranks {r}: {p}" for p, r in ranks.items())
+
+
 def barrier(group: Optional[dist.ProcessGroup] = None) -> None:
     if distributed() and world(_control_or(group)) > 1:
         dist.barrier(group=_control_or(group))

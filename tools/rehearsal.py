@@ -130,11 +130,15 @@ def run_rehearsal(root: Path, data_dir: Path, n_kills: int, n_chains: int, seed:
                                        [faults_override(faults)]), len(faults) + 1, root / f"chain{i}.log")
         attempts = [a.__dict__ for a in sup.attempts]
         problems = divergences(baseline, run_dir) + resume_problems(run_dir, attempts)
-        fired = len(list((run_dir / "faults").glob("fired-*")))
+        fired = {m.name for m in (run_dir / "faults").glob("fired-*")}
+        unfired = [f for i, f in enumerate(faults) if not any(n.startswith(f"fired-{i}-") for n in fired)]
         if not sup.succeeded:
             problems.append(f"did not finish: attempts {[a['returncode'] for a in attempts]}")
-        if fired != len(faults):
-            problems.append(f"{fired} of {len(faults)} faults fired")
+        # A kill at checkpoint_committed of step s is passed over by timing when a step kill ends the
+        # attempt before the async commit of s is noticed (s is not committed again after the resume).
+        missed = [f for f in unfired if f["phase"] != "checkpoint_committed"]
+        if missed or len(unfired) > 1:
+            problems.append(f"{len(faults) - len(unfired)} of {len(faults)} faults fired; never: {unfired}")
         result["chains"].append({"run_dir": str(run_dir), "faults": faults, "attempts": attempts,
                                  "kills": sup.kills, "problems": problems})
     return result
