@@ -25,7 +25,7 @@ from recovery.interval import choose_interval_steps, cluster_mtbf_s
 from recovery.preemption import Preemption, torchrun_grace_problem
 from recovery.resume import resume
 from recovery.stragglers import StragglerMonitor
-from recovery.verify import ResumeVerifier, refuse_all_bad
+from recovery.verify import RecoveryError, ResumeVerifier, refuse_all_bad
 from recovery.watchdog import Watchdog
 
 log = logging.getLogger("trainer")
@@ -77,8 +77,8 @@ class RecoveryRuntime:
     def resume(self, state, probe, dims, plan) -> str:
         """checkpoint.resume with post-load verification, bounded fallback, elastic batch log."""
         self.beat("checkpoint_load", state.step)
-        if str(self.cfg.checkpoint.resume) == "auto":
-            refuse_all_bad(Path(self.cfg.checkpoint.dir))
+        if str(self.cfg.checkpoint.resume) == "auto":  # one listing, on rank 0; its verdict on every rank
+            collectives.decided_on_rank0(lambda: refuse_all_bad(Path(self.cfg.checkpoint.dir)), errors=(RecoveryError,))
         verifier = None
         if self.cfg.recovery.verify:
             verifier = ResumeVerifier(self.cfg, state, probe, {k: getattr(dims, k) for k in
