@@ -42,14 +42,13 @@ from checkpoint.durable.manifest import (
 from checkpoint.manager import CheckpointManager, VerifyHook
 from checkpoint.memory.snapshot import STEP_DIR
 from parallel import collectives
-from parallel.collectives import decided_on_rank0
 
 log = logging.getLogger("trainer")
 
 
 def _agreed_path(decide: Callable[[], Optional[Path]]) -> Optional[Path]:
     """``decide`` on rank 0; every rank gets its path (or None, or its CheckpointError)."""
-    return decided_on_rank0(decide, errors=(CheckpointError,))
+    return collectives.decided_on_rank0(decide, errors=(CheckpointError,))
 
 
 def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
