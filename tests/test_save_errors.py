@@ -67,7 +67,7 @@ def baseline(tmp_path_factory, pydoc_data):
 def _run_until_stall(cmd, run_dir: Path, ranks: int, log_path: Path, break_disk, stalls: int = 1):
     """Start ``cmd``, call ``break_disk()`` while every rank stalls at step 15, wait for the end."""
     with open(log_path, "w") as log:
-        job = start(cmd, log)
+        job = start(cmd, log, warm=True)
         try:
             wait_for_faults(run_dir, ranks, job, log_path)
             result = break_disk()

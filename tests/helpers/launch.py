@@ -3,6 +3,13 @@
 Every process starts in the repository root with the test environment (subprocess_env), with
 this checkout first on PYTHONPATH: the tests always run the code beside them, even when the
 editable install (``pip install -e .``) points at another checkout (a git worktree, say).
+
+``run`` and ``run_train`` fork python programs from a warm parent that imported torch and the
+trainer once (helpers/warm.py): a real process, minus ~5 s of imports. ``torchrun --standalone
+--nproc-per-node=N`` becomes N forked ranks with torchrun's environment. Cold starts remain where
+the process itself is under test: the programs in COLD, a ``warm=False`` call, any other torchrun
+flag (restarts, rendezvous), and ``helpers.processes.start``. TESTS_COLD_START=1 starts every run
+cold, as before the warm parent existed.
 """
 
 from __future__ import annotations
@@ -45,18 +52,34 @@ def python_or_torchrun(nproc: int, script: str, *args: str) -> List[str]:
     return [sys.executable, script, *args] if nproc == 1 else torchrun(nproc, script, *args)
 
 
-def run(cmd: Sequence[str], timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
-    """Run ``cmd`` in the repository root with subprocess_env(), capturing its text output."""
+# Programs whose test measures the process itself (what it imports, its peak memory): never forked.
+COLD = ("import_boundaries.py", "peak_rss.py", "export_memory.py", "bench_init.py")
+
+
+def warm_enabled() -> bool:
+    return os.environ.get("TESTS_COLD_START", "") not in ("1", "true")
+
+
+def run(cmd: Sequence[str], timeout: float = 600, warm: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in the repository root with subprocess_env(), capturing its text output; python
+    programs forked from the warm parent unless ``warm=False`` (see the module docstring)."""
     kwargs.setdefault("cwd", ROOT)
     kwargs.setdefault("env", subprocess_env())
+    if warm and warm_enabled() and set(kwargs) == {"cwd", "env"}:
+        from helpers import warm as warm_parent
+
+        parsed = warm_parent.parse(cmd)
+        if parsed is not None and not Path(parsed[0][0]).name.endswith(COLD):
+            return warm_parent.run(cmd, timeout=timeout, env=kwargs["env"], cwd=kwargs["cwd"])
     return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 def run_train(overrides: Sequence[str], nproc: int = 1, timeout: float = 600, check: bool = True,
-              extra_env: Dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run train.py with Hydra overrides: plain python for one process, torchrun otherwise."""
+              extra_env: Dict[str, str] | None = None, warm: bool = True) -> subprocess.CompletedProcess:
+    """Run train.py with Hydra overrides: plain python for one process, torchrun otherwise
+    (forked from the warm parent unless ``warm=False``)."""
     cmd = python_or_torchrun(nproc, str(ROOT / "train.py"), *overrides)
-    proc = run(cmd, timeout=timeout, env=subprocess_env(extra_env))
+    proc = run(cmd, timeout=timeout, env=subprocess_env(extra_env), warm=warm)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
                              f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")

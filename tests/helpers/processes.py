@@ -8,11 +8,16 @@ import time
 from pathlib import Path
 from typing import IO, List, Sequence
 
-from helpers.launch import ROOT, subprocess_env
+from helpers.launch import ROOT, subprocess_env, warm_enabled
 
 
-def start(cmd: Sequence[str], log: IO, extra_env: dict | None = None, **kwargs) -> subprocess.Popen:
-    """``cmd`` in the repository root with the test environment, stdout and stderr into ``log``."""
+def start(cmd: Sequence[str], log: IO, extra_env: dict | None = None, warm: bool = False, **kwargs):
+    """``cmd`` in the repository root with the test environment, stdout and stderr into ``log``.
+    ``warm=True`` forks it from the warm parent (helpers/warm.py; a ``WarmProcess``, used as a Popen)."""
+    if warm and warm_enabled() and not kwargs:
+        from helpers import warm as warm_parent
+
+        return warm_parent.popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(extra_env))
     return subprocess.Popen(list(cmd), cwd=ROOT, env=subprocess_env(extra_env), stdout=log,
                             stderr=subprocess.STDOUT, **kwargs)
 
