@@ -1,7 +1,6 @@
 """scripts/prepare_data.py: real text in, a verifiable memory-mapped token file out."""
 
 import json
-import subprocess
 import sys
 
 import numpy as np
@@ -9,7 +8,7 @@ import pytest
 
 from data.token_file import TokenFile, prepare_token_file, read_meta, sha256_file
 from data.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
-from helpers.launch import ROOT, subprocess_env
+from helpers.launch import ROOT, run
 
 
 def test_default_corpus_round_trips_through_the_byte_tokenizer(pydoc_data):
@@ -59,9 +58,9 @@ def test_truncated_token_file_is_detected(tmp_path):
 def test_script_refuses_to_overwrite_without_force(tmp_path):
     out = tmp_path / "ds"
     cmd = [sys.executable, str(ROOT / "scripts" / "prepare_data.py"), "--out", str(out)]
-    first = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True)
+    first = run(cmd)
     assert first.returncode == 0 and "tokens from" in first.stdout
-    again = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True)
+    again = run(cmd)
     assert again.returncode == 1 and "--force" in again.stderr
-    forced = subprocess.run(cmd + ["--force"], env=subprocess_env(), capture_output=True, text=True)
+    forced = run(cmd + ["--force"])
     assert forced.returncode == 0

@@ -65,3 +65,13 @@ def test_training_forked_is_bitwise_training_cold(tmp_path, pydoc_data, nproc):
         losses[how] = [r["loss"] for r in read_metrics(run_dir)]
         assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_00000002", "step_00000004"]
     assert len(losses["cold"]) == 4 and losses["cold"] == losses["forked"]
+
+
+def test_only_plain_launches_are_forked():
+    """A torchrun flag beyond --standalone --nproc-per-node (restarts, rendezvous) means the agent is
+    under test: such a command, and python with interpreter flags, start cold."""
+    assert warm.parse(torchrun(2, "train.py", "seed=1")) == (["train.py", "seed=1"], 2)
+    assert warm.parse([sys.executable, "-m", "tools.supervisor", "a"]) == (["-m", "tools.supervisor", "a"], 1)
+    assert warm.parse(torchrun(1, "--max-restarts=2", "train.py")) is None
+    assert warm.parse([sys.executable, "-c", "print(1)"]) is None
+    assert warm.parse(["bash", "scripts/launch_single_node.sh"]) is None

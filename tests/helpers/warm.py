@@ -126,7 +126,8 @@ def parse(cmd: Sequence[str]) -> Optional[Tuple[List[str], int]]:
     if not cmd or cmd[0] != sys.executable or len(cmd) < 2:
         return None
     if cmd[1:3] == ["-m", "torch.distributed.run"]:
-        if len(cmd) < 6 or cmd[3] != "--standalone" or not cmd[4].startswith("--nproc-per-node="):
+        if len(cmd) < 6 or cmd[3] != "--standalone" or not cmd[4].startswith("--nproc-per-node=") \
+                or cmd[5].startswith("-"):  # any other torchrun flag: the agent itself is under test
             return None
         return cmd[5:], int(cmd[4].split("=", 1)[1])
     if cmd[1] == "-m":
