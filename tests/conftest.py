@@ -1,5 +1,9 @@
-"""Shared fixtures. Shared code lives in the ``helpers`` package (tests/helpers/), programs that
-tests run as separate processes in tests/workers/."""
+"""Shared fixtures and the suite's order. Shared code lives in the ``helpers`` package
+(tests/helpers/), programs that tests run as separate processes in tests/workers/.
+
+The suite runs on two pytest-xdist workers, a file per worker at a time (``-n 2 --dist loadfile``
+in pyproject.toml): one file's module fixtures (a shared training run) are built once.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,28 @@ import pytest
 
 pytest.register_assert_rewrite("helpers")  # helpers' asserts report their values, as in a test module
 
+# The files that take longest (seconds of one worker on the idle 2-core machine, December 2026),
+# started first so that the two workers end together rather than one waiting for the other.
+SLOWEST_FIRST = (
+    "test_memory_tier.py",  # 128 s: two torchrun agents as two nodes
+    "test_rehearsal_8ranks.py",  # 111 s
+    "test_train_run.py",  # 53 s: the 300-step debug experiment
+    "test_rendezvous_store.py",  # 43 s
+    "test_preemption_torchrun.py",  # 41 s
+    "test_recovery_elastic.py",  # 38 s
+    "test_checkpoint_reshard.py",  # 36 s
+    "test_agreement.py",  # 36 s
+    "test_init_memory.py",  # 33 s
+    "test_save_errors.py",  # 31 s
+    "test_parallel.py",  # 31 s
+    "test_export_memory.py",  # 26 s
+)
+
+
+def pytest_collection_modifyitems(items):
+    order = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable: the rest keep their order
+
 
 @pytest.fixture(scope="session")
 def pydoc_data(tmp_path_factory) -> Path:
@@ -17,3 +43,11 @@ def pydoc_data(tmp_path_factory) -> Path:
     from tools.runs import prepare_debug_data
 
     return prepare_debug_data(tmp_path_factory.mktemp("data") / "pydoc-byte")
+
+
+def pytest_configure(config):
+    """Compute in the tests' own processes with one thread, as in the runs they start
+    (OMP_NUM_THREADS=1): two workers share the two cores."""
+    import torch
+
+    torch.set_num_threads(1)
