@@ -34,7 +34,7 @@ from checkpoint.durable.manifest import (
     VerificationFailed,
     read_manifest,
 )
-from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes, preflight_checkpoint_dir
+from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes, held_once, preflight_checkpoint_dir
 from checkpoint.durable.retention import apply_retention
 from checkpoint.durable.save_errors import CheckpointSaveError
 from checkpoint.durable.saver import CheckpointSaver, FaultHook, SaveRecord
@@ -85,7 +85,7 @@ class CheckpointManager:
                                      local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
                                      layout=self.layout, config_hash=self.manifests.config_hash,
                                      algorithm=default_algorithm(), pin_memory=device.type == "cuda",
-                                     timeout_s=c.commit_timeout_s)
+                                     timeout_s=c.commit_timeout_s, fault_hook=fault_hook)
             if str(m.interval).strip().lower() == "auto":  # recovery/runtime.py measures, then sets it
                 self.memory.set_interval(AUTO_MEASURE_STEPS)
         self.last_saved_step: Optional[int] = None
@@ -140,7 +140,7 @@ class CheckpointManager:
         if self.enabled:
             try:
                 room = preflight_checkpoint_dir(self.root, estimate, self.ckpt_cfg.keep_last, self.rank,
-                                                strict=self.ckpt_cfg.on_save_error == "stop")
+                                                self.ckpt_cfg.on_save_error == "stop", held_once(self.root, estimate))
                 self.saver.expected_bytes = room.checkpoint_bytes
             except PreflightError as exc:
                 problem = str(exc)

@@ -39,7 +39,7 @@ FAULT_KINDS = ("sigkill", "hang", "exception", "nan_loss", "corrupt", "bitflip_p
                "node_loss", "slow", "read_error")
 SAVE_PHASES = ("checkpoint_snapshot", "checkpoint_write", "checkpoint_commit", "checkpoint_committed")
 FAULT_PHASES = ("step", "data_wait", "gradients", "eval") + SAVE_PHASES + ("checkpoint_retention", "checkpoint_load",
-                                                                          "checkpoint_read")
+                                                                          "checkpoint_read", "memory_snapshot")
 CORRUPTIONS = ("truncate", "flip_byte", "delete_file", "delete_manifest")
 DISK_FULL_PHASES = ("checkpoint_write", "checkpoint_commit")  # where a disk_full fault raises ENOSPC
 

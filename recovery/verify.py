@@ -140,10 +140,12 @@ class ResumeVerifier:
             step = parse(Path(path).name)[0]
         except (TypeError, IndexError):
             return
-        newer = [c for c in list_committed(self.root, include_bad=True) if c.step > step]
+        newer = collectives.decided_on_rank0(  # one listing, the same count on every rank
+            lambda: [f"{c.checkpoint_id} ({c.bad or 'failed'})" for c in list_committed(self.root, include_bad=True)
+                     if c.step > step])
         limit = self.cfg.recovery.max_fallbacks
-        if collectives.any_rank(len(newer) > limit):
-            tried = ", ".join(f"{c.checkpoint_id} ({c.bad or 'failed'})" for c in newer)
+        if len(newer) > limit:
+            tried = ", ".join(newer)
             raise RecoveryError(
                 f"verified resume gave up: {len(newer)} newer checkpoints failed ({tried}), more than "
                 f"recovery.max_fallbacks={limit}. Something is systematically wrong (storage, code or config); "

@@ -20,6 +20,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from checkpoint.manager import AUTO_MEASURE_STEPS
 from checkpoint.memory.snapshot import SnapshotError, apply_snapshot, write_snapshot
 from checkpoint.memory.tier import MemoryTier
 from checkpoint.state.training_state import TrainingState
@@ -28,6 +29,7 @@ from helpers.launch import run_train
 from helpers.processes import start, stop
 from helpers.tmpfs import tmpfs
 from metrics.records import read_metrics, step_losses
+from recovery.interval import choose_interval_steps
 from tools.rehearsal import faults_override
 from tools.runs import tiny_overrides
 
@@ -331,6 +333,33 @@ def test_auto_interval_is_chosen_from_the_measured_snapshot_cost(tmp_path, pydoc
     snapshots = [e["step"] for e in read_metrics(run_dir, "memory_snapshot") if e["committed"]]
     assert snapshots[0] == 5 and snapshots[1:] == [s for s in range(6, 15) if s % every == 0], (every, snapshots)
     assert chosen[0]["blocking_s"] > 0 and chosen[0]["mtbf_s"] > 0
+
+
+@pytest.mark.distributed
+def test_auto_memory_interval_is_the_same_on_both_nodes_when_one_is_slower(tmp_path, pydoc_data):
+    """checkpoint.memory.interval=auto on two nodes. Node 1's worker is slower at every step and its
+    host copy stalls training 0.6 s longer (the memory_snapshot fault): alone, it would choose
+    another interval than node 0 and enter the replica exchange at other steps. Both must snapshot
+    at the same steps, every snapshot complete on both nodes, and the run must finish."""
+    run_dir, steps = tmp_path / "run", 24
+    faults = faults_override([
+        {"kind": "slow", "phase": "step", "step": -1, "rank": 1, "delay_s": 0.03},
+        {"kind": "slow", "phase": "memory_snapshot", "step": -1, "rank": 1, "delay_s": 0.6}])
+    args = overrides(run_dir, pydoc_data, tmp_path / "shm", [
+        "checkpoint.memory.interval=auto", f"training.steps={steps}", "checkpoint.interval=0",
+        "recovery.device_mtbf_hours=0.0001", faults])
+    nodes = Nodes(tmp_path, args, max_restarts=0)
+    codes = nodes.run_both()
+    assert codes == {0: 0, 1: 0}, nodes.text()[-6000:]
+    [ev] = [e for e in read_metrics(run_dir, "checkpoint_interval") if e["tier"] == "memory"]
+    assert ev["blocking_s"] >= 0.6, ev  # node 1's stall, agreed: node 0's own is milliseconds
+    again = choose_interval_steps(ev["step_s"], ev["blocking_s"], ev["write_s"], ev["mtbf_s"], max_steps=steps)
+    assert ev["interval_steps"] == again.steps > 1, ev
+    snapshots = read_metrics(run_dir, "memory_snapshot")
+    expected = list(range(AUTO_MEASURE_STEPS, ev["step"] + 1, AUTO_MEASURE_STEPS)) + \
+        [s for s in range(ev["step"] + 1, steps + 1) if s % again.steps == 0]
+    assert [e["step"] for e in snapshots] == expected, (snapshots, ev)
+    assert all(e["committed"] for e in snapshots), snapshots  # both nodes hold both copies of each
 
 
 @pytest.mark.distributed

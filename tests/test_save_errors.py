@@ -243,3 +243,26 @@ def test_preflight_counts_the_checkpoints_to_come(tmp_path):
     with pytest.raises(PreflightError, match="needs .* more checkpoint\\(s\\) of 5,000 bytes \\(the size in"):
         preflight_checkpoint_dir(root, 1000, keep_last=too_many, rank=0)
     preflight_checkpoint_dir(root, 1000, keep_last=too_many, rank=0, strict=False)  # continue: a warning
+
+
+def test_only_rank_0_lists_the_checkpoint_directory_for_the_preflight(tmp_path, monkeypatch):
+    """At 512 ranks, 512 listings and manifest reads of one directory at start-up: rank 0 lists it
+    (held_once) and every other rank measures its free space against rank 0's answer."""
+    from checkpoint.durable import preflight
+    from parallel import collectives
+
+    rank0 = preflight.Held(checkpoint_bytes=5000, source="rank 0's listing", committed=2, leftover=7000)
+    sent = []
+    monkeypatch.setattr(collectives, "distributed", lambda: True)
+    monkeypatch.setattr(collectives.dist, "get_rank", lambda group=None: 1)  # this process plays rank 1
+    monkeypatch.setattr(collectives, "broadcast_object", lambda obj, *a, **k: sent.append(obj) or [rank0, None])
+
+    def must_not_list(*args, **kwargs):
+        raise AssertionError("rank 1 listed the checkpoint directory")
+    monkeypatch.setattr(preflight, "list_committed", must_not_list)
+    monkeypatch.setattr(preflight, "list_checkpoints", must_not_list)
+    held = preflight.held_once(tmp_path, estimate_bytes=1000)
+    assert held == rank0 and sent == [[None, None]]  # rank 1 sent nothing of its own
+    room = preflight.room_for(tmp_path, 1000, keep_last=2, held=held)
+    assert (room.checkpoint_bytes, room.committed, room.to_write) == (5000, 2, 1)
+    assert room.free == shutil.disk_usage(tmp_path).free + 7000

@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 
 from checkpoint.durable.discovery import list_checkpoints, list_committed
+from parallel import collectives
 
 log = logging.getLogger("trainer")
 
@@ -72,20 +73,47 @@ def leftover_bytes(root: Path) -> int:
     return total
 
 
-def room_for(root: Path, estimate_bytes: int, keep_last: int) -> Room:
-    """The room ``root`` has and the size of one checkpoint (the newest manifest's, else ``estimate_bytes``)."""
+@dataclass(frozen=True)
+class Held:
+    """What the directory holds already. It takes a listing and a read of every manifest, so a job
+    reads it once, on rank 0, and gives it to every rank (checkpoint/manager.py)."""
+
+    checkpoint_bytes: int  # one checkpoint: the newest manifest's size, else the estimate
+    source: str
+    committed: int
+    leftover: int  # bytes of interrupted saves (resume removes them)
+
+
+def held_in(root: Path, estimate_bytes: int) -> Held:
+    """List ``root``: the size of one checkpoint (the newest manifest's, else ``estimate_bytes``),
+    the committed checkpoints and the leftovers."""
     committed = list_committed(Path(root), include_bad=True, include_superseded=True)
     newest = next((c for c in committed if c.manifest is not None and c.manifest.total_bytes > 0), None)
     size, source = ((newest.manifest.total_bytes, f"the size in {newest.checkpoint_id}'s manifest") if newest
                     else (estimate_bytes, "estimated from the model: no committed checkpoint yet"))
-    free = shutil.disk_usage(root).free + leftover_bytes(root)
-    return Room(free, size, source, len(committed), keep_last)
+    return Held(size, source, len(committed), leftover_bytes(root))
+
+
+def held_once(root: Path, estimate_bytes: int) -> Held:
+    """``held_in`` read on rank 0 and given to every rank (a collective: every rank calls it)."""
+    try:
+        return collectives.decided_on_rank0(lambda: held_in(root, estimate_bytes), errors=(OSError,))
+    except OSError as exc:  # raised on every rank alike
+        raise PreflightError(f"checkpoint.dir={root} cannot be listed: {exc}") from exc
+
+
+def room_for(root: Path, estimate_bytes: int, keep_last: int, held: Optional[Held] = None) -> Room:
+    """The room ``root`` has (this process's view of its file system) for what it holds (``held``,
+    listed here when not given)."""
+    held = held if held is not None else held_in(root, estimate_bytes)
+    free = shutil.disk_usage(root).free + held.leftover
+    return Room(free, held.checkpoint_bytes, held.source, held.committed, keep_last)
 
 
 def preflight_checkpoint_dir(root: Path, expected_bytes: int, keep_last: int, rank: int,
-                             strict: bool = True) -> Optional[Room]:
+                             strict: bool = True, held: Optional[Held] = None) -> Optional[Room]:
     """Raise PreflightError if ``root`` cannot take this run's checkpoints (``strict``; else a
-    warning for lack of room). Returns what was measured."""
+    warning for lack of room). Returns what was measured. ``held``: what rank 0 listed there."""
     root = Path(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -102,7 +130,7 @@ def preflight_checkpoint_dir(root: Path, expected_bytes: int, keep_last: int, ra
                              "or point checkpoint.dir at a writable volume") from exc
     finally:
         probe.unlink(missing_ok=True)
-    room = room_for(root, expected_bytes, keep_last)
+    room = room_for(root, expected_bytes, keep_last, held)
     if room.free >= room.needed:
         return room
     message = (f"checkpoint.dir={root} has {room.free:,} bytes ({_gib(room.free)}) free, counting leftovers of "

@@ -30,7 +30,7 @@ import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from checkpoint.durable.manifest import Manifest
 from checkpoint.memory.commit import SnapshotRecord, persist
@@ -50,7 +50,7 @@ def default_root(run_name: str) -> Path:
 class MemoryTier:
     def __init__(self, mcfg, *, run_name: str, rank: int, world_size: int, local_world_size: int,
                  layout: Dict[str, int], config_hash: str, algorithm: str, pin_memory: bool = False,
-                 timeout_s: float = 600.0):
+                 timeout_s: float = 600.0, fault_hook: Optional[Callable[..., None]] = None):
         self.cfg = mcfg
         root = Path(mcfg.root) if mcfg.root else default_root(run_name)
         self.dir = root / f"node-{mcfg.node}" if mcfg.node is not None else root
@@ -64,6 +64,7 @@ class MemoryTier:
         self._in_flight: Optional[Future] = None
         self._finished: List[SnapshotRecord] = []
         self.enabled = True
+        self.fault_hook = fault_hook or (lambda phase, step, path=None: None)  # recovery/faults.py
 
     # -- pre-flight ------------------------------------------------------------------------
     def preflight(self, state_bytes: int) -> Optional[str]:
@@ -105,6 +106,7 @@ class MemoryTier:
         self.wait()
         waited = time.perf_counter() - t0
         staged = self.stager.stage(state_dict)
+        self.fault_hook("memory_snapshot", step)  # e.g. a slow host copy on one rank (the tests)
         stall = time.perf_counter() - t0
         info = {"step": step, "owner": self.rank, "world_size": self.world_size, "layout": self.layout,
                 "config_hash": self.config_hash, "algorithm": self.algorithm,
