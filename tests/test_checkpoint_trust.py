@@ -1,7 +1,7 @@
 """A checkpoint is marked BAD only for proven damage. Storage that fails to deliver (EIO from a
 parallel file system during a restart storm) is retried, then skipped for this attempt without a
-mark, so the next start loads the newest checkpoint again. Real torchrun processes at 2 ranks,
-the EIO on rank 1 only: every rank must take the same path."""
+mark, so the next start loads the newest checkpoint again. Real processes at 2 and 4 ranks, the
+EIO on the last rank only: every rank must take the same path."""
 
 from __future__ import annotations
 
@@ -21,27 +21,28 @@ STEPS, SAVED = 12, 8
 BOUND_S = 300
 
 
-def _overrides(run_dir, data, faults=(), extra=()):
-    more = ["recovery.read_retry_backoff_s=0.1", *extra] + ([faults_override(faults)] if faults else [])
+def _overrides(run_dir, data, nproc, faults=(), extra=()):
+    more = ["recovery.read_retry_backoff_s=0.1", f"training.global_batch_size={2 * nproc}", *extra] + \
+        ([faults_override(faults)] if faults else [])
     return tiny_overrides(run_dir, data, STEPS, 4, keep_last=5, async_mode="sync", extra=more)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, pydoc_data):
+@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+def runs(request, tmp_path_factory, pydoc_data):
     """An uninterrupted 12-step run, and the same run killed after committing steps 4 and 8."""
-    root = tmp_path_factory.mktemp("trust")
-    run_train(_overrides(root / "reference", pydoc_data), nproc=2, timeout=BOUND_S)
+    nproc = request.param
+    root = tmp_path_factory.mktemp(f"trust{nproc}")
+    run_train(_overrides(root / "reference", pydoc_data, nproc), nproc=nproc, timeout=BOUND_S)
     kill = {"kind": "sigkill", "phase": "step", "step": SAVED + 1, "rank": 0}
-    run_train(_overrides(root / "stopped", pydoc_data, [kill]), nproc=2, timeout=BOUND_S, check=False)
+    run_train(_overrides(root / "stopped", pydoc_data, nproc, [kill]), nproc=nproc, timeout=BOUND_S, check=False)
     assert sorted(p.name for p in (root / "stopped" / "checkpoints").glob("step_*")) == \
         ["step_00000004", f"step_{SAVED:08d}"]
-    return root, step_losses(root / "reference")
+    return root, step_losses(root / "reference"), nproc
 
 
 def _copy(runs, name):
-    root, _ = runs
-    shutil.copytree(root / "stopped", root / name)
-    return root / name
+    shutil.copytree(runs[0] / "stopped", runs[0] / name)
+    return runs[0] / name
 
 
 def _marks(run_dir):
@@ -49,9 +50,9 @@ def _marks(run_dir):
 
 
 def test_one_read_error_is_retried_and_the_resume_is_exact(runs, pydoc_data):
-    run_dir = _copy(runs, "eio-once")
-    eio = {"kind": "read_error", "phase": "checkpoint_read", "step": SAVED, "rank": 1}
-    proc = run_train(_overrides(run_dir, pydoc_data, [eio]), nproc=2, timeout=BOUND_S)
+    run_dir, nproc = _copy(runs, "eio-once"), runs[2]
+    eio = {"kind": "read_error", "phase": "checkpoint_read", "step": SAVED, "rank": nproc - 1}
+    proc = run_train(_overrides(run_dir, pydoc_data, nproc, [eio]), nproc=nproc, timeout=BOUND_S)
     assert "the storage did not deliver" in proc.stderr and "injected read_error" in proc.stderr
     [resumed] = read_metrics(run_dir, "resume")
     assert resumed["checkpoint_id"] == f"step_{SAVED:08d}" and resumed["skipped"] == []
@@ -61,18 +62,18 @@ def test_one_read_error_is_retried_and_the_resume_is_exact(runs, pydoc_data):
 
 
 def test_a_checkpoint_that_never_reads_is_skipped_for_this_attempt_only(runs, pydoc_data):
-    run_dir = _copy(runs, "eio-always")
-    eio = {"kind": "read_error", "phase": "checkpoint_read", "step": SAVED, "rank": 1, "times": -1}
+    run_dir, nproc = _copy(runs, "eio-always"), runs[2]
+    eio = {"kind": "read_error", "phase": "checkpoint_read", "step": SAVED, "rank": nproc - 1, "times": -1}
     kill = {"kind": "sigkill", "phase": "step", "step": 6, "rank": 0}  # ends this attempt before it saves again
-    proc = run_train(_overrides(run_dir, pydoc_data, [eio, kill], extra=["recovery.read_retries=2"]), nproc=2,
-                     timeout=BOUND_S, check=False)
+    proc = run_train(_overrides(run_dir, pydoc_data, nproc, [eio, kill], extra=["recovery.read_retries=2"]),
+                     nproc=nproc, timeout=BOUND_S, check=False)
     assert proc.returncode != 0
     [unreadable] = read_metrics(run_dir, "checkpoint_unreadable")
-    assert unreadable["checkpoint_id"] == f"step_{SAVED:08d}" and "rank 1" in unreadable["problem"]
+    assert unreadable["checkpoint_id"] == f"step_{SAVED:08d}" and f"rank {nproc - 1}" in unreadable["problem"]
     [fell_back] = read_metrics(run_dir, "resume")
     assert fell_back["checkpoint_id"] == "step_00000004", fell_back
     assert _marks(run_dir) == []  # an I/O error proves nothing about the bytes
-    run_train(_overrides(run_dir, pydoc_data), nproc=2, timeout=BOUND_S)  # the storage is back
+    run_train(_overrides(run_dir, pydoc_data, nproc), nproc=nproc, timeout=BOUND_S)  # the storage is back
     assert read_metrics(run_dir, "resume")[-1]["checkpoint_id"] == f"step_{SAVED:08d}"
     losses, reference = step_losses(run_dir), runs[1]
     assert [losses[s] for s in range(SAVED + 1, STEPS + 1)] == [reference[s] for s in range(SAVED + 1, STEPS + 1)]
