@@ -145,7 +145,7 @@ def launch_ranks(argv: list, nproc: int) -> None:
     signal.signal(signal.SIGTERM, pass_on)
     signal.signal(signal.SIGINT, pass_on)
 
-    failed = None
+    failed = False
     stop_deadline = None
     while ranks:
         pid, status = os.waitpid(-1, os.WNOHANG)
@@ -159,15 +159,15 @@ def launch_ranks(argv: list, nproc: int) -> None:
         rank = ranks.pop(pid, None)
         if rank is None:
             continue
-        rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        if rc != 0 and failed is None:
-            failed = (rank, rc)
+        rc = os.waitstatus_to_exitcode(status)  # -N when killed by signal N
+        if rc != 0 and not failed:
+            failed = True
             print(f"warm launcher: rank {rank} (pid {pid}) exited with {rc}; stopping the other ranks",
                   file=sys.stderr, flush=True)
             for other in ranks:
                 _kill(other, signal.SIGTERM)
             stop_deadline = time.monotonic() + RANK_STOP_GRACE_S
-    os._exit(0 if failed is None else 1)
+    os._exit(1 if failed else 0)
 
 
 def _kill(pid: int, signum: int) -> None:
@@ -259,7 +259,7 @@ def serve(path: str) -> None:
             conn = runs.pop(pid, None)
             if conn is None:
                 continue
-            rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            rc = os.waitstatus_to_exitcode(status)  # -N when killed by signal N
             try:
                 conn.send(json.dumps({"returncode": rc}).encode())
             except OSError:
