@@ -111,11 +111,15 @@ class TrainingGuards:
         # Each rank saw its own probe loss and its own replica group: one rank's alarm is everyone's,
         # or that rank alone would roll back (broadcasts, loads) while the others train on.
         alarmed = collectives.agree_max([1 if found[c] is not None else 0 for c in found], dtype=torch.int32)
+        if not any(alarmed):
+            return
+        # Agreed: every rank takes this path. Which ranks alarmed, and what they saw, for the record.
+        everyone = collectives.all_gather_object(found)
         for check, seen in zip(list(found), alarmed):
             if seen:
-                anomaly = found[check] or Anomaly(f"{check}_on_another_rank", 1.0, 0.0,
-                                                   f"the {check} check alarmed on another rank (see its alarms)")
-                self._escalate(step, check, [anomaly])
+                ranks = [r for r, theirs in enumerate(everyone) if theirs.get(check) is not None]
+                anomaly = found[check] or everyone[ranks[0]][check]
+                self._escalate(step, check, [anomaly], ranks=ranks)
 
     def _replica_anomaly(self) -> Optional[Anomaly]:
         bad = check_replicas(self.model, self.device, self.replicate_group)
@@ -138,14 +142,15 @@ class TrainingGuards:
         reason, self.block_reason = self.block_reason, None
         return reason
 
-    def _escalate(self, step: int, check: str, anomalies: List[Anomaly]) -> None:
+    def _escalate(self, step: int, check: str, anomalies: List[Anomaly], ranks: Optional[List[int]] = None) -> None:
         action = "rollback" if self.cfg.action in ("skip_step", "rollback") else self.cfg.action
-        self._alarm(step, check, action, anomalies)
+        self._alarm(step, check, action, anomalies, ranks)
         if action == "rollback":
             raise RollbackRequested(step, anomalies[0].describe())
 
-    def _alarm(self, step: int, check: str, action: str, anomalies: List[Anomaly]) -> None:
-        self.sink.raise_alarm(Alarm(step, check, action, anomalies))
+    def _alarm(self, step: int, check: str, action: str, anomalies: List[Anomaly],
+               ranks: Optional[List[int]] = None) -> None:
+        self.sink.raise_alarm(Alarm(step, check, action, anomalies, ranks))
         if action != "log" and self.block_reason is None:  # keep the first alarm since the last save
             self.block_reason = f"step {step} {check} alarm: {anomalies[0].describe()}"
 
