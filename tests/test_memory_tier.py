@@ -59,10 +59,10 @@ def _free_port() -> int:
 
 
 class Nodes:
-    """Two torchrun agents on this host as two nodes (c10d rendezvous, one worker each)."""
+    """Two torchrun agents on this host as two nodes (c10d rendezvous, ``per_node`` workers each)."""
 
-    def __init__(self, tmp: Path, args, max_restarts: int = 3):
-        self.tmp, self.args, self.max_restarts = tmp, list(args), max_restarts
+    def __init__(self, tmp: Path, args, max_restarts: int = 3, per_node: int = 1):
+        self.tmp, self.args, self.max_restarts, self.per_node = tmp, list(args), max_restarts, per_node
         self.port = _free_port()
         self.agents: dict = {}
         self.logs: dict = {}
@@ -71,7 +71,7 @@ class Nodes:
     def start(self, node: int) -> subprocess.Popen:
         self.launches += 1
         log_path = self.tmp / f"node{node}-{self.launches}.log"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={self.per_node}",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self.port}", "--rdzv-id=memtier",
                # one host plays both nodes: only node 0 may host the rendezvous store
                f"--rdzv-conf=is_host={'true' if node == 0 else 'false'}",
@@ -340,19 +340,20 @@ def test_auto_interval_is_chosen_from_the_measured_snapshot_cost(tmp_path, pydoc
 
 
 @pytest.mark.distributed
-def test_auto_memory_interval_is_the_same_on_both_nodes_when_one_is_slower(tmp_path, pydoc_data):
-    """checkpoint.memory.interval=auto on two nodes. Node 1's worker is slower at every step and its
-    host copy stalls training 0.6 s longer (the memory_snapshot fault): alone, it would choose
-    another interval than node 0 and enter the replica exchange at other steps. Both must snapshot
-    at the same steps, every snapshot complete on both nodes, and the run must finish."""
-    run_dir, steps = tmp_path / "run", 24
+@pytest.mark.parametrize("per_node", [1, 2])
+def test_auto_memory_interval_is_the_same_on_both_nodes_when_one_is_slower(tmp_path, pydoc_data, per_node):
+    """checkpoint.memory.interval=auto on two nodes (2 and 4 ranks). The last worker is slower at
+    every step and its host copy stalls training 0.6 s longer (the memory_snapshot fault): alone, it
+    would choose another interval than the others and enter the replica exchange at other steps.
+    All must snapshot at the same steps, every snapshot complete on both nodes, and the run must finish."""
+    run_dir, steps, last = tmp_path / "run", 24, 2 * per_node - 1
     faults = faults_override([
-        {"kind": "slow", "phase": "step", "step": -1, "rank": 1, "delay_s": 0.03},
-        {"kind": "slow", "phase": "memory_snapshot", "step": -1, "rank": 1, "delay_s": 0.6}])
+        {"kind": "slow", "phase": "step", "step": -1, "rank": last, "delay_s": 0.03},
+        {"kind": "slow", "phase": "memory_snapshot", "step": -1, "rank": last, "delay_s": 0.6}])
     args = overrides(run_dir, pydoc_data, tmp_path / "shm", [
         "checkpoint.memory.interval=auto", f"training.steps={steps}", "checkpoint.interval=0",
-        "recovery.device_mtbf_hours=0.0001", faults])
-    nodes = Nodes(tmp_path, args, max_restarts=0)
+        f"training.global_batch_size={4 * per_node}", "recovery.device_mtbf_hours=0.0001", faults])
+    nodes = Nodes(tmp_path, args, max_restarts=0, per_node=per_node)
     codes = nodes.run_both()
     assert codes == {0: 0, 1: 0}, nodes.text()[-6000:]
     [ev] = [e for e in read_metrics(run_dir, "checkpoint_interval") if e["tier"] == "memory"]
@@ -424,16 +425,18 @@ def test_a_snapshot_taken_with_another_config_is_refused_like_a_durable_checkpoi
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("per_node", [1, 2])
 @pytest.mark.parametrize("required", [True, False])
-def test_one_node_short_of_memory_decides_for_every_rank(tmp_path, pydoc_data, required):
-    """Node 1's memory root is a 4 MiB tmpfs (it needs ~10 MiB), node 0's has room. Every rank takes
-    the same decision: all stop at the pre-flight (required), or all train on the durable tier
-    alone; a node deciding alone would leave its peer waiting in the tier's collectives."""
+def test_one_node_short_of_memory_decides_for_every_rank(tmp_path, pydoc_data, required, per_node):
+    """Node 1's memory root is a 4 MiB tmpfs (it needs ~10 MiB), node 0's has room (2 and 4 ranks).
+    Every rank takes the same decision: all stop at the pre-flight (required), or all train on the
+    durable tier alone; a node deciding alone would leave its peer waiting in the tier's collectives."""
     root = tmp_path / "shm"
     with tmpfs(root / "node-1", 4):
         args = overrides(tmp_path / "run", pydoc_data, root, [f"checkpoint.memory.required={str(required).lower()}",
-                                                               "training.steps=8"])
-        nodes = Nodes(tmp_path, args, max_restarts=0)
+                                                               "training.steps=8",
+                                                               f"training.global_batch_size={4 * per_node}"])
+        nodes = Nodes(tmp_path, args, max_restarts=0, per_node=per_node)
         codes = nodes.run_both()
         text = nodes.text()
         assert not list(root.rglob("*.snap"))
@@ -443,5 +446,5 @@ def test_one_node_short_of_memory_decides_for_every_rank(tmp_path, pydoc_data, r
             assert "the memory tier needs" in (tmp_path / f"node{node}-{node + 1}.log").read_text()
     else:
         assert codes == {0: 0, 1: 0}, text[-6000:]
-        assert text.count("training on the durable tier alone") >= 2, text[-6000:]
+        assert text.count("training on the durable tier alone") >= 2 * per_node, text[-6000:]
         assert read_metrics(tmp_path / "run", "memory_snapshot") == []
