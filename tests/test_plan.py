@@ -37,6 +37,34 @@ def test_70b_plan_matches_hand_arithmetic():
     assert abs(plan["snapshot_s"] - 12 * per_rank / 20e9) < 1e-9  # ~0.083 s
     assert abs(plan["write_s"] - 12 * total / 100e9) < 1e-9  # ~8.5 s
     assert (plan["dp_shard"], plan["tp"], plan["world_size"]) == (64, 8, 512)
+    # Communication per step and rank: 512 sequences / 64 dp ranks = 8 micro-batches of 1. FSDP2 over
+    # 64 ranks, one per node (NIC, 45 GB/s): the recipe keeps parameters gathered from forward to
+    # backward, so one bf16 all-gather of 63 shards per micro-batch and one fp32 reduce-scatter.
+    micro, shards = 8, 63
+    assert plan["reshard_after_forward"] is False and plan["comm_fsdp_link"] == "nic"
+    assert plan["comm_fsdp_all_gather_bytes"] == micro * shards * per_rank * 2  # ~139 GB
+    assert plan["comm_fsdp_reduce_scatter_bytes"] == micro * shards * per_rank * 4  # ~278 GB
+    assert abs(plan["comm_fsdp_s"] - micro * shards * per_rank * 6 / 45e9) < 1e-9  # ~9.3 s
+    # TP 8 inside a node (NVLink, 360 GB/s), sequence parallel: per block 2 all-gathers and 2
+    # reduce-scatters of the bf16 activations (1 x 8192 x 8192) in forward and 4 in backward
+    # (selective checkpointing recomputes none of them), plus 4 around the embedding and output.
+    tp_bytes = micro * (80 * 8 + 4) * 7 * (8192 * dim * 2) // 8
+    assert plan["comm_tp_bytes"] == tp_bytes and plan["comm_tp_link"] == "nvlink"  # ~605 GB
+    assert abs(plan["comm_tp_s"] - tp_bytes / 360e9) < 1e-9  # ~1.7 s, exposed
+    # The recipe is compute-bound: the FSDP traffic hides behind the step's compute.
+    assert plan["bound"] == "compute" and plan["comm_fsdp_s"] < plan["compute_s"], plan
+    assert abs(plan["step_s"] - (plan["compute_s"] + plan["comm_tp_s"])) < 1e-9
+    assert plan["fits"] and plan["total_bytes_per_rank"] <= 80 * 2**30
+
+
+def test_resharding_after_forward_doubles_the_all_gathers_and_makes_the_70b_step_communication_bound():
+    proc = _run(["scripts/plan.py", "+experiment=70b", "parallel.dp_shard=64", "parallel.tp=8",
+                 "parallel.reshard_after_forward=true", "--json"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    plan = json.loads(proc.stdout)
+    assert plan["comm_fsdp_all_gather_bytes"] == plan["comm_fsdp_reduce_scatter_bytes"]  # bf16 twice, fp32 once
+    assert plan["bound"] == "communication (FSDP)" and plan["comm_fsdp_s"] > plan["compute_s"], plan
+    assert abs(plan["step_s"] - (plan["comm_fsdp_s"] + plan["comm_tp_s"])) < 1e-9  # compute hidden in FSDP's time
 
 
 @pytest.mark.distributed  # starts train.py

@@ -21,10 +21,12 @@ parallel, activation checkpointing, loss parallel) are what autograd keeps plus 
 backward transient; FSDP2 adds two gathered units in param_dtype (the current and the
 prefetched one) and one unit's unsharded gradients in reduce_dtype; a fixed reserve stands
 for the CUDA context, NCCL buffers and allocator fragmentation. The verdict compares the sum
-with --device-memory-gib. The step time assumes the step's FLOPs (model FLOPs of
-model/counting.py plus the forward recomputed under full checkpointing) run at a fixed
-fraction of --device-tflops with communication hidden behind compute: an estimate, not a
-measurement; MFU is model FLOPs over that time and the peak.
+with --device-memory-gib. The step time is the step's FLOPs (model FLOPs of model/counting.py
+plus the forward recomputed under full checkpointing) at an achievable fraction of the peak
+(calibrated against published torchtitan throughput, docs/parallelism.md), plus the
+communication that cannot hide behind them (trainer/comm_model.py: FSDP2, HSDP and TP volumes
+over NVLink or the NIC); MFU is model FLOPs over that time and the peak. An estimate, not a
+measurement.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from parallel.dims import ParallelDims, check_tensor_parallel_fits, resolve_para
 from parallel.parallelize import parallelize_model
 from recovery.interval import DEFAULT_DEVICE_MTBF_HOURS, cluster_mtbf_s, young_daly_interval_s
 from trainer.activation_memory import ActivationMemory, activation_memory
+from trainer.comm_model import DEFAULT_SYSTEM, SYSTEMS, Communication, Recipe, StepTime, communication
 
 FP32_BYTES = 4
 ADAMW_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
@@ -53,9 +56,12 @@ DEFAULT_HOST_COPY_GBPS = 25.0  # device-to-host per rank (PCIe 5 x16 ~ 25-50 GB/
 DEFAULT_STORAGE_GBPS = 50.0  # aggregate write bandwidth of the checkpoint file system
 GB = 1e9
 GIB = 2**30
-DEFAULT_DEVICE_MEMORY_GIB = 80.0  # H100 / A100 80 GB
-DEFAULT_DEVICE_TFLOPS = 989.0  # H100 SXM dense bf16 peak
-DEFAULT_COMPUTE_EFFICIENCY = 0.5  # fraction of peak a large dense step runs at (assumed)
+DEFAULT_DEVICE_MEMORY_GIB = SYSTEMS[DEFAULT_SYSTEM].memory_gib  # H100 80 GB
+DEFAULT_DEVICE_TFLOPS = SYSTEMS[DEFAULT_SYSTEM].peak_tflops  # H100 SXM dense bf16 peak
+# Fraction of the peak a step's FLOPs run at in eager mode, and the gain of torch.compile: fitted
+# to torchtitan's published Llama 3.1 8B / 70B throughput on H100 (docs/parallelism.md, tests/test_plan.py).
+DEFAULT_COMPUTE_EFFICIENCY = 0.37
+COMPILE_SPEEDUP = 6667 / 5762  # torchtitan's 8B on 8 H100s, FSDP with and without compile
 DEFAULT_RESERVE_GIB = 4.0  # CUDA context, NCCL buffers, allocator fragmentation (assumed)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -71,6 +77,9 @@ class Workload:
     mixed_precision: str = "fp32"
     param_dtype: str = "fp32"  # FSDP2's gathered parameters
     reduce_dtype: str = "fp32"
+    reshard_after_forward: bool = True
+    grad_sync_every_micro_batch: bool = True
+    compile: bool = False
 
     @property
     def compute_bytes(self) -> int:
@@ -87,6 +96,14 @@ class Device:
     tflops: float = DEFAULT_DEVICE_TFLOPS
     efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
     reserve_gib: float = DEFAULT_RESERVE_GIB
+    nvlink_gbps: float = SYSTEMS[DEFAULT_SYSTEM].nvlink_gbps  # achievable bus bandwidth inside a node
+    nic_gbps: float = SYSTEMS[DEFAULT_SYSTEM].nic_gbps  # per GPU, between nodes
+    gpus_per_node: int = SYSTEMS[DEFAULT_SYSTEM].gpus_per_node
+
+    @property
+    def system(self):
+        base = SYSTEMS[DEFAULT_SYSTEM]
+        return type(base)("planned", self.nvlink_gbps, self.nic_gbps, self.gpus_per_node, self.memory_gib, self.tflops)
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,7 @@ class LayoutPlan:
     fsdp_buffer_bytes: int = 0  # gathered units and unsharded gradients of FSDP2
     model_flops_per_token: int = 0
     recompute_flops_per_token: int = 0  # the forward again under full checkpointing
+    comm: Optional[Communication] = None
 
     @property
     def state_bytes_per_rank(self) -> int:
@@ -127,11 +145,26 @@ class LayoutPlan:
         return self.total_bytes_per_rank <= self.device.memory_gib * GIB
 
     @property
-    def step_s(self) -> float:
-        """Estimated: the step's FLOPs per rank at ``device.efficiency`` of the peak."""
+    def compute_s(self) -> float:
+        """Estimated: the step's FLOPs per rank at ``device.efficiency`` of the peak (x the compile gain)."""
         tokens = self.workload.global_batch * self.workload.seq_len / self.dims.world_size
         flops = (self.model_flops_per_token + self.recompute_flops_per_token) * tokens
-        return flops / (self.device.tflops * 1e12 * self.device.efficiency)
+        speedup = COMPILE_SPEEDUP if self.workload.compile else 1.0
+        return flops / (self.device.tflops * 1e12 * self.device.efficiency * speedup)
+
+    @property
+    def step(self) -> StepTime:
+        comm = self.comm
+        return StepTime(self.compute_s, comm.tp_s if comm else 0.0, comm.fsdp_s if comm else 0.0)
+
+    @property
+    def step_s(self) -> float:
+        """Compute, plus the TP communication, plus the FSDP communication that compute cannot hide."""
+        return self.step.total_s
+
+    @property
+    def tokens_per_s_per_device(self) -> float:
+        return self.workload.global_batch * self.workload.seq_len / self.dims.world_size / self.step_s
 
     @property
     def mfu(self) -> float:
@@ -169,11 +202,16 @@ def local_param_numels(mcfg: ModelConfig, dims: ParallelDims, seq_len: int, para
 
 def fsdp_buffer_bytes(mcfg: ModelConfig, dims: ParallelDims, workload: Workload) -> int:
     """FSDP2's unsharded memory at the busiest moment: the current and the prefetched unit
-    gathered in param_dtype, and one unit's full gradients before the reduce-scatter."""
+    gathered in param_dtype, and one unit's full gradients before the reduce-scatter. Without
+    reshard_after_forward every unit stays gathered from its forward to its backward: at the
+    start of the backward, the whole model (its tp shard) is in memory in param_dtype."""
     if not dims.fsdp_enabled:
         return 0
     unit = max(count_params(mcfg).per_layer, mcfg.vocab_size * mcfg.dim) // dims.tp
-    return unit * (2 * DTYPE_BYTES[workload.param_dtype] + DTYPE_BYTES[workload.reduce_dtype])
+    grads = unit * DTYPE_BYTES[workload.reduce_dtype]
+    if not workload.reshard_after_forward:
+        return count_params(mcfg).total // dims.tp * DTYPE_BYTES[workload.param_dtype] + grads
+    return unit * 2 * DTYPE_BYTES[workload.param_dtype] + grads
 
 
 def recompute_flops_per_token(mcfg: ModelConfig, seq_len: int, mode: str) -> int:
@@ -194,6 +232,13 @@ def plan_layout(mcfg: ModelConfig, dims: ParallelDims, seq_len: int, parallel_cf
     workload = workload or Workload(seq_len=seq_len)
     acts = activation_memory(mcfg, workload.micro_batch, seq_len, dims.tp, workload.activation_checkpoint,
                              workload.compute_bytes, workload.loss_parallel, workload.fp32_params_under_autocast)
+    device = device or Device()
+    recipe = Recipe(micro_batch=workload.micro_batch,
+                    grad_accum=max(1, workload.global_batch // (workload.micro_batch * dims.dp)), seq_len=seq_len,
+                    param_dtype=workload.param_dtype, reduce_dtype=workload.reduce_dtype,
+                    compute_bytes=workload.compute_bytes, reshard_after_forward=workload.reshard_after_forward,
+                    grad_sync_every_micro_batch=workload.grad_sync_every_micro_batch,
+                    activation_checkpoint=workload.activation_checkpoint)
     return LayoutPlan(
         model=mcfg.name, dims=dims, params_total=total, params_per_rank=local,
         param_bytes_per_rank=local * FP32_BYTES,
@@ -202,10 +247,11 @@ def plan_layout(mcfg: ModelConfig, dims: ParallelDims, seq_len: int, parallel_cf
         checkpoint_bytes_per_rank=local * (FP32_BYTES + ADAMW_STATE_BYTES),
         checkpoint_bytes_total=total * (FP32_BYTES + ADAMW_STATE_BYTES),
         host_copy_gbps=host_copy_gbps, storage_gbps=storage_gbps,
-        workload=workload, device=device or Device(), activations=acts,
+        workload=workload, device=device, activations=acts,
         fsdp_buffer_bytes=fsdp_buffer_bytes(mcfg, dims, workload),
         model_flops_per_token=flops_per_token(mcfg, seq_len),
         recompute_flops_per_token=recompute_flops_per_token(mcfg, seq_len, workload.activation_checkpoint),
+        comm=communication(mcfg, dims, local, recipe, device.system),
     )
 
 
@@ -247,8 +293,27 @@ def _activation_lines(plan: LayoutPlan) -> list:
         f"  FSDP2 gathered units and unsharded gradients {_gib(plan.fsdp_buffer_bytes)} | "
         f"reserve (CUDA context, NCCL, fragmentation) {_gib(int(dev.reserve_gib * GIB))}",
         f"memory per rank: {_gib(plan.total_bytes_per_rank)} of {dev.memory_gib:g} GiB: {verdict}",
-        f"step time (estimate): {plan.step_s:,.2f} s for {w.global_batch} x {w.seq_len} tokens at "
-        f"{dev.efficiency:.0%} of {dev.tflops:g} TFLOP/s per device, communication hidden; MFU {plan.mfu:.1%}",
+        *_step_lines(plan),
+    ]
+
+
+def _step_lines(plan: LayoutPlan) -> list:
+    w, dev, c, t = plan.workload, plan.device, plan.comm, plan.step
+    gb = 1e9
+    compiled = f" x {COMPILE_SPEEDUP:.3f} (compile)" if w.compile else ""
+    return [
+        f"communication per step and rank (received; NVLink {dev.nvlink_gbps:g} GB/s, NIC {dev.nic_gbps:g} GB/s "
+        f"per GPU, {dev.gpus_per_node} GPUs per node):",
+        f"  FSDP all-gather {c.fsdp_all_gather_bytes / gb:,.1f} GB ({w.param_dtype}"
+        f"{', again in backward' if w.reshard_after_forward else ', once per micro-batch'}) + reduce-scatter "
+        f"{c.fsdp_reduce_scatter_bytes / gb:,.1f} GB ({w.reduce_dtype}) + HSDP all-reduce "
+        f"{c.hsdp_all_reduce_bytes / gb:,.1f} GB over {c.fsdp_link}/{c.hsdp_link}: {c.fsdp_s:,.2f} s, "
+        f"hidden behind compute up to its time",
+        f"  TP (sequence parallel) {c.tp_bytes / gb:,.1f} GB over {c.tp_link}: {c.tp_s:,.2f} s, exposed",
+        f"step time (estimate): compute {t.compute_s:,.2f} s ({dev.efficiency:.0%} of {dev.tflops:g} TFLOP/s"
+        f"{compiled}) + TP {t.tp_s:,.2f} s + FSDP not hidden {t.fsdp_exposed_s:,.2f} s = {t.total_s:,.2f} s "
+        f"for {w.global_batch} x {w.seq_len} tokens: {t.bound}-bound; {plan.tokens_per_s_per_device:,.0f} "
+        f"tokens/s per device; MFU {plan.mfu:.1%}",
     ]
 
 
@@ -264,7 +329,7 @@ def checkpoint_interval_s(plan: LayoutPlan, device_mtbf_hours: Optional[float] =
 
 def plan_as_dict(plan: LayoutPlan) -> Dict[str, object]:
     out = {k: v for k, v in plan.__dict__.items() if k != "dims"}
-    out = {k: v for k, v in out.items() if k not in ("workload", "device", "activations")}
+    out = {k: v for k, v in out.items() if k not in ("workload", "device", "activations", "comm")}
     a = plan.activations
     out.update(dp_replicate=plan.dims.dp_replicate, dp_shard=plan.dims.dp_shard, tp=plan.dims.tp,
                world_size=plan.dims.world_size, state_bytes_per_rank=plan.state_bytes_per_rank,
@@ -272,7 +337,9 @@ def plan_as_dict(plan: LayoutPlan) -> Dict[str, object]:
                activation_saved_bytes=a.saved, activation_per_block_bytes=a.per_block,
                activation_bytes_per_rank=plan.activation_bytes_per_rank,
                total_bytes_per_rank=plan.total_bytes_per_rank, device_memory_gib=plan.device.memory_gib,
-               fits=plan.fits, step_s=plan.step_s, mfu=plan.mfu, **plan.workload.__dict__)
+               fits=plan.fits, step_s=plan.step_s, mfu=plan.mfu, compute_s=plan.compute_s,
+               tokens_per_s_per_device=plan.tokens_per_s_per_device, bound=plan.step.bound,
+               **{f"comm_{k}": v for k, v in plan.comm.__dict__.items()}, **plan.workload.__dict__)
     return out
 
 
@@ -298,5 +365,7 @@ def plan_from_config(cfg, world_size: Optional[int] = None, host_copy_gbps: floa
     check_tensor_parallel_fits(mcfg, dims.tp, t.seq_len)
     workload = Workload(seq_len=t.seq_len, micro_batch=t.micro_batch_size, global_batch=t.global_batch_size,
                         activation_checkpoint=p.activation_checkpoint, loss_parallel=p.loss_parallel,
-                        mixed_precision=t.mixed_precision, param_dtype=p.param_dtype, reduce_dtype=p.reduce_dtype)
+                        mixed_precision=t.mixed_precision, param_dtype=p.param_dtype, reduce_dtype=p.reduce_dtype,
+                        reshard_after_forward=p.reshard_after_forward,
+                        grad_sync_every_micro_batch=p.grad_sync_every_micro_batch, compile=p.compile)
     return plan_layout(mcfg, dims, t.seq_len, p, host_copy_gbps, storage_gbps, workload, device)
