@@ -5,8 +5,12 @@ a checkpoint. Nothing is allocated (meta device, fake process group).
 
   python scripts/plan.py +experiment=70b parallel.dp_shard=64 parallel.tp=8
   python scripts/plan.py +experiment=70b parallel.tp=8 --world-size 512 --storage-gbps 100 --json
-  python scripts/plan.py +experiment=70b parallel.dp_shard=64 parallel.tp=8 --device-memory-gib 141 \
-      --device-tflops 989 parallel.activation_checkpoint=none
+  python scripts/plan.py +experiment=70b parallel.dp_shard=64 parallel.tp=8 --system h200 \
+      parallel.activation_checkpoint=none
+  python scripts/plan.py +experiment=70b parallel.dp_shard=64 parallel.tp=8 --nic-gbps 90 --nvlink-gbps 400
+
+--system picks a GPU system's defaults (memory, peak, NVLink and per-GPU NIC bandwidths); any
+other option overrides one of them.
 
 Arguments other than the --options are Hydra overrides, as for train.py. The arithmetic
 lives in trainer/plan.py.
@@ -27,6 +31,7 @@ def main(argv=None) -> int:
 
     from configs.schema import register
     from trainer.checks import validate_config
+    from trainer.comm_model import DEFAULT_SYSTEM, SYSTEMS
     from trainer.plan import (
         DEFAULT_HOST_COPY_GBPS,
         DEFAULT_STORAGE_GBPS,
@@ -43,14 +48,21 @@ def main(argv=None) -> int:
     parser.add_argument("--storage-gbps", type=float, default=DEFAULT_STORAGE_GBPS,
                         help="aggregate write bandwidth of the checkpoint storage, GB/s")
     defaults = Device()
-    parser.add_argument("--device-memory-gib", type=float, default=defaults.memory_gib,
+    parser.add_argument("--system", choices=sorted(SYSTEMS), default=DEFAULT_SYSTEM,
+                        help="GPU system whose numbers are the defaults of the options below")
+    parser.add_argument("--device-memory-gib", type=float, default=None,
                         help="memory of one device, GiB (the fits / does not fit verdict)")
-    parser.add_argument("--device-tflops", type=float, default=defaults.tflops,
+    parser.add_argument("--device-tflops", type=float, default=None,
                         help="dense bf16 peak of one device, TFLOP/s (step time and MFU)")
     parser.add_argument("--compute-efficiency", type=float, default=defaults.efficiency,
-                        help="assumed fraction of the peak the step's FLOPs run at")
+                        help="fraction of the peak the step's FLOPs run at (fitted to published throughput)")
     parser.add_argument("--reserve-gib", type=float, default=defaults.reserve_gib,
                         help="per-device memory set aside for the CUDA context, NCCL and fragmentation")
+    parser.add_argument("--nvlink-gbps", type=float, default=None,
+                        help="achievable bus bandwidth of a collective inside a node, GB/s")
+    parser.add_argument("--nic-gbps", type=float, default=None,
+                        help="achievable bus bandwidth per GPU between nodes, GB/s")
+    parser.add_argument("--gpus-per-node", type=int, default=None)
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
     args, overrides = parser.parse_known_args(argv)
 
@@ -59,13 +71,30 @@ def main(argv=None) -> int:
         cfg = compose(config_name="config", overrides=overrides)
     validate_config(cfg)
     try:
-        device = Device(args.device_memory_gib, args.device_tflops, args.compute_efficiency, args.reserve_gib)
+        device = _device(args, SYSTEMS[args.system], Device)
         plan = plan_from_config(cfg, args.world_size, args.host_copy_gbps, args.storage_gbps, device)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(plan_as_dict(plan), indent=2) if args.json else format_plan(plan))
     return 0
+
+
+def _device(args, system, device_type):
+    """The device the plan is for: the system's numbers, each overridden by its option if given."""
+    given = {"memory_gib": args.device_memory_gib, "tflops": args.device_tflops, "nvlink_gbps": args.nvlink_gbps,
+             "nic_gbps": args.nic_gbps, "gpus_per_node": args.gpus_per_node}
+    for key, value in [*given.items(), ("efficiency", args.compute_efficiency), ("reserve_gib", args.reserve_gib)]:
+        if value is not None and not (value > 0 or (key == "reserve_gib" and value == 0)):
+            flags = {"memory_gib": "device-memory-gib", "tflops": "device-tflops", "efficiency": "compute-efficiency"}
+            flag = flags.get(key, key.replace("_", "-"))
+            raise ValueError(f"--{flag} {value}: must be a positive number")
+    if not args.compute_efficiency <= 1:
+        raise ValueError(f"--compute-efficiency {args.compute_efficiency}: a fraction of the peak, at most 1")
+    defaults = {"memory_gib": system.memory_gib, "tflops": system.peak_tflops, "nvlink_gbps": system.nvlink_gbps,
+                "nic_gbps": system.nic_gbps, "gpus_per_node": system.gpus_per_node}
+    chosen = {k: defaults[k] if v is None else v for k, v in given.items()}
+    return device_type(efficiency=args.compute_efficiency, reserve_gib=args.reserve_gib, **chosen)
 
 
 if __name__ == "__main__":
