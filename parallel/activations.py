@@ -16,15 +16,20 @@ from configs.constants import ACTIVATION_CHECKPOINTING
 
 AC_MODES = ACTIVATION_CHECKPOINTING
 
-# Selective: keep what is expensive to recompute (matmuls, attention), recompute the cheap,
-# memory-heavy elementwise work (norms, rotary, SwiGLU gate, residual adds).
+# Selective: keep what is expensive to recompute (matmuls, attention, the TP reduce-scatter after
+# the row-parallel matmuls, which would otherwise run again in backward), recompute the cheap,
+# memory-heavy elementwise work (norms, rotary, SwiGLU gate, residual adds). The all-gathers
+# before the column-parallel matmuls are recomputed: keeping their full-sequence outputs would
+# cost two activations of the whole sequence per block (tests/test_parallel.py counts both).
 _SAVE_OPS = {
     torch.ops.aten.mm.default,
     torch.ops.aten.addmm.default,
     torch.ops.aten.bmm.default,
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops._c10d_functional.reduce_scatter_tensor.default,
 }
 
 

@@ -139,3 +139,25 @@ def test_options_that_cannot_apply_are_refused_with_the_fix():
     with pytest.raises(ValueError, match="activation_checkpoint='some'"):
         parallelize_model(build_model(ModelConfig(), materialize=False), one,
                           ParallelConfig(device="cpu", activation_checkpoint="some"), torch.device("cpu"), 64)
+
+
+@pytest.mark.distributed
+def test_tp_collectives_per_block_are_what_the_planner_counts(tmp_path):
+    """tp=2, sequence parallel, 2 blocks: the collectives one step issues, forward and backward, per
+    activation-checkpointing mode. Selective checkpointing must not run the reduce-scatters again
+    in backward (its save list keeps them; before, it recomputed one per block), and the totals are
+    the planner's per-block counts (trainer/comm_model.py)."""
+    from trainer.comm_model import TP_COLLECTIVES_OUTSIDE_BLOCKS, TP_COLLECTIVES_PER_BLOCK
+
+    out = tmp_path / "counts.json"
+    proc = run(python_or_torchrun(2, worker("sac_collectives"), str(out)), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(out.read_text())
+    rs = {mode: c["backward"].get("reduce_scatter_tensor", 0) for mode, c in counts.items()}
+    assert rs["selective"] == rs["none"] < rs["full"], counts
+    blocks = ModelConfig().n_layers
+    for mode, c in counts.items():
+        total = sum(n for phase in c.values() for op, n in phase.items()
+                    if op in ("reduce_scatter_tensor", "all_gather_into_tensor"))
+        logits = 1  # the worker computes the loss on gathered logits (no loss parallel)
+        assert total == blocks * TP_COLLECTIVES_PER_BLOCK[mode] + TP_COLLECTIVES_OUTSIDE_BLOCKS + logits, (mode, c)

@@ -46,9 +46,9 @@ def test_70b_plan_matches_hand_arithmetic():
     assert plan["comm_fsdp_reduce_scatter_bytes"] == micro * shards * per_rank * 4  # ~278 GB
     assert abs(plan["comm_fsdp_s"] - micro * shards * per_rank * 6 / 45e9) < 1e-9  # ~9.3 s
     # TP 8 inside a node (NVLink, 360 GB/s), sequence parallel: per block 2 all-gathers and 2
-    # reduce-scatters of the bf16 activations (1 x 8192 x 8192) in forward and 4 in backward
-    # (selective checkpointing recomputes none of them), plus 4 around the embedding and output.
-    tp_bytes = micro * (80 * 8 + 4) * 7 * (8192 * dim * 2) // 8
+    # reduce-scatters of the bf16 activations (1 x 8192 x 8192) in forward, 4 in backward, and the
+    # 2 all-gathers again where selective checkpointing recomputes; 4 around the embedding and output.
+    tp_bytes = micro * (80 * 10 + 4) * (8192 * dim * 2) * 7 // 8
     assert plan["comm_tp_bytes"] == tp_bytes and plan["comm_tp_link"] == "nvlink"  # ~605 GB
     assert abs(plan["comm_tp_s"] - tp_bytes / 360e9) < 1e-9  # ~1.7 s, exposed
     # The recipe is compute-bound: the FSDP traffic hides behind the step's compute.

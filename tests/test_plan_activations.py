@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from helpers.launch import ROOT, load_script
 from model.config import ModelConfig
-from trainer.plan import GIB, recompute_flops_per_token
+from trainer.plan import DEFAULT_COMPUTE_EFFICIENCY, GIB, recompute_flops_per_token
 
 LAYOUT = ["+experiment=70b", "parallel.dp_shard=64", "parallel.tp=8"]
 D, S, F, KV, H, TP = 8192, 8192, 28672, 1024, 64, 8
@@ -35,15 +35,18 @@ def test_70b_defaults_fit_80_gib_with_selective_checkpointing_and_loss_parallel(
     p = json.loads(plan("--json"))
     assert (p["activation_checkpoint"], p["loss_parallel"], p["micro_batch"], p["seq_len"]) == ("selective", True, 1, S)
     # bf16 (2 B); per block: input (s/tp x d), wq/wk/wv outputs, wo and w2 outputs (full-sequence
-    # partial sums), w1/w3 outputs, SDPA output, log-sum-exp (fp32)
-    block = 2 * (S // TP * D + S * (D + 2 * KV) // TP + 2 * S * D + 2 * S * F // TP + S * D // TP) + 4 * H // TP * S
-    assert p["activation_per_block_bytes"] == block == 440_664_064
+    # partial sums) and their reduce-scatters (s/tp x d), w1/w3 outputs, SDPA output, log-sum-exp (fp32)
+    block = 2 * (S // TP * D + S * (D + 2 * KV) // TP + 2 * S * D + 2 * S // TP * D + 2 * S * F // TP
+                 + S * D // TP) + 4 * H // TP * S
+    assert p["activation_per_block_bytes"] == block == 474_218_496
     assert p["fits"] and p["total_bytes_per_rank"] <= 80 * GIB
     assert p["total_bytes_per_rank"] == (p["state_bytes_per_rank"] + p["activation_bytes_per_rank"]
                                          + p["fsdp_buffer_bytes"] + 4 * GIB)
     tokens_per_rank = 512 * S / 512
-    assert abs(p["step_s"] - p["model_flops_per_token"] * tokens_per_rank / (989e12 * 0.5)) < 1e-9
-    assert abs(p["mfu"] - 0.5) < 1e-12  # nothing recomputed under selective checkpointing
+    compute_s = p["model_flops_per_token"] * tokens_per_rank / (989e12 * DEFAULT_COMPUTE_EFFICIENCY)
+    assert abs(p["compute_s"] - compute_s) < 1e-9  # nothing recomputed under selective checkpointing
+    assert abs(p["step_s"] - (compute_s + p["comm_tp_s"])) < 1e-9  # compute-bound: FSDP hidden
+    assert abs(p["mfu"] - p["model_flops_per_token"] * tokens_per_rank / (p["step_s"] * 989e12)) < 1e-12
     text = plan()
     assert "activation checkpointing selective, loss parallel" in text
     assert "of 80 GiB: fits" in text and "step time (estimate):" in text
@@ -61,6 +64,8 @@ def test_verdict_and_step_time_follow_the_layout_and_device(plan):
     mcfg = ModelConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "model" / "70b.yaml")))
     extra = recompute_flops_per_token(mcfg, S, "full")
     assert extra == 80 * (2 * (2 * D * D + 2 * D * KV + 3 * D * F) + 4 * D * S)
-    assert abs(full["step_s"] - (model + extra) * S / (500e12 * 0.5)) < 1e-9
-    assert abs(full["mfu"] - 0.5 * model / (model + extra)) < 1e-12
+    compute_s = (model + extra) * S / (500e12 * DEFAULT_COMPUTE_EFFICIENCY)
+    assert abs(full["compute_s"] - compute_s) < 1e-9
+    assert abs(full["mfu"] - model * S / (full["step_s"] * 500e12)) < 1e-12
+    assert full["mfu"] < DEFAULT_COMPUTE_EFFICIENCY * model / (model + extra)  # the TP time shows
 

@@ -17,7 +17,8 @@ Outside the blocks: token ids, the final norm, the logits (A V, held by the trai
 the fp32 log-softmax of cross entropy (4 V); with loss parallel both are split t ways.
 Activation checkpointing (parallel/activations.py): ``full`` keeps each block's input;
 ``selective`` keeps the input and the outputs of every matmul and of SDPA (wo and w2
-outputs are full b x s x d partial sums under TP); backward rebuilds one block at a time.
+outputs are full b x s x d partial sums under TP) and, under TP, the reduce-scatters of the wo
+and w2 outputs (so backward does not run them again); backward rebuilds one block at a time.
 With fp32 parameters under autocast, the bf16 copies of every matmul weight are saved too.
 
 tests/test_activation_memory.py checks ``saved`` against the bytes autograd actually saves
@@ -64,6 +65,7 @@ def _block_bytes(cfg: ModelConfig, b: int, s: int, tp: int, a: int, mode: str) -
         return a * b * (s_local * d  # block input
                         + s * (d + 2 * kv) // tp  # wq, wk, wv outputs
                         + 2 * s * d  # wo and w2 outputs (full-sequence partial sums under TP)
+                        + (2 * s_local * d if tp > 1 else 0)  # and their reduce-scatters (sequence parallel)
                         + 2 * s * f // tp  # w1, w3 outputs
                         + s * d // tp) + 4 * b * h // tp * s  # SDPA output and log-sum-exp
     norms = 2 * ((fp32_x + a) * b * s_local * d + 4 * b * s_local + a * b * s * d)  # + rsqrt, gathered output

@@ -11,9 +11,12 @@ volume / bus bandwidth of the link the group crosses.
                            (once per step with grad_sync_every_micro_batch=false)
   HSDP (dp_replicate)      an all-reduce of the sharded gradients wherever they are reduce-scattered
   TP + sequence parallel   per block, an all-gather of the activations before attention and before
-                           the FFN and a reduce-scatter after each (4 in forward, the same 4 in
-                           backward, 4 more when full checkpointing recomputes the forward); 4 more
-                           around the embedding and the output layer per micro-batch
+                           the FFN and a reduce-scatter after each: 4 in forward, the same 4 in
+                           backward, and in backward again what checkpointing recomputes (selective:
+                           the 2 all-gathers, its save list keeps the reduce-scatters; full: those
+                           and the attention's reduce-scatter, the recompute stops before the last);
+                           4 around the embedding and the output layer; without loss parallel, an
+                           all-gather of the logits (vocabulary-wide) per micro-batch
 
 Where a group runs: the mesh is (dp_replicate, dp_shard, tp) with tp innermost, so a group whose
 ranks lie within ``gpus_per_node`` consecutive ranks uses NVLink, any other the per-GPU NIC.
@@ -32,7 +35,8 @@ from model.config import ModelConfig
 from parallel.dims import ParallelDims
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-TP_COLLECTIVES_PER_BLOCK = {"none": 8, "selective": 8, "full": 12}  # forward + backward (+ recompute)
+# Counted on a tp=2 run by tests/workers/sac_collectives.py (tests/test_parallel.py)
+TP_COLLECTIVES_PER_BLOCK = {"none": 8, "selective": 10, "full": 11}  # forward + backward (+ recompute)
 TP_COLLECTIVES_OUTSIDE_BLOCKS = 4  # embedding output and output-layer input, forward and backward
 
 
@@ -70,6 +74,7 @@ class Recipe:
     reshard_after_forward: bool = True
     grad_sync_every_micro_batch: bool = True
     activation_checkpoint: str = "none"
+    loss_parallel: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,8 @@ def communication(mcfg: ModelConfig, dims: ParallelDims, params_per_rank: int, r
     all_reduce = syncs * 2 * (r - 1) * params_per_rank * reduce_b // r if r > 1 else 0
     activation = recipe.micro_batch * recipe.seq_len * mcfg.dim * recipe.compute_bytes
     count = mcfg.n_layers * TP_COLLECTIVES_PER_BLOCK[recipe.activation_checkpoint] + TP_COLLECTIVES_OUTSIDE_BLOCKS
-    tp_bytes = micro * count * (tp - 1) * activation // tp if tp > 1 else 0
+    logits = 0 if recipe.loss_parallel else recipe.micro_batch * recipe.seq_len * mcfg.vocab_size * recipe.compute_bytes
+    tp_bytes = micro * (count * activation + logits) * (tp - 1) // tp if tp > 1 else 0
     fsdp_link = _link(n * tp, system) if fsdp else "-"
     hsdp_link = _link(dims.world_size, system) if r > 1 else "-"
     tp_link = _link(tp, system) if tp > 1 else "-"

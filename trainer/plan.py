@@ -238,7 +238,7 @@ def plan_layout(mcfg: ModelConfig, dims: ParallelDims, seq_len: int, parallel_cf
                     param_dtype=workload.param_dtype, reduce_dtype=workload.reduce_dtype,
                     compute_bytes=workload.compute_bytes, reshard_after_forward=workload.reshard_after_forward,
                     grad_sync_every_micro_batch=workload.grad_sync_every_micro_batch,
-                    activation_checkpoint=workload.activation_checkpoint)
+                    activation_checkpoint=workload.activation_checkpoint, loss_parallel=workload.loss_parallel)
     return LayoutPlan(
         model=mcfg.name, dims=dims, params_total=total, params_per_rank=local,
         param_bytes_per_rank=local * FP32_BYTES,
