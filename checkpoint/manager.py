@@ -212,7 +212,7 @@ class CheckpointManager:
             self._storage_guard(self.saver.poll)
         if self.memory is not None and self.memory.due(step):
             manifest = self.manifests.build(step, loss)  # sets the state's metadata: before the state dict
-            self.memory.snapshot(step, self.state.state_dict(), manifest)
+            self.memory.snapshot(step, self.state.state_dict(), manifest, self.manifests.started)
         elif self.memory is not None:
             self.memory.poll()
         return self._report()
@@ -258,7 +258,7 @@ class CheckpointManager:
         if unverified_reason is not None:
             manifest.verified, manifest.unverified_reason = False, unverified_reason
             log.warning("checkpoint %s will not be marked verified: %s", manifest.checkpoint_id, unverified_reason)
-        self.saver.save(self.state.state_dict(), manifest)
+        self.saver.save(self.state.state_dict(), manifest, self.manifests.started)
         self.last_saved_step = step
 
     def close(self) -> None:

@@ -3,42 +3,93 @@
 After a resume, recomputing it on the loaded weights proves the weights are the saved ones
 (bitwise at the same layout). The batch is the first PROBE_SEQUENCES samples of the global
 sample order (global samples 0..3): independent of the world layout and the micro-batch size.
+
+It must stay cheap at 70B (it runs at every save of either tier, for the shadow guard and at
+every resume): one sequence at a time, and with ``loss_parallel`` the cross entropy on the
+vocabulary-sharded logits, so the full logits (4 x 8192 x 128256 at 70B: 8.4 GB in bf16, twice
+that in fp32) never exist on one device. Its largest tensor is one sequence's logits of this
+rank's vocabulary shard, in fp32 (tests/test_probe.py). The value is cached for the weights it
+was computed on (``weights_version``: the training state's counter, which every optimizer step
+and every load advances; tensors' own version counters do not see FSDP2's updates of its
+shards), so a step where both tiers save and the shadow check runs computes it once.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+import time
+from typing import Callable, Optional
 
 import torch
 
 from configs.constants import IGNORE_INDEX
-from training.step import token_loss_sum
+from training.step import _full, _loss_parallel, token_loss_sum
 
 PROBE_SEQUENCES = 4
+# Stored in each manifest: the probe is compared bitwise only with a value computed the same way
+# (before this method, the four sequences ran as one batch of full logits: manifests without it).
+PROBE_METHOD = "per-sequence-float64-sum"
 
 
-def make_probe(model: torch.nn.Module, data, device: torch.device, autocast=None) -> Callable[[], float]:
-    """A function computing the probe loss; the batch is global samples [0, PROBE_SEQUENCES)."""
+class Probe:
+    """Call it for the probe loss of the current weights (every rank calls it: collectives inside)."""
+
+    method = PROBE_METHOD
+
+    def __init__(self, model: torch.nn.Module, batch, device: torch.device, autocast=None,
+                 loss_parallel: bool = False, weights_version: Optional[Callable[[], int]] = None):
+        self.model, self.batch, self.device = model, batch, device
+        self.autocast, self.loss_parallel = autocast, loss_parallel
+        self.weights_version = weights_version  # None: never cached
+        self._key: Optional[int] = None
+        self._value = float("nan")
+        self.last_seconds = 0.0  # the time of the last computation (0 when the cached value served)
+
+    def __call__(self) -> float:
+        key = self.weights_version() if self.weights_version is not None else None
+        if key is not None and key == self._key:
+            self.last_seconds = 0.0
+            return self._value
+        start = time.perf_counter()
+        self._value = probe_loss(self.model, self.batch, self.device, self.autocast, self.loss_parallel)
+        self._key = key
+        self.last_seconds = time.perf_counter() - start
+        return self._value
+
+
+def make_probe(model: torch.nn.Module, data, device: torch.device, autocast=None,
+               loss_parallel: bool = False) -> Probe:
+    """The run's probe; its batch is global samples [0, PROBE_SEQUENCES)."""
     from data.batching import SampleRange
 
-    batch = data.dataset[SampleRange(0, PROBE_SEQUENCES)]
-    return lambda: probe_loss(model, batch, device, autocast)
+    return Probe(model, data.dataset[SampleRange(0, PROBE_SEQUENCES)], device, autocast, loss_parallel)
 
 
 @torch.no_grad()
-def probe_loss(model: torch.nn.Module, batch, device: torch.device, autocast=None) -> float:
-    """Mean token loss of ``batch`` in eval mode (no dropout, no RNG drawn); every rank calls it."""
-    inputs, targets = (t.to(device) for t in batch)
+def probe_loss(model: torch.nn.Module, batch, device: torch.device, autocast=None,
+               loss_parallel: bool = False) -> float:
+    """Mean token loss of ``batch`` in eval mode (no dropout, no RNG drawn), one sequence at a time,
+    the token losses summed in float64; every rank calls it."""
+    tokens = int((batch[1] != IGNORE_INDEX).sum())
+    return float(probe_token_loss_sum(model, batch, device, autocast, loss_parallel)) / tokens
+
+
+@torch.no_grad()
+def probe_token_loss_sum(model: torch.nn.Module, batch, device: torch.device, autocast=None,
+                         loss_parallel: bool = False) -> torch.Tensor:
+    """The summed token loss of ``batch`` (float64, on ``device``): the probe's work, no host sync."""
+    inputs, targets = batch
     was_training = model.training
     model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
     try:
-        if autocast is not None:
-            with autocast():
-                logits = model(inputs)
-        else:
-            logits = model(inputs)
-        if hasattr(logits, "full_tensor"):
-            logits = logits.full_tensor()
-        return float(token_loss_sum(logits, targets)) / int((targets != IGNORE_INDEX).sum())
+        for i in range(inputs.shape[0]):
+            x, y = inputs[i:i + 1].to(device), targets[i:i + 1].to(device)
+            with autocast() if autocast is not None else contextlib.nullcontext():
+                logits = model(x)
+            with _loss_parallel() if loss_parallel else contextlib.nullcontext():
+                total += _full(token_loss_sum(logits, y)).double()
+            del logits
     finally:
         model.train(was_training)
+    return total

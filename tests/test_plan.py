@@ -36,6 +36,14 @@ def test_70b_plan_matches_hand_arithmetic():
     assert plan["checkpoint_bytes_total"] == 12 * total  # ~847 GB
     assert abs(plan["snapshot_s"] - 12 * per_rank / 20e9) < 1e-9  # ~0.083 s
     assert abs(plan["write_s"] - 12 * total / 100e9) < 1e-9  # ~8.5 s
+    # Before the snapshot, the probe's forward: 4 x 8192 tokens at a third of the training FLOPs per
+    # token, a tp shard of them per rank, at the default efficiency (the FSDP all-gather of the
+    # weights, 63 x per_rank x 2 B over the NIC = 0.39 s, hides behind it), plus the TP collectives
+    # of a forward: (4 per block + 2) x 4 sequences x 7/8 x 8192 x 8192 x 2 B over NVLink.
+    probe_compute = 4 * 8192 * plan["model_flops_per_token"] / 3 / 8 / (989e12 * 0.37)
+    probe_tp = (4 * 80 + 2) * 4 * 8192 * dim * 2 * 7 // 8 / 360e9
+    assert abs(plan["probe_s"] - (probe_compute + probe_tp)) < 1e-9  # ~1.8 + 0.4 s
+    assert abs(plan["blocking_s"] - (plan["probe_s"] + plan["snapshot_s"])) < 1e-12
     assert (plan["dp_shard"], plan["tp"], plan["world_size"]) == (64, 8, 512)
     # Communication per step and rank: 512 sequences / 64 dp ranks = 8 micro-batches of 1. FSDP2 over
     # 64 ranks, one per node (NIC, 45 GB/s): the recipe keeps parameters gathered from forward to
@@ -72,7 +80,7 @@ def test_dry_run_prints_the_plan_and_refuses_a_tp_that_does_not_divide_the_heads
     ok = _run(["train.py", "dry_run=true", "parallel.dp_shard=2", "parallel.tp=2"])
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "layout: dp_replicate=1 x dp_shard=2 x tp=2 = 4 ranks (model debug)" in ok.stdout
-    assert "checkpoint:" in ok.stdout and "snapshot (blocking)" in ok.stdout
+    assert "checkpoint:" in ok.stdout and "blocking" in ok.stdout and "probe forward" in ok.stdout
     bad = _run(["scripts/plan.py", "parallel.dp_shard=1", "parallel.tp=8"])
     assert bad.returncode == 2
     assert "parallel.tp=8 does not divide model.n_heads=4, model.n_kv_heads=2" in bad.stderr

@@ -119,7 +119,7 @@ def _link(group_span: int, system: System) -> str:
     return "nvlink" if group_span <= system.gpus_per_node else "nic"
 
 
-def _gbps(link: str, system: System) -> float:
+def link_gbps(link: str, system: System) -> float:
     return system.nvlink_gbps if link == "nvlink" else system.nic_gbps
 
 
@@ -144,9 +144,27 @@ def communication(mcfg: ModelConfig, dims: ParallelDims, params_per_rank: int, r
     tp_link = _link(tp, system) if tp > 1 else "-"
     fsdp_s = 0.0
     if fsdp:
-        fsdp_s += (all_gather + reduce_scatter) / (_gbps(fsdp_link, system) * 1e9)
+        fsdp_s += (all_gather + reduce_scatter) / (link_gbps(fsdp_link, system) * 1e9)
     if r > 1:
-        fsdp_s += all_reduce / (_gbps(hsdp_link, system) * 1e9)
-    tp_s = tp_bytes / (_gbps(tp_link, system) * 1e9) if tp > 1 else 0.0
+        fsdp_s += all_reduce / (link_gbps(hsdp_link, system) * 1e9)
+    tp_s = tp_bytes / (link_gbps(tp_link, system) * 1e9) if tp > 1 else 0.0
     return Communication(all_gather, reduce_scatter, all_reduce, tp_bytes, fsdp_link, hsdp_link, tp_link,
                          fsdp_s, tp_s)
+
+
+def probe_seconds(mcfg: ModelConfig, dims: ParallelDims, params_per_rank: int, sequences: int, seq_len: int,
+                  forward_flops_per_rank: float, flops_per_s: float, param_dtype: str, compute_bytes: int,
+                  system: System) -> float:
+    """The probe (recovery/probe.py) before each save: a forward of ``sequences`` sequences, one at
+    a time, on every rank: its compute, the FSDP all-gather of every parameter once (prefetched
+    behind the compute), and the TP collectives of a forward (4 per block, 2 outside), exposed."""
+    compute_s = forward_flops_per_rank / flops_per_s
+    gather_s = 0.0
+    if dims.fsdp_enabled and dims.dp_shard > 1:
+        volume = (dims.dp_shard - 1) * params_per_rank * DTYPE_BYTES[param_dtype]
+        gather_s = volume / (link_gbps(_link(dims.dp_shard * dims.tp, system), system) * 1e9)
+    tp_s = 0.0
+    if dims.tp > 1:
+        volume = sequences * (4 * mcfg.n_layers + 2) * seq_len * mcfg.dim * compute_bytes * (dims.tp - 1) // dims.tp
+        tp_s = volume / (link_gbps(_link(dims.tp, system), system) * 1e9)
+    return max(compute_s, gather_s) + tp_s

@@ -47,8 +47,9 @@ from model.llama import build_model
 from parallel.dims import ParallelDims, check_tensor_parallel_fits, resolve_parallel_dims
 from parallel.parallelize import parallelize_model
 from recovery.interval import DEFAULT_DEVICE_MTBF_HOURS, cluster_mtbf_s, young_daly_interval_s
+from recovery.probe import PROBE_SEQUENCES
 from trainer.activation_memory import ActivationMemory, activation_memory
-from trainer.comm_model import DEFAULT_SYSTEM, SYSTEMS, Communication, Recipe, StepTime, communication
+from trainer.comm_model import DEFAULT_SYSTEM, SYSTEMS, Communication, Recipe, StepTime, communication, probe_seconds
 
 FP32_BYTES = 4
 ADAMW_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
@@ -126,6 +127,7 @@ class LayoutPlan:
     model_flops_per_token: int = 0
     recompute_flops_per_token: int = 0  # the forward again under full checkpointing
     comm: Optional[Communication] = None
+    mcfg: Optional[ModelConfig] = None
 
     @property
     def state_bytes_per_rank(self) -> int:
@@ -175,6 +177,20 @@ class LayoutPlan:
     def snapshot_s(self) -> float:
         """Blocking part of an async save: copy the local state to host memory."""
         return self.checkpoint_bytes_per_rank / (self.host_copy_gbps * GB)
+
+    @property
+    def probe_s(self) -> float:
+        """The probe forward every save (either tier) runs first on the training thread."""
+        w, d = self.workload, self.device
+        forward = PROBE_SEQUENCES * w.seq_len * self.model_flops_per_token / 3 / self.dims.tp
+        speedup = COMPILE_SPEEDUP if w.compile else 1.0
+        return probe_seconds(self.mcfg, self.dims, self.params_per_rank, PROBE_SEQUENCES, w.seq_len, forward,
+                             d.tflops * 1e12 * d.efficiency * speedup, w.param_dtype, w.compute_bytes, d.system)
+
+    @property
+    def blocking_s(self) -> float:
+        """What a save stalls training for: the probe, then the host copy."""
+        return self.probe_s + self.snapshot_s
 
     @property
     def write_s(self) -> float:
@@ -251,7 +267,7 @@ def plan_layout(mcfg: ModelConfig, dims: ParallelDims, seq_len: int, parallel_cf
         fsdp_buffer_bytes=fsdp_buffer_bytes(mcfg, dims, workload),
         model_flops_per_token=flops_per_token(mcfg, seq_len),
         recompute_flops_per_token=recompute_flops_per_token(mcfg, seq_len, workload.activation_checkpoint),
-        comm=communication(mcfg, dims, local, recipe, device.system),
+        comm=communication(mcfg, dims, local, recipe, device.system), mcfg=mcfg,
     )
 
 
@@ -271,7 +287,9 @@ def format_plan(plan: LayoutPlan) -> str:
         *_activation_lines(plan),
         f"checkpoint: {_gib(plan.checkpoint_bytes_per_rank)} per rank, {_gib(plan.checkpoint_bytes_total)} in total "
         f"(parameters + optimizer, 12 B/param)",
-        f"  snapshot (blocking) {plan.snapshot_s:,.2f} s at {plan.host_copy_gbps:g} GB/s host copy per rank; "
+        f"  blocking {plan.blocking_s:,.2f} s: probe forward {plan.probe_s:,.2f} s "
+        f"({PROBE_SEQUENCES} x {plan.workload.seq_len} tokens) + snapshot {plan.snapshot_s:,.2f} s at "
+        f"{plan.host_copy_gbps:g} GB/s host copy per rank; "
         f"write {plan.write_s:,.1f} s at {plan.storage_gbps:g} GB/s aggregate storage",
         f"checkpoint interval (Young/Daly, 50,000 h device MTBF): async every "
         f"{checkpoint_interval_s(plan):,.0f} s, sync every {checkpoint_interval_s(plan, asynchronous=False):,.0f} s",
@@ -320,20 +338,21 @@ def _step_lines(plan: LayoutPlan) -> list:
 def checkpoint_interval_s(plan: LayoutPlan, device_mtbf_hours: Optional[float] = None,
                           asynchronous: bool = True) -> float:
     """Young/Daly interval T* = sqrt(2 M C) for this layout (recovery/interval.py): M = device MTBF
-    / world size; C = the snapshot (async, and never shorter than the write) or snapshot + write (sync)."""
+    / world size; C = the blocking part, probe + snapshot (async, and never shorter than the write), or
+    blocking + write (sync)."""
     mtbf = cluster_mtbf_s(device_mtbf_hours or DEFAULT_DEVICE_MTBF_HOURS, plan.dims.world_size)
     if asynchronous:
-        return max(young_daly_interval_s(mtbf, plan.snapshot_s), plan.write_s)
-    return young_daly_interval_s(mtbf, plan.snapshot_s + plan.write_s)
+        return max(young_daly_interval_s(mtbf, plan.blocking_s), plan.write_s)
+    return young_daly_interval_s(mtbf, plan.blocking_s + plan.write_s)
 
 
 def plan_as_dict(plan: LayoutPlan) -> Dict[str, object]:
     out = {k: v for k, v in plan.__dict__.items() if k != "dims"}
-    out = {k: v for k, v in out.items() if k not in ("workload", "device", "activations", "comm")}
+    out = {k: v for k, v in out.items() if k not in ("workload", "device", "activations", "comm", "mcfg")}
     a = plan.activations
     out.update(dp_replicate=plan.dims.dp_replicate, dp_shard=plan.dims.dp_shard, tp=plan.dims.tp,
                world_size=plan.dims.world_size, state_bytes_per_rank=plan.state_bytes_per_rank,
-               snapshot_s=plan.snapshot_s, write_s=plan.write_s,
+               snapshot_s=plan.snapshot_s, probe_s=plan.probe_s, blocking_s=plan.blocking_s, write_s=plan.write_s,
                activation_saved_bytes=a.saved, activation_per_block_bytes=a.per_block,
                activation_bytes_per_rank=plan.activation_bytes_per_rank,
                total_bytes_per_rank=plan.total_bytes_per_rank, device_memory_gib=plan.device.memory_gib,

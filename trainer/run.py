@@ -107,13 +107,14 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     ema = EMA(model, cfg.training.ema_decay) if cfg.training.ema_decay > 0 else None
     metrics = MetricsLogger(run_dir, cfg, world.is_main, cfg.training.steps)
     shutdown.add(30, "the metrics files", metrics.close)
-    probe = make_probe(model, data, world.device, precision.autocast)
+    probe = make_probe(model, data, world.device, precision.autocast, parallel.loss_parallel)
     evaluator = build_evaluator(cfg, model, data, plan, parallel.dp_rank, world.device, parallel.dp_group,
                                 precision.autocast, parallel.loss_parallel)  # None: data.validation=none
     throughput = Throughput(mcfg, cfg.training.seq_len, world.world_size, cfg.logging.peak_tflops)  # MFU
     guards = build_guards(cfg, model, world, parallel, probe, metrics)  # silent corruption, loss spikes
     state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, optim_config=cfg.optim,
                           rank=world.rank, world_size=world.world_size)  # everything a checkpoint holds
+    probe.weights_version = lambda: state.weights_version  # the probe runs once per set of weights
     injector = FaultInjector(cfg.recovery.faults, run_dir, world.rank)  # recovery.faults; none by default
     ckpt = CheckpointManager(cfg, state, rank=world.rank, world_size=world.world_size, dims=dims,
                              device=world.device, metrics=metrics, fault_hook=injector.maybe_inject, probe=probe)

@@ -79,6 +79,9 @@ class Manifest:
     # Validation loss of these weights (training/evaluate.py runs before every save when the run
     # evaluates); None when it does not, or for a save the loop did not plan (preemption).
     val_loss: Optional[float] = None
+    # How probe_loss was computed (recovery/probe.py PROBE_METHOD): compared bitwise only with a
+    # probe computed the same way; None in manifests written before the method was recorded.
+    probe_method: Optional[str] = None
 
     @property
     def total_bytes(self) -> int:

@@ -102,12 +102,14 @@ class CheckpointSaver:
         return self.rank == 0
 
     # -- the training thread --------------------------------------------------------------
-    def save(self, state_dict: Dict, manifest: Manifest) -> None:
+    def save(self, state_dict: Dict, manifest: Manifest, started: Optional[float] = None) -> None:
         """Save ``state_dict`` as ``manifest.step``. Records of finished saves (this one in sync
-        mode, the previous one in async mode) are collected with ``finished``."""
+        mode, the previous one in async mode) are collected with ``finished``. ``started``: when
+        the save began on the training thread (before its manifest's probe), for its blocking time."""
         t0 = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - t0
+        t0 = t0 if started is None else started
         step = manifest.step
         staging = uncommitted_dir(self.root, step)  # DCP creates it in its (agreed) planning step
         writer = WRITERS[self.storage_format](staging, self.checksum_algorithm)

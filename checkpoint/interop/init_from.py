@@ -149,6 +149,7 @@ def apply_init_from(init_from: Optional[str], state, ckpt, resumed: str, device:
     source = open_source(init_from)
     t0 = time.perf_counter()
     read = load_initial_weights(state.model, source, device)
+    state.weights_version += 1
     if state.ema is not None:  # the EMA starts from the weights the run starts from
         state.ema.load_state_dict({n: p.detach() for n, p in state.ema.params.items()})
     digest = source_hash(source)

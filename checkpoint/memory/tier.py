@@ -100,11 +100,14 @@ class MemoryTier:
             raise ValueError(f"memory snapshot interval {steps} must be >= 1")
         self.interval = int(steps)
 
-    def snapshot(self, step: int, state_dict: Dict[str, Any], manifest: Manifest) -> None:
-        """Stage ``state_dict`` (the training thread's only cost) and write and replicate it in the background."""
+    def snapshot(self, step: int, state_dict: Dict[str, Any], manifest: Manifest,
+                 started: Optional[float] = None) -> None:
+        """Stage ``state_dict`` (the training thread's only cost) and write and replicate it in the
+        background. ``started``: when the snapshot began (before its manifest's probe), for its stall."""
         t0 = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - t0
+        t0 = t0 if started is None else started
         staged = self.stager.stage(state_dict)
         self.fault_hook("memory_snapshot", step)  # e.g. a slow host copy on one rank (the tests)
         stall = time.perf_counter() - t0

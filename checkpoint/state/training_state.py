@@ -56,12 +56,14 @@ class TrainingState(Stateful):
         self.optim_config = optim_config
         self.rank, self.world_size = rank, world_size
         self.step = 0  # optimizer steps done
+        self.weights_version = 0  # advanced by every step and every load: what the probe's cache keys on
         self.tokens = 0  # target tokens trained on
         self.samples = 0  # sequences trained on
         self.meta: Dict[str, Any] = {}  # set by the checkpoint manager at save time
 
     def record_step(self, target_tokens: int, samples: int) -> None:
         self.step += 1
+        self.weights_version += 1
         self.tokens += int(target_tokens)
         self.samples += int(samples)
 
@@ -95,6 +97,7 @@ class TrainingState(Stateful):
 
     def load_state_dict(self, sd: Dict[str, Any]) -> None:
         """Restore the components present in ``sd`` (the loader decides which were requested)."""
+        self.weights_version += 1
         if "model" in sd and "optim" in sd:
             set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
         elif "model" in sd:
