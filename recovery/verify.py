@@ -96,16 +96,19 @@ class ResumeVerifier:
                 f"{manifest.step}. The LR is rebuilt from the config at load (training/schedule.py:apply_config); "
                 "a mismatch means that did not happen. The checkpoint is not marked bad.")
         same_layout = manifest.world_size == self.world_size and dict(manifest.layout) == self.layout
+        # bitwise only for a probe computed the same way (a checkpoint from before recovery/probe.py's
+        # method changed is compared as across layouts)
+        same_probe = same_layout and manifest.probe_method == getattr(self.probe, "method", None)
         config_changed = manifest.config_hash != self.config_hash
         probe_now = None
         if manifest.probe_loss is not None and self.probe is not None:
             probe_now = self.probe()
-            matches = probe_matches(manifest.probe_loss, probe_now, same_layout, self.cfg.recovery.probe_rtol_reshard)
+            matches = probe_matches(manifest.probe_loss, probe_now, same_probe, self.cfg.recovery.probe_rtol_reshard)
             if not matches and config_changed:
                 log.warning("probe loss %r != stored %r after an allowed config change: the weights' checksums "
                             "passed; the probe cannot be compared across the change", probe_now, manifest.probe_loss)
             elif not matches:
-                rule = "bitwise (same layout)" if same_layout else f"rtol {self.cfg.recovery.probe_rtol_reshard}"
+                rule = "bitwise (same layout)" if same_probe else f"rtol {self.cfg.recovery.probe_rtol_reshard}"
                 problems.append(f"probe loss {probe_now!r} != stored {manifest.probe_loss!r} ({rule})")
         elif self.cfg.recovery.verify:
             problems.append("the manifest has no probe loss to verify the weights with")
@@ -116,8 +119,8 @@ class ResumeVerifier:
             return "; ".join(problems)
         log.info("post-load verification of %s passed: step %d, LR %.6e = schedule, probe loss %r %s stored",
                  path.name, manifest.step, lr_now, probe_now,
-                 "(not compared: config changed)" if config_changed else "== (bitwise)" if same_layout
-                 else "~= (resharded)")
+                 "(not compared: config changed)" if config_changed else "== (bitwise)" if same_probe
+                 else "~= (resharded)" if not same_layout else "~= (stored by an earlier probe method)")
         return None
 
     def _check_global_batch(self, manifest: Manifest) -> None:
