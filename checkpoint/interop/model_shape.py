@@ -1,0 +1,58 @@
+"""``model=hf``: the model is the one in ``model.init_from``, its shape read from the source (torch-free).
+
+configs/model/hf.yaml leaves every shape key unset (``???``). Before any check, the unset keys are
+filled from the source: a Hugging Face folder's config.json (hidden size, layers, heads, KV heads,
+intermediate size, vocabulary, rope theta and scaling, eps, tying, and max_position_embeddings as
+model.max_seq_len), or the model config of a checkpoint or of a scripts/export.py file. Keys set
+on the command line are left as they are; the shape check (checkpoint/checks.py) then names every
+one that disagrees with the source. Filling the config itself, not a copy, is what lets the
+banner, config.yaml, the manifests, the planner and ``dry_run`` all see the folder's shape.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+from omegaconf import DictConfig, OmegaConf
+
+from checkpoint.interop.hf_config import model_keys_from_hf
+from checkpoint.interop.weight_source import SourceError, open_source
+from configs.checks import ConfigError
+from model.config import ModelConfig
+
+
+def unset_model_keys(cfg: DictConfig) -> List[str]:
+    """The model.* keys left at ``???`` (configs/model/hf.yaml leaves the shape so)."""
+    return [k for k in cfg.model if OmegaConf.is_missing(cfg.model, k)]
+
+
+def source_model_keys(path: str) -> Dict:
+    """model.* values of the model at ``path`` (a HF folder, a checkpoint, or an export)."""
+    source = open_source(path)
+    if source.kind == "hf":
+        return model_keys_from_hf(source.config)
+    saved = {k: v for k, v in source.config.items() if k in ModelConfig.__dataclass_fields__}
+    theirs = ModelConfig(**saved)
+    return {**saved, "n_kv_heads": theirs.kv_heads, "intermediate_size": theirs.ffn_hidden_dim}
+
+
+def fill_model_shape(cfg: DictConfig) -> List[str]:
+    """Fill the unset model.* keys of ``cfg`` from model.init_from; returns the keys filled."""
+    unset = unset_model_keys(cfg)
+    if not unset:
+        return []
+    if not cfg.model.init_from:
+        raise ConfigError(f"model.{', model.'.join(unset)} unset: model=hf takes the shape from the weights it "
+                          "starts from; add model.init_from=PATH (a Hugging Face Llama folder, a checkpoint or an "
+                          "export), or choose a preset (e.g. model=llama3_1_8b)")
+    try:
+        values = source_model_keys(cfg.model.init_from)
+    except SourceError as exc:
+        raise ConfigError(f"model=hf reads the model's shape from model.init_from: {exc}") from exc
+    absent = [k for k in unset if values.get(k) is None and k != "rope_scaling"]
+    if absent:
+        raise ConfigError(f"model=hf: {cfg.model.init_from} gives no value for model.{', model.'.join(absent)}; "
+                          "set them on the command line")
+    for key in unset:
+        cfg.model[key] = values[key]
+    return unset
