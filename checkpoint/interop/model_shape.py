@@ -16,9 +16,9 @@ from typing import Dict, List
 from omegaconf import DictConfig, OmegaConf
 
 from checkpoint.interop.hf_config import model_keys_from_hf
-from checkpoint.interop.weight_source import SourceError, open_source
+from checkpoint.interop.weight_source import SourceError, open_source, source_problems
 from configs.checks import ConfigError
-from model.config import ModelConfig
+from model.config import ModelConfig, model_config
 
 
 def unset_model_keys(cfg: DictConfig) -> List[str]:
@@ -55,4 +55,9 @@ def fill_model_shape(cfg: DictConfig) -> List[str]:
                           "set them on the command line")
     for key in unset:
         cfg.model[key] = values[key]
+    # Keys given on the command line must agree; checked here too, so dry_run (which reads no weights) stops.
+    problems = source_problems(model_config(cfg), cfg.model.init_from)
+    if problems:
+        raise ConfigError("model=hf: model.* given on the command line disagree with model.init_from (drop them, "
+                          "or choose another folder):\n  - " + "\n  - ".join(problems))
     return unset
