@@ -22,7 +22,7 @@ import pickle
 import shutil
 import time
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Iterator, List, Tuple
 
 import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -62,10 +62,26 @@ def folder_model_config(path: Path) -> ModelConfig:
     return cfg
 
 
-def convert_hf_folder(src: Path, dst: Path, fmt: str = "raw") -> Dict:
-    """Write ``dst`` (a new directory) holding HF folder ``src``'s weights as a committed step-0 checkpoint."""
+def hf_tensors(path: Path, cfg: ModelConfig, names: List[str]) -> Iterator[Tuple[str, torch.Tensor]]:
+    """(our name, fp32 tensor in Meta's q/k row order) for each of ``names``, read one at a time from the
+    folder's safetensors (a tied model's output.weight is the embedding)."""
     from safetensors import safe_open
 
+    source = open_source(path)
+    for name in names:
+        theirs = hf_name(name)
+        if theirs not in source.tensors and name == "output.weight" and cfg.tie_embeddings:
+            theirs = hf_name("tok_embeddings.weight")
+        if theirs not in source.tensors:
+            raise SourceError(f"{path} lacks {theirs} (for {name})")
+        with safe_open(str(source.tensors[theirs][0]), "pt") as f:
+            t = f.get_tensor(theirs).float()
+        heads = rotary_heads(name, cfg)
+        yield name, (from_hf_rows(t, heads) if heads else t).contiguous()
+
+
+def convert_hf_folder(src: Path, dst: Path, fmt: str = "raw") -> Dict:
+    """Write ``dst`` (a new directory) holding HF folder ``src``'s weights as a committed step-0 checkpoint."""
     src, dst = Path(src), Path(dst)
     if dst.exists():
         raise FileExistsError(f"{dst} exists; convert into a new directory")
@@ -78,16 +94,7 @@ def convert_hf_folder(src: Path, dst: Path, fmt: str = "raw") -> Dict:
     state_meta, storage, planner = {}, {}, {}
     try:
         with open(tmp / DATA_FILE, "wb") as out:
-            for name in names:
-                theirs = hf_name(name)
-                if theirs not in source.tensors and name == "output.weight" and cfg.tie_embeddings:
-                    theirs = hf_name("tok_embeddings.weight")
-                if theirs not in source.tensors:
-                    raise SourceError(f"{src} lacks {theirs} (for {name})")
-                with safe_open(str(source.tensors[theirs][0]), "pt") as f:
-                    t = f.get_tensor(theirs).float()
-                heads = rotary_heads(name, cfg)
-                t = (from_hf_rows(t, heads) if heads else t).contiguous()
+            for name, t in hf_tensors(src, cfg, names):
                 fqn, offset = f"model.{name}", out.tell()
                 if fmt == "raw":
                     out.write(tensor_bytes(t))
