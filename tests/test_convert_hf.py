@@ -23,6 +23,7 @@ from checkpoint.interop.export import load_tensors
 from checkpoint.interop.hf_config import OWNED_FIELDS, hf_name, rotary_heads
 from checkpoint.interop.hf_weights import from_hf_rows
 from helpers.launch import ROOT, run, run_train
+from metrics.records import read_metrics
 from model.config import ModelConfig
 from test_interop_import import export_hf, hf_random_model, import_with
 from test_llama3_rope import SCALED, SCALING
@@ -92,12 +93,22 @@ def test_converted_folder_is_bitwise_loads_at_tp2_and_exports_back(folder, tmp_p
 
 
 @pytest.mark.distributed
-def test_a_run_from_the_folder_exports_its_config_json_back(folder, pydoc_data, tmp_path):
+def test_runs_from_the_folder_and_from_its_conversion_start_alike_and_export_config_json_back(folder, pydoc_data,
+                                                                                              tmp_path):
+    """model=hf with model.init_from=FOLDER, and with checkpoint.resume=CONVERTED (weights only: it starts
+    the run like model.init_from): the same first loss, bit for bit; the export gives config.json back."""
     src, _ = folder
-    run_dir = tmp_path / "run"
-    extra = {"model": "hf", "model.init_from": str(src), "checkpoint.interval": 1, "optim.warmup_steps": 0}
-    run_train(debug_overrides(run_dir, pydoc_data, steps=1, extra=extra))
-    export_hf(run_dir / "checkpoints" / "step_00000001", tmp_path / "out")
-    before = json.loads((src / "config.json").read_text())
-    after = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert config_diff(before, after) <= set(OWNED_FIELDS), config_diff(before, after)
+    convert(src, tmp_path / "converted", "raw")
+    losses = {}
+    for name, source in (("folder", {"model.init_from": str(src)}),
+                         ("converted", {"checkpoint.resume": str(tmp_path / "converted")})):
+        extra = {"model": "hf", **source, "checkpoint.interval": 1, "optim.warmup_steps": 0}
+        proc = run_train(debug_overrides(tmp_path / name, pydoc_data, steps=1, extra=extra))
+        assert "resume: fresh start" in proc.stderr
+        losses[name] = read_metrics(tmp_path / name)[0]["loss"]
+    assert losses["folder"] == losses["converted"], losses
+    for name in losses:
+        export_hf(tmp_path / name / "checkpoints" / "step_00000001", tmp_path / f"{name}-hf")
+        before = json.loads((src / "config.json").read_text())
+        after = json.loads((tmp_path / f"{name}-hf" / "config.json").read_text())
+        assert config_diff(before, after) <= set(OWNED_FIELDS), (name, config_diff(before, after))
