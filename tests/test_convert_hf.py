@@ -107,6 +107,11 @@ def test_runs_from_the_folder_and_from_its_conversion_start_alike_and_export_con
         assert "resume: fresh start" in proc.stderr
         losses[name] = read_metrics(tmp_path / name)[0]["loss"]
     assert losses["folder"] == losses["converted"], losses
+    # A restart takes the shape from its own checkpoint: the folder may be gone by then.
+    extra = {"model": "hf", "model.init_from": str(tmp_path / "gone"), "checkpoint.interval": 1,
+             "optim.warmup_steps": 0}
+    proc = run_train(debug_overrides(tmp_path / "folder", pydoc_data, steps=2, extra=extra))
+    assert "model.init_from ignored (resumed: the checkpoint's weights win)" in proc.stderr
     for name in losses:
         export_hf(tmp_path / name / "checkpoints" / "step_00000001", tmp_path / f"{name}-hf")
         before = json.loads((src / "config.json").read_text())

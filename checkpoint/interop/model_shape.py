@@ -1,7 +1,8 @@
 """``model=hf``: the model is the one in ``model.init_from``, its shape read from the source (torch-free).
 
 configs/model/hf.yaml leaves every shape key unset (``???``). Before any check, the unset keys are
-filled from the source: a Hugging Face folder's config.json (hidden size, layers, heads, KV heads,
+filled from the source (the checkpoint the run resumes from, if any: a restart needs no folder): a
+Hugging Face folder's config.json (hidden size, layers, heads, KV heads,
 intermediate size, vocabulary, rope theta and scaling, eps, tying, and max_position_embeddings as
 model.max_seq_len), or the model config of a checkpoint or of a scripts/export.py file. Keys set
 on the command line are left as they are; the shape check (checkpoint/checks.py) then names every
@@ -11,10 +12,13 @@ banner, config.yaml, the manifests, the planner and ``dry_run`` all see the fold
 
 from __future__ import annotations
 
-from typing import Dict, List
+from pathlib import Path
+from typing import Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from checkpoint.durable.discovery import resolve_resume
+from checkpoint.durable.manifest import CheckpointError
 from checkpoint.interop.hf_config import model_keys_from_hf
 from checkpoint.interop.weight_source import SourceError, open_source, source_problems
 from configs.checks import ConfigError
@@ -36,27 +40,39 @@ def source_model_keys(path: str) -> Dict:
     return {**saved, "n_kv_heads": theirs.kv_heads, "intermediate_size": theirs.ffn_hidden_dim}
 
 
+def _shape_source(cfg: DictConfig) -> Optional[str]:
+    """Where the shape comes from: the checkpoint the run will resume from (its weights win, and the
+    folder may be gone by a restart), else model.init_from."""
+    try:
+        resumed = resolve_resume(Path(cfg.checkpoint.dir), str(cfg.checkpoint.resume))
+    except CheckpointError:  # the resume itself reports it
+        resumed = None
+    return str(resumed) if resumed is not None else cfg.model.init_from
+
+
 def fill_model_shape(cfg: DictConfig) -> List[str]:
-    """Fill the unset model.* keys of ``cfg`` from model.init_from; returns the keys filled."""
+    """Fill the unset model.* keys of ``cfg`` from model.init_from (or the checkpoint the run resumes
+    from); returns the keys filled."""
     unset = unset_model_keys(cfg)
     if not unset:
         return []
-    if not cfg.model.init_from:
+    source = _shape_source(cfg)
+    if not source:
         raise ConfigError(f"model.{', model.'.join(unset)} unset: model=hf takes the shape from the weights it "
                           "starts from; add model.init_from=PATH (a Hugging Face Llama folder, a checkpoint or an "
                           "export), or choose a preset (e.g. model=llama3_1_8b)")
     try:
-        values = source_model_keys(cfg.model.init_from)
+        values = source_model_keys(source)
     except SourceError as exc:
         raise ConfigError(f"model=hf reads the model's shape from model.init_from: {exc}") from exc
     absent = [k for k in unset if values.get(k) is None and k != "rope_scaling"]
     if absent:
-        raise ConfigError(f"model=hf: {cfg.model.init_from} gives no value for model.{', model.'.join(absent)}; "
+        raise ConfigError(f"model=hf: {source} gives no value for model.{', model.'.join(absent)}; "
                           "set them on the command line")
     for key in unset:
         cfg.model[key] = values[key]
     # Keys given on the command line must agree; checked here too, so dry_run (which reads no weights) stops.
-    problems = source_problems(model_config(cfg), cfg.model.init_from)
+    problems = source_problems(model_config(cfg), source)
     if problems:
         raise ConfigError("model=hf: model.* given on the command line disagree with model.init_from (drop them, "
                           "or choose another folder):\n  - " + "\n  - ".join(problems))
