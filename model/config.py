@@ -87,13 +87,13 @@ class ModelConfig:
         if self.intermediate_size is not None and self.intermediate_size <= 0:
             raise ValueError(f"model.intermediate_size={self.intermediate_size} must be positive (null: the FFN "
                              "width from model.dim, model.multiple_of and model.ffn_dim_multiplier)")
-        rope_scaling_problem(self.rope_scaling)
+        check_rope_scaling(self.rope_scaling)
 
 
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
-def rope_scaling_problem(scaling: Optional[Dict[str, Any]]) -> None:
+def check_rope_scaling(scaling: Optional[Dict[str, Any]]) -> None:
     """Raise ValueError unless ``scaling`` is null or Llama 3.1's rotary scaling with all four numbers."""
     if scaling is None:
         return
