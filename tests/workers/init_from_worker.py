@@ -57,7 +57,8 @@ def main() -> None:
     preset = OmegaConf.merge(OmegaConf.load(ROOT / f"configs/model/{preset_name}.yaml"),
                              OmegaConf.from_dotlist(model_args))
     if preset_name == "hf":
-        wrapped = OmegaConf.create({"model": {**OmegaConf.to_container(preset), "init_from": source}})
+        wrapped = OmegaConf.create({"model": {**OmegaConf.to_container(preset), "init_from": source},
+                                    "checkpoint": {"dir": "", "resume": "never"}})
         fill_model_shape(wrapped)
         preset = wrapped.model
     mcfg = ModelConfig(**OmegaConf.to_container(preset))
