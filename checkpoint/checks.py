@@ -7,13 +7,15 @@ model.init_from's weights (from their small JSON files) unless the run will resu
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from checkpoint.durable.discovery import resolve_resume
+from checkpoint.durable.layout import MANIFEST
 from checkpoint.durable.manifest import CheckpointError
 from checkpoint.interop.weight_source import source_problems
-from configs.checks import Problems
+from configs.checks import ConfigError, Problems
 from configs.constants import ASYNC_MODES, BEST_METRICS, CHECKPOINT_FORMATS, ON_SAVE_ERROR, RESUME_WORDS
 from model.config import model_config
 
@@ -58,6 +60,28 @@ def config_problems(cfg, problems: Problems) -> None:
         problems.append("checkpoint.best_metric=val_loss ranks checkpoints by their validation loss, but this run "
                         f"does not evaluate (data.validation={d.validation}, eval.interval={e.interval}); set "
                         "data.validation and eval.interval > 0, or choose best_metric loss or probe_loss")
+
+
+def weights_only_resume(cfg) -> Optional[str]:
+    """checkpoint.resume=PATH naming a weights-only checkpoint (components [model], e.g. an HF folder
+    converted by scripts/convert_checkpoint.py) becomes model.init_from=PATH with checkpoint.resume=auto:
+    the run starts at step 0 from those weights with a fresh optimizer, and a restart of it resumes from
+    its own checkpoints. Returns what was changed (for the log), or None."""
+    resume = str(cfg.checkpoint.resume).strip()
+    manifest = Path(resume) / MANIFEST
+    if resume in RESUME_WORDS or resume.isdigit() or not manifest.is_file():
+        return None
+    try:
+        components = json.loads(manifest.read_text()).get("components") or []
+    except (OSError, ValueError):
+        return None  # the resume reports an unreadable checkpoint
+    if components != ["model"]:
+        return None
+    if cfg.model.init_from and Path(cfg.model.init_from).resolve() != Path(resume).resolve():
+        raise ConfigError(f"checkpoint.resume={resume} holds model weights only (it starts a run like model.init_from) "
+                          f"but model.init_from={cfg.model.init_from} names other weights; give one of them")
+    cfg.model.init_from, cfg.checkpoint.resume = resume, "auto"
+    return f"checkpoint.resume={resume} holds model weights only: model.init_from={resume}, checkpoint.resume=auto"
 
 
 def file_problems(cfg) -> List[str]:

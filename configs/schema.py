@@ -8,13 +8,32 @@ dataclasses: a misspelled key or a wrong type fails at compose time, before any 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from configs.constants import DEFAULT_TIMEOUTS, DEFAULT_WRITE_TIMEOUT_S
 from model.config import ModelConfig
+
+
+@dataclass
+class ModelSchema(ModelConfig):
+    """model.*: ModelConfig's keys, the shape ones without a default. Every preset in configs/model/ sets
+    them; configs/model/hf.yaml leaves them unset (``???``) for model.init_from's folder to fill
+    (checkpoint/interop/model_shape.py). A default here would win over ``???`` when the preset merges."""
+
+    dim: int = MISSING
+    n_layers: int = MISSING
+    n_heads: int = MISSING
+    n_kv_heads: Optional[int] = MISSING
+    vocab_size: int = MISSING
+    intermediate_size: Optional[int] = MISSING
+    norm_eps: float = MISSING
+    rope_theta: float = MISSING
+    rope_scaling: Optional[Dict[str, Any]] = MISSING
+    max_seq_len: int = MISSING
+    tie_embeddings: bool = MISSING
 
 
 @dataclass
@@ -241,7 +260,7 @@ class Config:
     run_dir: str = "${output_root}/${run_name}"
     seed: int = 1234
     dry_run: bool = False
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelSchema = field(default_factory=ModelSchema)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
@@ -257,6 +276,6 @@ def register() -> None:
     ConfigStore.instance().store(name="trainer_schema", node=Config)
 
 
-__all__ = ["Config", "ModelConfig", "ParallelConfig", "DataConfig", "TrainingConfig",
+__all__ = ["Config", "ModelConfig", "ModelSchema", "ParallelConfig", "DataConfig", "TrainingConfig",
            "EvalConfig", "OptimConfig", "CheckpointConfig", "RecoveryConfig", "LoggingConfig", "register",
            "MISSING"]

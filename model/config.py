@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Dict, Optional
 
 from omegaconf import OmegaConf
 
@@ -21,8 +21,14 @@ class ModelConfig:
     vocab_size: int = 320
     multiple_of: int = 32  # FFN hidden size is rounded up to a multiple of this
     ffn_dim_multiplier: Optional[float] = None
+    # The FFN width itself (config.json's intermediate_size); null: Llama's sizing from dim, multiple_of and
+    # ffn_dim_multiplier (ffn_hidden_dim below). Set, it wins over the formula.
+    intermediate_size: Optional[int] = None
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # Rotary scaling (model/rope.py): null is plain RoPE; Llama 3.1+ is config.json's rope_scaling,
+    # {rope_type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}.
+    rope_scaling: Optional[Dict[str, Any]] = None
     max_seq_len: int = 256
     dropout: float = 0.0
     tie_embeddings: bool = False
@@ -41,6 +47,8 @@ class ModelConfig:
 
     @property
     def ffn_hidden_dim(self) -> int:
+        if self.intermediate_size is not None:
+            return self.intermediate_size
         return ffn_hidden_dim(self.dim, self.multiple_of, self.ffn_dim_multiplier)
 
     def validate(self) -> None:
@@ -76,6 +84,30 @@ class ModelConfig:
                 f"model.vocab_size ({self.vocab_size}) and model.max_seq_len "
                 f"({self.max_seq_len}) must be positive"
             )
+        if self.intermediate_size is not None and self.intermediate_size <= 0:
+            raise ValueError(f"model.intermediate_size={self.intermediate_size} must be positive (null: the FFN "
+                             "width from model.dim, model.multiple_of and model.ffn_dim_multiplier)")
+        check_rope_scaling(self.rope_scaling)
+
+
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def check_rope_scaling(scaling: Optional[Dict[str, Any]]) -> None:
+    """Raise ValueError unless ``scaling`` is null or Llama 3.1's rotary scaling with all four numbers."""
+    if scaling is None:
+        return
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "llama3":
+        raise ValueError(f"model.rope_scaling has rope_type={kind!r}; model/rope.py implements 'llama3' (Llama "
+                         "3.1+), or set model.rope_scaling=null for plain rotary embeddings")
+    missing = [k for k in LLAMA3_ROPE_KEYS if not isinstance(scaling.get(k), (int, float))]
+    if missing:
+        raise ValueError(f"model.rope_scaling (llama3) needs numbers for {missing}; it has {dict(scaling)}")
+    if not scaling["factor"] >= 1 or not 0 < scaling["low_freq_factor"] < scaling["high_freq_factor"] \
+            or scaling["original_max_position_embeddings"] <= 0:
+        raise ValueError(f"model.rope_scaling={dict(scaling)}: llama3 scaling needs factor >= 1, "
+                         "0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0")
 
 
 def ffn_hidden_dim(dim: int, multiple_of: int, ffn_dim_multiplier: Optional[float]) -> int:

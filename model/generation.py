@@ -52,9 +52,11 @@ def next_token(logits: torch.Tensor, sampling: Sampling, generator: Optional[tor
 
 @torch.no_grad()
 def generate(model: torch.nn.Module, prompt: List[int], max_new_tokens: int, sampling: Sampling = Sampling(),
-             generator: Optional[torch.Generator] = None, stop_id: Optional[int] = None,
+             generator: Optional[torch.Generator] = None, stop_id=None,
              vocab_limit: Optional[int] = None) -> List[int]:
-    """The new ids after ``prompt`` (ending with ``stop_id`` if it was produced)."""
+    """The new ids after ``prompt`` (ending with ``stop_id`` if it was produced: one id, or several, as
+    a Hugging Face config.json's eos_token_id list)."""
+    stops = set(stop_id) if isinstance(stop_id, (list, tuple, set)) else {stop_id}
     cfg = model.cfg
     if not prompt:
         raise ValueError("the prompt is empty: give at least one token")
@@ -72,7 +74,7 @@ def generate(model: torch.nn.Module, prompt: List[int], max_new_tokens: int, sam
         for _ in range(max_new_tokens):
             token = next_token(logits, sampling, generator, vocab_limit)
             out.append(token)
-            if token == stop_id or len(out) == max_new_tokens:
+            if token in stops or len(out) == max_new_tokens:
                 break
             logits = model(torch.tensor([[token]], device=weight.device), cache=cache)[0, -1]
         return out

@@ -22,6 +22,7 @@ from torch import nn
 from model.config import ModelConfig
 from model.init import init_parameters
 from model.kv_cache import KVCache, LayerCache
+from model.rope import rope_tables
 
 
 class RMSNorm(nn.Module):
@@ -36,13 +37,6 @@ class RMSNorm(nn.Module):
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
-
-
-def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None):
-    """cos and sin tables of shape (max_seq_len, head_dim // 2), in fp32."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
-    angles = torch.outer(torch.arange(max_seq_len, device=device).float(), inv_freq)
-    return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -132,7 +126,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.tie_weights()
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, scaling=cfg.rope_scaling)
         # Derived from the config, so not part of the checkpoint.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -148,7 +142,8 @@ class Transformer(nn.Module):
         """Fill parameters (the whole tensors, or this rank's shards) and buffers; called after
         ``to_empty`` on a meta-built model. ``seed=None`` takes one from torch's global RNG."""
         cfg = self.cfg
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=buffer_device)
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=buffer_device,
+                               scaling=cfg.rope_scaling)
         self.rope_cos = cos
         self.rope_sin = sin
         if seed is None:

@@ -1,4 +1,5 @@
-"""Sample text from a trained model: a committed checkpoint (any layout) or an export of it.
+"""Sample text from a trained model: a committed checkpoint (any layout), an export of it, or a Hugging Face
+Llama folder.
 
   python scripts/generate.py outputs/debug/checkpoints/step_00000300 --prompt "The import statement"
   python scripts/generate.py CKPT --prompt "Lists" --temperature 0 --max-new-tokens 120   # greedy
@@ -9,7 +10,14 @@ the data path whose tokenizer decodes the ids (data/tokenizer.py); ``--data`` ov
 path, and an export (scripts/export.py's .safetensors) needs it. Decoding uses a KV cache
 (model/kv_cache.py). ``--temperature 0`` is greedy and deterministic; sampling is seeded by
 ``--seed``. Generation stops at the end-of-document token or after ``--max-new-tokens``.
-Hugging Face folders are not read yet.
+
+  python scripts/generate.py /models/Llama-3.2-1B --prompt "The capital of France is" --temperature 0
+
+A Hugging Face folder gives the weights (safetensors), the shape (config.json, model=hf's reading)
+and the tokenizer (its tokenizer.json, run with the tokenizers package as transformers' fast
+tokenizer does, special tokens such as BOS added by its post-processor); generation stops at any
+of config.json's eos_token_id (generation_config.json's when present). Greedy output equals
+transformers' ``generate(do_sample=False)`` on the same folder (tests/test_generate.py).
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 import torch
 
@@ -35,6 +43,8 @@ class Loaded(NamedTuple):
     data: Optional[Path]  # the prepared dataset the model was trained on (its tokenizer), if known
     train_seq_len: Optional[int]  # positions the model was trained on, if known
     source: str
+    tokenizer: Optional[object] = None  # a Hugging Face folder's own tokenizer
+    stop_ids: Optional[List[int]] = None  # a Hugging Face folder's eos_token_id(s)
 
 
 def _config_data_path(config: Dict) -> Optional[Path]:
@@ -71,15 +81,34 @@ def load(path: Path, weights: str = "model", device: str = "cpu", verify: bool =
         model = _build(json.loads(meta["model"]), load_file(str(path)), device)
         return Loaded(model, None, None, f"{path} ({meta.get('weights', 'model')} weights of step {meta.get('step')})")
     if path.is_dir() and (path / "config.json").is_file():
-        raise ValueError(f"{path} looks like a Hugging Face folder; reading those is not supported yet: generate "
-                         "from the checkpoint it was converted from, or load it with transformers")
+        return _load_hf(path, device)
     raise ValueError(f"{path}: expected a committed checkpoint directory (with manifest.json) or a .safetensors "
                      "file written by scripts/export.py")
 
 
+def _load_hf(path: Path, device: str) -> Loaded:
+    """A Hugging Face Llama folder: its weights, shape, tokenizer and end-of-text ids."""
+    from checkpoint.interop.from_hf import folder_model_config, hf_tensors
+    from data.tokenizer import FileTokenizer
+
+    cfg = folder_model_config(path)
+    model = build_model(cfg, device=device, seed=0)
+    model.load_state_dict(dict(hf_tensors(path, cfg, list(model.state_dict()))), strict=True)
+    if not (path / "tokenizer.json").is_file():
+        raise ValueError(f"{path} has no tokenizer.json: the folder's tokenizer decodes the ids")
+    tokenizer = FileTokenizer.from_file(path / "tokenizer.json")
+    config = json.loads((path / "config.json").read_text())
+    if (path / "generation_config.json").is_file():
+        config = {**config, **json.loads((path / "generation_config.json").read_text())}
+    eos = config.get("eos_token_id")
+    stops = eos if isinstance(eos, list) else [tokenizer.eos_id if eos is None else eos]
+    return Loaded(model.eval(), None, None, f"{path} (Hugging Face folder)", tokenizer, stops)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", type=Path, help="a committed step_N checkpoint directory or a .safetensors export")
+    p.add_argument("model", type=Path, help="a committed step_N checkpoint directory, a .safetensors export, or a "
+                   "Hugging Face Llama folder")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy (deterministic)")
@@ -95,14 +124,17 @@ def main(argv=None) -> int:
         sampling = Sampling(a.temperature, a.top_k, a.top_p)
         loaded = load(a.model, a.weights, a.device)
         data = a.data or loaded.data
-        if data is None or not (data / "meta.json").is_file():
+        if loaded.tokenizer is not None and a.data is None:
+            tokenizer = loaded.tokenizer
+        elif data is None or not (data / "meta.json").is_file():
             raise ValueError(f"no prepared dataset at {data} to take the tokenizer from; pass --data DIR (the "
                              "dataset the model was trained on)")
-        tokenizer = load_tokenizer(data)
+        else:
+            tokenizer = load_tokenizer(data)
         prompt = tokenizer.encode(a.prompt)
         generator = torch.Generator(device=a.device).manual_seed(a.seed)
-        new = generate(loaded.model, prompt, a.max_new_tokens, sampling, generator, stop_id=tokenizer.eos_id,
-                       vocab_limit=tokenizer.vocab_size)
+        new = generate(loaded.model, prompt, a.max_new_tokens, sampling, generator,
+                       stop_id=loaded.stop_ids or tokenizer.eos_id, vocab_limit=tokenizer.vocab_size)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -45,3 +45,25 @@ def test_hf_export_of_a_1b_checkpoint_holds_one_tensor_at_a_time(tmp_path):
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (config["num_hidden_layers"], config["hidden_size"], config["num_key_value_heads"],
             config["vocab_size"], config["tie_word_embeddings"]) == (4, 2048, 8, 8192, True)
+
+
+@pytest.mark.distributed
+def test_hf_folder_to_checkpoint_holds_one_tensor_at_a_time(tmp_path):
+    """scripts/convert_checkpoint.py HF DST --to raw on a 2.1 GiB folder (the 1b preset's layers, 9 of them,
+    vocabulary 8192; largest tensor 64 MiB): peak RSS growth <= 4 x the largest tensor + 256 MiB (the
+    tensor as read, its row-reordered copy, the file's mapped pages), a quarter of the weights."""
+    shape = ["n_layers=9", "vocab_size=8192"]
+    made = run([sys.executable, worker("export_memory"), "make_hf", str(tmp_path / "hf"), "1b", *shape], timeout=900)
+    assert made.returncode == 0, made.stderr[-3000:]
+    proc = run([sys.executable, worker("export_memory"), "convert", str(tmp_path / "hf"), str(tmp_path / "ckpt")],
+               timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads(proc.stdout.strip().splitlines()[-1])
+    # tied: the embedding is also saved as output.weight, as the project's own checkpoints hold it
+    assert m["fp32_weight_bytes"] >= 2 * GiB and m["written_bytes"] == m["fp32_weight_bytes"] + 4 * 8192 * 2048
+    growth = m["peak_rss"] - m["rss_before"]
+    bound = 4 * m["largest_tensor"] + 256 * 2**20
+    assert bound < 0.3 * m["fp32_weight_bytes"]  # a conversion holding every tensor cannot pass
+    print(f"conversion of {m['fp32_weight_bytes'] / GiB:.2f} GiB of fp32 weights: peak RSS growth "
+          f"{growth / GiB:.2f} GiB (bound {bound / GiB:.2f} GiB), {m['seconds']:.1f} s")
+    assert growth <= bound, (growth / GiB, bound / GiB)

@@ -119,4 +119,34 @@ def test_inputs_that_cannot_work_are_named(tmp_path, pydoc_data):
     (hf / "config.json").write_text(json.dumps({"model_type": "llama"}))
     proc = run([sys.executable, str(ROOT / "scripts" / "generate.py"), str(hf), "--prompt", "x"])
     assert proc.returncode == 2
-    assert "looks like a Hugging Face folder; reading those is not supported yet" in proc.stderr
+    assert "a Hugging Face folder needs model.safetensors or model.safetensors.index.json" in proc.stderr
+
+
+@pytest.mark.distributed  # a script process
+def test_the_script_on_a_hf_folder_equals_transformers_greedy_generate(tmp_path):
+    """A transformers Llama with llama3 rotary scaling and a tokenizer.json (the byte tokenizer's, EOS 256;
+    eos_token_id [256, 7] in config.json): scripts/generate.py --temperature 0 prints what transformers'
+    generate(do_sample=False) gives on the same folder, decoded by the same tokenizer."""
+    from tokenizers import Tokenizer
+    from transformers import LlamaForCausalLM
+
+    from data.tokenizer import byte_tokenizer_json
+    from test_interop_import import hf_random_model
+    from test_llama3_rope import SCALED, SCALING
+
+    folder = tmp_path / "hf"
+    cfg = ModelConfig(**{**vars(SCALED), "vocab_size": 257})  # the tokenizer's ids: argmax over the same set
+    hf_random_model(folder, cfg, seed=6, rope_scaling=dict(SCALING), eos_token_id=[256, 7], bos_token_id=None)
+    byte_tokenizer_json().save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    prompt, new = "The rotary embedding of Llama 3.1", 60  # 33 + 60 positions: past the original 32
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ids = torch.tensor([tok.encode(prompt).ids])
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=new, do_sample=False, pad_token_id=256)[0].tolist()
+    proc = run([sys.executable, str(ROOT / "scripts" / "generate.py"), str(folder), "--prompt", prompt,
+                "--temperature", "0", "--max-new-tokens", str(new)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(out) > ids.shape[1] + 10  # it generated, not stopped at once
+    assert proc.stdout.rstrip("\n") == tok.decode(out)

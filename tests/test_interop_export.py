@@ -1,7 +1,7 @@
 """scripts/export.py --format hf, proven with transformers itself: the folder loads with
 ``LlamaForCausalLM.from_pretrained`` (no missing, unexpected or resized tensors, no code from this
 project) and gives the project's logits, for grouped-query attention, multi-head attention and
-tied embeddings, from a single-process checkpoint with optimizer state and from a train.py
+tied embeddings, Llama 3.1's rotary scaling, from a single-process checkpoint with optimizer state and from a train.py
 checkpoint saved at dp_shard=2; the tokenizer files let AutoTokenizer encode the data's ids and
 ``generate`` continue a prompt as the project's model does.
 
@@ -33,6 +33,11 @@ SHAPES = {
     "mha": ModelConfig(name="t", dim=64, n_layers=2, n_heads=4, vocab_size=96, max_seq_len=32, rope_theta=500000.0),
     "tied": ModelConfig(name="t", dim=64, n_layers=3, n_heads=8, n_kv_heads=2, vocab_size=96, max_seq_len=32,
                         tie_embeddings=True, norm_eps=1e-6, multiple_of=48),
+    # Llama 3.1's rotary scaling (31 positions, past the original 8) and an FFN width set directly
+    "llama3": ModelConfig(name="t", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, max_seq_len=32,
+                          intermediate_size=80, rope_theta=500000.0,
+                          rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8}),
 }
 
 

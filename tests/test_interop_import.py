@@ -39,15 +39,16 @@ LAYOUTS = {"1": (1, []), "dp_shard2": (2, ["dp_shard=2"]), "tp2": (2, ["tp=2"]),
 SHARE = {"1": 1.0, "dp_shard2": 0.5, "tp2": 0.5, "dp_shard2_tp2": 0.25}  # of the source's bytes, per rank
 
 
-def hf_random_model(out: Path, cfg: ModelConfig = DEBUG, dtype=torch.float32, seed: int = 0):
-    """A transformers Llama of ``cfg``'s shape with every tensor random, saved with save_pretrained."""
+def hf_random_model(out: Path, cfg: ModelConfig = DEBUG, dtype=torch.float32, seed: int = 0, **extra):
+    """A transformers Llama of ``cfg``'s shape with every tensor random, saved with save_pretrained
+    (``extra``: more LlamaConfig fields, e.g. rope_scaling)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     hf_cfg = LlamaConfig(hidden_size=cfg.dim, intermediate_size=cfg.ffn_hidden_dim, num_hidden_layers=cfg.n_layers,
                          num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
                          vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_seq_len,
                          rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
-                         tie_word_embeddings=cfg.tie_embeddings)
+                         tie_word_embeddings=cfg.tie_embeddings, **extra)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(hf_cfg)
     with torch.no_grad():
@@ -222,7 +223,8 @@ def test_apply_init_from_restarts_the_ema_and_is_skipped_after_a_resume(hf_folde
     ckpt = SimpleNamespace(init_from=None)
     said = apply_init_from(str(folder), state, ckpt, "fresh start", torch.device("cpu"))
     assert said.startswith(f"fresh start; weights from model.init_from={folder} (hf, hash ")
-    assert ckpt.init_from == {"path": str(folder.resolve()), "kind": "hf", "hash": said.split("hash ")[1][:-1]}
+    assert ckpt.init_from == {"path": str(folder.resolve()), "kind": "hf", "hash": said.split("hash ")[1][:-1],
+                              "hf_config": json.loads((folder / "config.json").read_text())}  # for the export
     embedding = hf.model.embed_tokens.weight
     assert torch.equal(model.tok_embeddings.weight, embedding)
     assert torch.equal(state.ema.shadow["tok_embeddings.weight"], embedding)  # the EMA starts from the import

@@ -23,6 +23,7 @@ from helpers.launch import ROOT, run, run_train
 from tools.runs import debug_overrides
 
 EOS = "</doc>"
+BOS = "<doc>"  # id 2
 
 
 def save_tokenizer(folder, vocab_size: int = 300, eos: str = EOS, config: bool = True):
@@ -34,14 +35,14 @@ def save_tokenizer(folder, vocab_size: int = 300, eos: str = EOS, config: bool =
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", eos], show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", eos, BOS], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([topics[k] for k in sorted(topics)[:40]], trainer=trainer)
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     if config:
-        (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos, "tokenizer_class":
-                                                                  "PreTrainedTokenizerFast"}))
+        (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos, "bos_token": BOS,
+                                                                  "tokenizer_class": "PreTrainedTokenizerFast"}))
     return folder / "tokenizer.json"
 
 
@@ -115,7 +116,9 @@ def test_a_run_trains_on_it_and_its_export_carries_the_tokenizer(prepared, tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == path.read_bytes()
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert config["eos_token_id"] == 1
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert config["eos_token_id"] == generation["eos_token_id"] == 1  # the tokenizer's ids
+    assert config["bos_token_id"] == generation["bos_token_id"] == 2
     hf_tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "Checkpoints are committed atomically."
     assert hf_tok(text)["input_ids"] == FileTokenizer.from_file(path).encode(text)

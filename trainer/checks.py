@@ -20,6 +20,7 @@ import metrics.checks
 import parallel.checks
 import recovery.checks
 import training.checks
+from checkpoint.interop.model_shape import fill_model_shape
 from configs.checks import ConfigError, Problems
 from model.config import model_config
 
@@ -40,7 +41,11 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
 
     train.py also passes the run's ``world_size`` (``world_size_of``: the parallel layout, the
     batch split and tensor-parallel divisibility are checked) and ``files=True`` (the pre-flight's
-    file probes; the data ones not for a dry run)."""
+    file probes; the data ones not for a dry run). First, ``model=hf`` gets its shape from model.init_from
+    (checkpoint/interop/model_shape.py): the model keys it leaves unset are filled in ``cfg`` itself, after
+    a weights-only checkpoint.resume became model.init_from (checkpoint/checks.py)."""
+    checkpoint.checks.weights_only_resume(cfg)
+    fill_model_shape(cfg)
     problems = Problems()
     problems.check(lambda: model_config(cfg).validate())
     data.checks.config_problems(cfg, problems)

@@ -184,9 +184,12 @@ def export_hf(checkpoint: Path, out_dir: Path, dtype: str = "fp32", weights: str
                      "weight_map": {s.name: file for file, shard in zip(files, shards) for s in shard}}
             (tmp / HF_INDEX).write_text(json.dumps(index, indent=2) + "\n")
         data = _data_meta(ckpt.manifest, tokenizer)
-        eos = data.get("eos_id")
-        (tmp / "config.json").write_text(json.dumps(hf_config(cfg, HF_DTYPE_NAMES[target], eos), indent=2) + "\n")
-        generation = {"eos_token_id": eos, "bos_token_id": None, "pad_token_id": eos}
+        imported = (ckpt.manifest.init_from or {}).get("hf_config")
+        eos, bos = data.get("eos_id"), _bos_id(data)
+        config = hf_config(cfg, HF_DTYPE_NAMES[target], eos, bos, imported)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        generation = {"bos_token_id": config.get("bos_token_id"), "eos_token_id": config.get("eos_token_id"),
+                      "pad_token_id": config.get("pad_token_id") if imported else eos}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         tokenizer_note = _write_tokenizer(tmp, data, cfg)
         if out_dir.exists():
@@ -215,6 +218,27 @@ def _data_meta(manifest: Manifest, tokenizer: Optional[Path]) -> Dict:
     if tokenizer is not None and Path(tokenizer).is_file():
         meta = {**meta, "tokenizer": meta.get("tokenizer", "hf"), "tokenizer_file": str(tokenizer)}
     return {**meta, "folder": str(folder) if str(folder) not in ("", ".") else ""}
+
+
+def _bos_id(data: Dict) -> Optional[int]:
+    """The tokenizer's beginning-of-text id: the ``bos_token`` of an hf: tokenizer's tokenizer_config.json
+    (the byte and BPE tokenizers have none)."""
+    if "tokenizer_file" in data:
+        path = Path(data["tokenizer_file"])
+    elif data.get("folder"):
+        path = Path(data["folder"]) / TOKENIZER_JSON
+    else:
+        return None
+    config = path.parent / TOKENIZER_CONFIG
+    if not (path.is_file() and config.is_file()):
+        return None
+    bos = json.loads(config.read_text()).get("bos_token")
+    bos = bos.get("content") if isinstance(bos, dict) else bos
+    if not bos:
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path)).token_to_id(bos)
 
 
 def _write_tokenizer(out: Path, data: Dict, cfg: ModelConfig) -> str:

@@ -19,9 +19,9 @@ anything is allocated, so it imports no torch.
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
-from model.config import ModelConfig
+from model.config import LLAMA3_ROPE_KEYS, ModelConfig
 
 HF_ARCHITECTURE = "LlamaForCausalLM"
 
@@ -61,9 +61,40 @@ def rotary_heads(name: str, cfg: ModelConfig) -> Optional[int]:
     return None
 
 
-def hf_config(cfg: ModelConfig, dtype: str, eos_id: Optional[int] = None, bos_id: Optional[int] = None) -> Dict:
+# config.json fields an export writes from the project's own state, whatever came in with the weights: the
+# dtype of the exported tensors. Every other field of an imported config.json goes back out unchanged.
+OWNED_FIELDS = ("torch_dtype", "dtype")
+
+
+def hf_rope(hf: Dict) -> Tuple[float, Optional[Dict], str]:
+    """(rope_theta, model.rope_scaling or None, rope_type) from config.json in transformers 4's spelling
+    (``rope_theta`` + ``rope_scaling``) or 5's (``rope_parameters``, which also holds the theta)."""
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return theta, None, rope_type
+    scaling = {"rope_type": rope_type, **{k: params[k] for k in LLAMA3_ROPE_KEYS if k in params}}
+    return theta, scaling, rope_type
+
+
+def _rope_fields(cfg: ModelConfig) -> Dict:
+    scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
+    params = {**(scaling or {"rope_type": "default"}), "rope_theta": cfg.rope_theta}
+    return {"rope_theta": cfg.rope_theta, "rope_scaling": scaling, "rope_parameters": params}
+
+
+def hf_config(cfg: ModelConfig, dtype: str, eos_id=None, bos_id=None, imported: Optional[Dict] = None) -> Dict:
     """config.json for ``cfg``: every field LlamaForCausalLM reads, in the spelling of transformers 4
-    (``rope_theta``, ``torch_dtype``) and 5 (``rope_parameters``, ``dtype``)."""
+    (``rope_theta``, ``rope_scaling``, ``torch_dtype``) and 5 (``rope_parameters``, ``dtype``). With the
+    config.json the weights were ``imported`` from, that file comes back with only OWNED_FIELDS rewritten
+    (the shape was checked equal at import; ``max_position_embeddings`` follows ``model.max_seq_len``)."""
+    if imported:
+        out = dict(imported)
+        out.update({k: dtype for k in OWNED_FIELDS})
+        if out.get("max_position_embeddings") != cfg.max_seq_len:
+            out["max_position_embeddings"] = cfg.max_seq_len
+        return out
     return {
         "architectures": [HF_ARCHITECTURE],
         "model_type": "llama",
@@ -76,14 +107,14 @@ def hf_config(cfg: ModelConfig, dtype: str, eos_id: Optional[int] = None, bos_id
         "vocab_size": cfg.vocab_size,
         "max_position_embeddings": cfg.max_seq_len,
         "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        **_rope_fields(cfg),
         "tie_word_embeddings": cfg.tie_embeddings,
         "hidden_act": "silu",
         "attention_bias": False,
         "mlp_bias": False,
         "attention_dropout": 0.0,
         "initializer_range": cfg.init_std,
+        "pretraining_tp": 1,
         "torch_dtype": dtype,
         "dtype": dtype,
         "bos_token_id": bos_id,
@@ -93,11 +124,16 @@ def hf_config(cfg: ModelConfig, dtype: str, eos_id: Optional[int] = None, bos_id
     }
 
 
-def _rope(hf: Dict) -> tuple:
-    """(rope_theta, rope_type) from either spelling of config.json."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
-    return float(theta), params.get("rope_type", params.get("type", "default"))
+def model_keys_from_hf(hf: Dict) -> Dict:
+    """The model.* keys of the model in config.json ``hf`` (``model=hf`` fills them; the shape check
+    compares them): the shape, the rotary embedding, eps, tying, and max positions as model.max_seq_len."""
+    heads = hf.get("num_attention_heads")
+    theta, scaling, _ = hf_rope(hf)
+    return {"dim": hf.get("hidden_size"), "n_layers": hf.get("num_hidden_layers"), "n_heads": heads,
+            "n_kv_heads": hf.get("num_key_value_heads") or heads, "vocab_size": hf.get("vocab_size"),
+            "intermediate_size": hf.get("intermediate_size"), "norm_eps": hf.get("rms_norm_eps"),
+            "rope_theta": theta, "rope_scaling": scaling, "tie_embeddings": bool(hf.get("tie_word_embeddings")),
+            "max_seq_len": hf.get("max_position_embeddings")}
 
 
 def hf_shape_problems(cfg: ModelConfig, hf: Dict, where: str) -> List[str]:
@@ -106,31 +142,43 @@ def hf_shape_problems(cfg: ModelConfig, hf: Dict, where: str) -> List[str]:
     if hf.get("model_type") != "llama" and HF_ARCHITECTURE not in hf.get("architectures", []):
         return [f"{where} is not a Llama model (model_type={hf.get('model_type')!r}, architectures="
                 f"{hf.get('architectures')}); model.init_from reads LlamaForCausalLM folders"]
-    heads = hf.get("num_attention_heads")
+    theirs = model_keys_from_hf(hf)
+    ffn = "model.intermediate_size" if cfg.intermediate_size is not None else \
+        "the FFN width (set model.intermediate_size, or model.dim, model.multiple_of, model.ffn_dim_multiplier)"
     pairs = [
-        ("model.dim", cfg.dim, "hidden_size", hf.get("hidden_size")),
-        ("model.n_layers", cfg.n_layers, "num_hidden_layers", hf.get("num_hidden_layers")),
-        ("model.n_heads", cfg.n_heads, "num_attention_heads", heads),
-        ("model.n_kv_heads", cfg.kv_heads, "num_key_value_heads", hf.get("num_key_value_heads") or heads),
-        ("model.vocab_size", cfg.vocab_size, "vocab_size", hf.get("vocab_size")),
-        ("the FFN width (from model.dim, model.multiple_of, model.ffn_dim_multiplier)", cfg.ffn_hidden_dim,
-         "intermediate_size", hf.get("intermediate_size")),
-        ("model.tie_embeddings", cfg.tie_embeddings, "tie_word_embeddings", bool(hf.get("tie_word_embeddings"))),
-        ("model.norm_eps", cfg.norm_eps, "rms_norm_eps", hf.get("rms_norm_eps")),
-        ("model.rope_theta", cfg.rope_theta, "rope_theta", _rope(hf)[0]),
+        ("model.dim", cfg.dim, "hidden_size", theirs["dim"]),
+        ("model.n_layers", cfg.n_layers, "num_hidden_layers", theirs["n_layers"]),
+        ("model.n_heads", cfg.n_heads, "num_attention_heads", theirs["n_heads"]),
+        ("model.n_kv_heads", cfg.kv_heads, "num_key_value_heads", theirs["n_kv_heads"]),
+        ("model.vocab_size", cfg.vocab_size, "vocab_size", theirs["vocab_size"]),
+        (ffn, cfg.ffn_hidden_dim, "intermediate_size", theirs["intermediate_size"]),
+        ("model.tie_embeddings", cfg.tie_embeddings, "tie_word_embeddings", theirs["tie_embeddings"]),
+        ("model.norm_eps", cfg.norm_eps, "rms_norm_eps", theirs["norm_eps"]),
+        ("model.rope_theta", cfg.rope_theta, "rope_theta", theirs["rope_theta"]),
     ]
     if hf.get("head_dim") is not None:
         pairs.append(("the head size model.dim / model.n_heads", cfg.head_dim, "head_dim", hf["head_dim"]))
     problems = [f"{ours}={mine} but {where} has {theirs}={value}" for ours, mine, theirs, value in pairs
                 if value != mine]
-    rope_type = _rope(hf)[1]
-    if rope_type != "default":
-        problems.append(f"{where} uses rope_type={rope_type!r} (rotary scaling), which model/llama.py does not "
-                        "implement; only plain rotary embeddings (rope_type 'default') can be imported")
+    _, scaling, rope_type = hf_rope(hf)
+    if rope_type not in ("default", "llama3"):
+        problems.append(f"{where} uses rope_type={rope_type!r} (rotary scaling), which model/rope.py does not "
+                        "implement; plain rotary embeddings ('default') and Llama 3.1's 'llama3' can be imported")
+    elif _plain(scaling) != _plain(cfg.rope_scaling):
+        problems.append(f"model.rope_scaling={_plain(cfg.rope_scaling)} but {where} has rope_scaling="
+                        f"{_plain(scaling)}")
     for key, plain in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
         if hf.get(key, plain) != plain:
             problems.append(f"{where} has {key}={hf[key]!r}; model/llama.py is {key}={plain!r}")
     return problems
+
+
+def _plain(scaling: Optional[Dict]) -> Optional[Dict]:
+    """Rotary scaling as comparable numbers (``type`` spelled ``rope_type``), or None."""
+    if not scaling:
+        return None
+    return {"rope_type": scaling.get("rope_type", scaling.get("type")),
+            **{k: float(scaling[k]) for k in LLAMA3_ROPE_KEYS if k in scaling}}
 
 
 def project_shape_problems(cfg: ModelConfig, saved: Dict, where: str) -> List[str]:
@@ -139,11 +187,12 @@ def project_shape_problems(cfg: ModelConfig, saved: Dict, where: str) -> List[st
     derived = {"n_kv_heads": lambda c: c.kv_heads,
                "ffn_hidden_dim": lambda c: c.ffn_hidden_dim}  # multiple_of and ffn_dim_multiplier only size the FFN
     problems = []
+    derived["rope_scaling"] = lambda c: _plain(c.rope_scaling)
     for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_hidden_dim", "tie_embeddings",
-                "norm_eps", "rope_theta"):
+                "norm_eps", "rope_theta", "rope_scaling"):
         get = derived.get(key, lambda c, k=key: getattr(c, k))
         if get(cfg) != get(theirs):
             name = f"model.{key}" if key != "ffn_hidden_dim" else \
-                "the FFN width (from model.dim, model.multiple_of, model.ffn_dim_multiplier)"
+                "the FFN width (set model.intermediate_size, or model.dim, model.multiple_of, model.ffn_dim_multiplier)"
             problems.append(f"{name}={get(cfg)} but {where} has {key}={get(theirs)}")
     return problems

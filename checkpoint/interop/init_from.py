@@ -134,6 +134,13 @@ def load_initial_weights(model: torch.nn.Module, source: WeightSource, device: t
     return read
 
 
+def _checkpoint_hf_config(source: WeightSource) -> Optional[Dict]:
+    """The config.json a checkpoint's weights were imported with (its manifest's init_from), if any."""
+    if source.kind != "checkpoint":
+        return None
+    return (read_manifest(source.path).init_from or {}).get("hf_config")
+
+
 def apply_init_from(init_from: Optional[str], state, ckpt, resumed: str, device: torch.device) -> str:
     """trainer/run.py's one call, right after the resume: load ``init_from`` into a fresh run (and
     restart the EMA from it); returns the banner's resume text, which says what happened."""
@@ -154,6 +161,9 @@ def apply_init_from(init_from: Optional[str], state, ckpt, resumed: str, device:
         state.ema.load_state_dict({n: p.detach() for n, p in state.ema.params.items()})
     digest = source_hash(source)
     record = {"path": str(source.path.resolve()), "kind": source.kind, "hash": digest}
+    hf = source.config if source.kind == "hf" else _checkpoint_hf_config(source)
+    if hf:  # the config.json the weights came with: an export writes it back (hf_config.OWNED_FIELDS aside)
+        record["hf_config"] = hf
     ckpt.init_from = record
     total = sum(e["data_offsets"][1] - e["data_offsets"][0] for _, e in source.tensors.values())
     share = f"; this rank read {read / 2**20:.2f} of {total / 2**20:.2f} MiB" if total else ""

@@ -39,6 +39,9 @@ RESUME_MUTABLE = RESUME_SCHEDULE + (
     "eval", "data.validation", "data.validation_fraction",
 )
 
+# Model keys added later: hashed only when set, so a checkpoint saved before they existed keeps its hash.
+HASHED_WHEN_SET = ("rope_scaling", "intermediate_size")
+
 
 def full_config(cfg: DictConfig) -> Dict:
     """The resolved config as plain data (what the manifest stores)."""
@@ -56,6 +59,10 @@ def hashed_config(cfg: DictConfig | Dict) -> Dict:
             node = node.get(p, {}) if isinstance(node, dict) else {}
         if isinstance(node, dict):
             node.pop(leaf, None)
+    model = container.get("model")
+    for key in HASHED_WHEN_SET:  # unset, they are the behaviour of checkpoints written before them
+        if isinstance(model, dict) and model.get(key) is None:
+            model.pop(key, None)
     return container
 
 

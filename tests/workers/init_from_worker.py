@@ -6,6 +6,9 @@ fixed tokens and dumps, from rank 0: the logits, the gathered parameters, and ho
 tensors each rank read. With save=DIR it also saves the imported weights as a committed
 checkpoint (the project's saver, every rank writing its shards), for the export round trip.
 
+With model=hf the shape comes from SOURCE (configs/model/hf.yaml, filled as train.py fills it) instead
+of the debug preset; seq=N[,M...] gives the logits at each of those lengths (default 48).
+
   python tests/workers/init_from_worker.py OUT.pt SOURCE [model.KEY=V ...] [dp_shard=2 tp=2 ...] [save=DIR]
   torchrun --nproc-per-node 2 tests/workers/init_from_worker.py OUT.pt SOURCE dp_shard=2
 """
@@ -25,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from checkpoint.durable.manifest import Manifest
 from checkpoint.durable.saver import CheckpointSaver
 from checkpoint.interop.init_from import load_initial_weights
+from checkpoint.interop.model_shape import fill_model_shape
 from checkpoint.interop.weight_source import open_source
 from configs.schema import ParallelConfig
 from model.config import ModelConfig
@@ -37,8 +41,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SEQ_LEN, SEED = 48, 1234
 
 
-def tokens(vocab: int) -> torch.Tensor:
-    return torch.randint(0, vocab, (2, SEQ_LEN), generator=torch.Generator().manual_seed(7))
+def tokens(vocab: int, seq_len: int = SEQ_LEN) -> torch.Tensor:
+    return torch.randint(0, vocab, (2, seq_len), generator=torch.Generator().manual_seed(7))
 
 
 def main() -> None:
@@ -46,9 +50,17 @@ def main() -> None:
     args = sys.argv[3:]
     model_args = [a[len("model."):] for a in args if a.startswith("model.")]
     save = next((a.split("=", 1)[1] for a in args if a.startswith("save=")), None)
-    parallel_args = [a for a in args if not a.startswith(("model.", "save="))]
+    seqs = [int(n) for n in next((a.split("=", 1)[1] for a in args if a.startswith("seq=")), str(SEQ_LEN)).split(",")]
+    preset_name = next((a.split("=", 1)[1] for a in args if a.startswith("model=")), "debug")
+    parallel_args = [a for a in args if not a.startswith(("model.", "save=", "seq=", "model="))]
     pcfg = OmegaConf.merge(OmegaConf.structured(ParallelConfig(device="cpu")), OmegaConf.from_dotlist(parallel_args))
-    preset = OmegaConf.merge(OmegaConf.load(ROOT / "configs/model/debug.yaml"), OmegaConf.from_dotlist(model_args))
+    preset = OmegaConf.merge(OmegaConf.load(ROOT / f"configs/model/{preset_name}.yaml"),
+                             OmegaConf.from_dotlist(model_args))
+    if preset_name == "hf":
+        wrapped = OmegaConf.create({"model": {**OmegaConf.to_container(preset), "init_from": source},
+                                    "checkpoint": {"dir": "", "resume": "never"}})
+        fill_model_shape(wrapped)
+        preset = wrapped.model
     mcfg = ModelConfig(**OmegaConf.to_container(preset))
 
     world = init_distributed("cpu", pcfg.collective_timeout_s)
@@ -58,7 +70,8 @@ def main() -> None:
     materialize_parallel_model(model, parallel, world.device, seed=SEED)
     read = load_initial_weights(model, open_source(source), world.device)
     with torch.no_grad():
-        logits = model.eval()(tokens(mcfg.vocab_size))
+        by_len = {n: model.eval()(tokens(mcfg.vocab_size, n)) for n in seqs}
+    logits = by_len[seqs[0]]
     params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
               for n, p in model.named_parameters()}
     reads = [read]
@@ -73,7 +86,8 @@ def main() -> None:
         saver.save({"model": get_model_state_dict(model)}, manifest)
         saver.close()
     if world.is_main:
-        torch.save({"logits": logits, "params": params, "bytes_read": reads, "layout": dims.describe()}, out)
+        torch.save({"logits": logits, "logits_by_len": by_len, "shape": dataclasses.asdict(mcfg), "params": params,
+                    "bytes_read": reads, "layout": dims.describe()}, out)
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

@@ -1,0 +1,131 @@
+"""A Hugging Face Llama folder as a committed step-0 checkpoint (scripts/convert_checkpoint.py --to raw|dcp).
+
+Fine-tuning needs no conversion (``model.init_from=FOLDER`` reads the folder directly); this
+writes the folder's weights once in the project's format, exactly: every tensor is the folder's
+(upcast to the fp32 the model trains in, which is exact for bf16 and fp16; wq and wk rows put back
+in Meta's rotary order), so an export of the result gives the folder's tensors bit for bit.
+
+It streams: one tensor is read from safetensors (``get_tensor`` of that name only), converted and
+appended to the data file, then dropped, so memory is O(largest tensor) whatever the model's size.
+The checkpoint is layout-free: one data file holding every tensor whole (world size 1, one chunk
+per tensor), which DCP reshards to any layout at load. It holds the model only (components
+["model"], step 0): ``model.init_from=DST`` starts a run from it with a fresh optimizer. Its
+manifest records the source as ``init_from`` (with the folder's config.json, which an export
+writes back unchanged) and checksums every file, so the loaders verify it like any checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import shutil
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List, Tuple
+
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+
+from checkpoint.durable.integrity import checksum_file, default_algorithm, fsync_dir
+from checkpoint.durable.manifest import FileEntry, Manifest, write_manifest
+from checkpoint.durable.writer import RAW, tensor_bytes
+from checkpoint.interop.hf_config import hf_name, hf_shape_problems, model_keys_from_hf, rotary_heads
+from checkpoint.interop.hf_weights import from_hf_rows
+from checkpoint.interop.init_from import source_hash
+from checkpoint.interop.weight_source import SourceError, open_source
+from checkpoint.state.fingerprint import config_hash, hashed_config
+from model.config import ModelConfig
+from model.llama import build_model
+
+DATA_FILE, METADATA = "__0_0.distcp", ".metadata"
+
+
+def folder_model_config(path: Path) -> ModelConfig:
+    """The ModelConfig of the Llama in HF folder ``path`` (what ``model=hf`` fills), checked."""
+    source = open_source(path)
+    if source.kind != "hf":
+        raise SourceError(f"{path}: a Hugging Face Llama folder (config.json + safetensors) is expected here")
+    cfg = ModelConfig(name=Path(path).name, **model_keys_from_hf(source.config))
+    cfg.validate()
+    problems = hf_shape_problems(cfg, source.config, str(path))
+    if problems:
+        raise SourceError("; ".join(problems))
+    return cfg
+
+
+def hf_tensors(path: Path, cfg: ModelConfig, names: List[str]) -> Iterator[Tuple[str, torch.Tensor]]:
+    """(our name, fp32 tensor in Meta's q/k row order) for each of ``names``, read one at a time from the
+    folder's safetensors (a tied model's output.weight is the embedding)."""
+    from safetensors import safe_open
+
+    source = open_source(path)
+    for name in names:
+        theirs = hf_name(name)
+        if theirs not in source.tensors and name == "output.weight" and cfg.tie_embeddings:
+            theirs = hf_name("tok_embeddings.weight")
+        if theirs not in source.tensors:
+            raise SourceError(f"{path} lacks {theirs} (for {name})")
+        with safe_open(str(source.tensors[theirs][0]), "pt") as f:
+            t = f.get_tensor(theirs).float()
+        heads = rotary_heads(name, cfg)
+        yield name, (from_hf_rows(t, heads) if heads else t).contiguous()
+
+
+def convert_hf_folder(src: Path, dst: Path, fmt: str = "raw") -> Dict:
+    """Write ``dst`` (a new directory) holding HF folder ``src``'s weights as a committed step-0 checkpoint."""
+    src, dst = Path(src), Path(dst)
+    if dst.exists():
+        raise FileExistsError(f"{dst} exists; convert into a new directory")
+    cfg = folder_model_config(src)
+    source = open_source(src)
+    names = list(build_model(cfg, materialize=False).state_dict())  # ours, in the model's order (meta: no memory)
+    tmp = dst.parent / f".{dst.name}.converting-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    state_meta, storage, planner = {}, {}, {}
+    try:
+        with open(tmp / DATA_FILE, "wb") as out:
+            for name, t in hf_tensors(src, cfg, names):
+                fqn, offset = f"model.{name}", out.tell()
+                if fmt == "raw":
+                    out.write(tensor_bytes(t))
+                    info = _StorageInfo(DATA_FILE, offset, out.tell() - offset, [RAW])
+                else:  # stock DCP: a torch.save archive per tensor, what FileSystemWriter writes
+                    torch.save(t, out)
+                    info = _StorageInfo(DATA_FILE, offset, out.tell() - offset)
+                zeros = torch.Size([0] * t.dim())
+                state_meta[fqn] = TensorStorageMetadata(TensorProperties(dtype=t.dtype), t.shape,
+                                                        [ChunkStorageMetadata(zeros, t.shape)])
+                storage[MetadataIndex(fqn, zeros)] = info
+                planner[fqn] = ("model", name)
+                del t
+            out.flush()
+            os.fsync(out.fileno())
+        with open(tmp / METADATA, "wb") as f:
+            pickle.dump(Metadata(state_meta, planner, storage, StorageMeta()), f)
+            f.flush()
+            os.fsync(f.fileno())
+        algorithm = default_algorithm()
+        files = {n: FileEntry((tmp / n).stat().st_size, checksum_file(tmp / n, algorithm))
+                 for n in (DATA_FILE, METADATA)}
+        config = {"model": dataclasses.asdict(cfg)}
+        record = {"path": str(src.resolve()), "kind": "hf", "hash": source_hash(source), "hf_config": source.config}
+        manifest = Manifest("step_00000000", 0, 0, 0, time.time(), config_hash(hashed_config(config)), config, 1,
+                            {"dp_replicate": 1, "dp_shard": 1, "tp": 1}, 0, None, None, algorithm, files,
+                            components=["model"], init_from=record)
+        write_manifest(tmp, manifest)
+        fsync_dir(tmp)
+        os.rename(tmp, dst)
+        fsync_dir(dst.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"tensors": len(names), "bytes": files[DATA_FILE].size, "format": fmt, "model": cfg}
