@@ -56,6 +56,7 @@ class Measured:
         self.torch = torch
         self.cuda = torch.cuda.is_available()
         self.peak_reserved = self.peak_allocated = 0
+        self.before_probe: dict = {}  # the run's peaks when the probe first ran (what the planner predicts)
         self.probes: list = []
         self.floor: dict | None = None
 
@@ -71,6 +72,8 @@ class Measured:
 
         def measured_probe(*args, **kwargs):
             self._fold_peaks()
+            if not self.probes:
+                self.before_probe = {"peak_reserved": self.peak_reserved, "peak_allocated": self.peak_allocated}
             cuda = self.cuda
             if cuda:
                 self.torch.cuda.synchronize()
@@ -111,9 +114,14 @@ class Measured:
 
     def report(self) -> dict:
         self._fold_peaks()
-        return {"cuda": self.cuda, "peak_reserved": self.peak_reserved if self.cuda else None,
-                "peak_allocated": self.peak_allocated if self.cuda else None, "probes": self.probes,
-                "floor": self.floor}
+        cuda = self.cuda
+        first = self.before_probe if self.probes else {"peak_reserved": self.peak_reserved,
+                                                       "peak_allocated": self.peak_allocated}
+        return {"cuda": cuda, "peak_reserved": self.peak_reserved if cuda else None,
+                "peak_allocated": self.peak_allocated if cuda else None,
+                "peak_reserved_before_probe": first["peak_reserved"] if cuda else None,
+                "peak_allocated_before_probe": first["peak_allocated"] if cuda else None,
+                "probes": self.probes, "floor": self.floor}
 
 
 def train(report: Path, overrides: list, deterministic: bool, floor_bytes: int) -> None:
