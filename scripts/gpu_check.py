@@ -391,7 +391,8 @@ def memory_tier(check: Check, deadline: float) -> tuple:
 
     cfg, _, plan_of = check.plan(check.shape("small"), {})
     nbytes = plan_of(cfg).checkpoint_bytes_per_rank
-    free = shutil.disk_usage(check.shm).free if check.shm.exists() else 0
+    check.shm.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(check.shm).free
     if free < 2 * nbytes:
         return "skipped", f"{check.shm} has {free / 2**30:.1f} GiB free; 2 snapshots need {2 * nbytes / 2**30:.1f}", {}
     shm = check.shm / f"gpu_check-{os.getpid()}"
@@ -428,14 +429,14 @@ def run_part(check: Check, name: str) -> Part:
     if name in GPU_ONLY and not check.dry_run and not check.cuda:
         part.reason = "no CUDA device (the environment part says why); --dry-run runs it on CPU"
         return part
-    if LIMITS[name][0] and part.limit_s < MIN_PART_S:
+    if LIMITS[name][0] and part.limit_s <= MIN_PART_S:
         part.reason = f"the {check.budget_s:.0f} s budget is spent ({check.remaining():.0f} s left)"
         return part
     t0 = time.monotonic()
     try:
         part.status, part.reason, part.results = PARTS[name](check, t0 + part.limit_s)
     except PartTimeout as exc:
-        part.status, part.reason = "fail", f"over its {part.limit_s:.0f} s limit: {exc}"
+        part.status, part.reason = "fail", f"over its {part.limit_s:g} s limit: {exc}"
     except Exception as exc:  # recorded; the next part still runs
         part.status, part.reason = "fail", f"{type(exc).__name__}: {exc}"
         part.results["traceback"] = traceback.format_exc()[-3000:]
