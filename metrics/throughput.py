@@ -13,10 +13,23 @@ training precision (docs/training.md lists common GPUs).
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 from model.config import ModelConfig
 from model.counting import flops_per_token
+
+# Dense bf16 (fp16 on V100) peaks of one device, vendor datasheets: the table in docs/training.md.
+# Matched against torch.cuda.get_device_name() in this order (the more specific names first).
+PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("B200", 2250.0), ("A100", 312.0),
+               ("L40S", 362.0), ("L4", 121.0), ("V100", 125.0), ("MI300X", 1307.0), ("MI250X", 383.0))
+
+
+def peak_tflops_of(device_name: str) -> Optional[float]:
+    """The dense peak of a device by its name ("NVIDIA H200"), or None for one not in the table."""
+    for key, tflops in PEAK_TFLOPS:
+        if key.lower() in device_name.lower():
+            return tflops
+    return None
 
 
 class Throughput:

@@ -22,6 +22,7 @@ SLOWEST_FIRST = (
     "test_rendezvous_store.py",  # 43 s
     "test_preemption_torchrun.py",  # 41 s
     "test_recovery_elastic.py",  # 38 s
+    "test_gpu_check.py",  # 38 s: scripts/gpu_check.py --dry-run
     "test_checkpoint_reshard.py",  # 36 s
     "test_agreement.py",  # 36 s
     "test_init_memory.py",  # 33 s

@@ -62,6 +62,7 @@ def test_a_shard_draws_its_own_size_plus_the_tile_edges():
     assert drawn_elements((1024, 8192), (2, 8192), (6, 0)) <= TILE_ROWS * 8192
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_parameters_equal_cpu_parameters():
     """The tiles are drawn on the host and copied band by band: the device does not change the values."""
