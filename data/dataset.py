@@ -34,3 +34,12 @@ class MicroBatchDataset(torch.utils.data.Dataset):
         if not self.cross_document_loss:
             targets[inputs == self.eos_id] = IGNORE_INDEX
         return inputs, targets
+
+    def target_count(self, samples: SampleRange) -> int:
+        """Target tokens (not ignored) in ``samples``, without building the batch: every position
+        with cross-document loss; otherwise those whose input is not EOS (reads the tokens)."""
+        seq_len = self.order.sources[0].seq_len
+        if self.cross_document_loss:
+            return samples.count * seq_len
+        rows = self.order.read(np.arange(samples.start, samples.start + samples.count))
+        return samples.count * seq_len - int((rows[:, :-1] == self.eos_id).sum())

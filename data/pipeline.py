@@ -75,6 +75,7 @@ class DataPipeline:
         self.allowed_resume_changes = tuple(allowed_resume_changes)
         self.step = 0
         self.samples_consumed = 0
+        self.global_target_tokens = 0  # of the last step's global batch (next_micro_batches)
         self._batches: Iterator[MicroBatch] | None = None
 
     # -- the training loop's side -------------------------------------------------------
@@ -89,6 +90,10 @@ class DataPipeline:
         if self._batches is None:
             self._batches = iter(self._loader(self.samples_consumed))
         micro_batches = [next(self._batches) for _ in range(self.plan.grad_accum_steps)]
+        # the whole global batch's target count, the same on every rank: the loss's denominator
+        # without a collective (training/step.py)
+        self.global_target_tokens = self.dataset.target_count(
+            SampleRange(self.samples_consumed, self.plan.global_batch_size))
         self.step += 1
         self.samples_consumed += self.plan.global_batch_size
         return micro_batches

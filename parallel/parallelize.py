@@ -34,6 +34,7 @@ class Parallelized:
     loss_parallel: bool = False  # logits are vocabulary-sharded DTensors: use loss_parallel()
     grad_sync_every_micro_batch: bool = True
     cpu_offload: bool = False  # sharded state in host memory (parameters materialised there)
+    _sync_set_for_last: Optional[bool] = None  # what set_grad_sync was last told (it walks every module)
 
     def process_groups(self) -> List[dist.ProcessGroup]:
         """The groups the step's collectives run on: the default group, the mesh's groups and the
@@ -45,8 +46,11 @@ class Parallelized:
 
     def before_micro_batch(self, model: nn.Module, last: bool) -> None:
         """Called by train_step before each micro-batch's backward: skip gradient syncs
-        between accumulation micro-steps where FSDP2 allows it."""
-        set_grad_sync(model, last, self.grad_sync_every_micro_batch)
+        between accumulation micro-steps where FSDP2 allows it. Only when the setting changes:
+        setting it walks every module (once per step at most with accumulation, never without)."""
+        if last != self._sync_set_for_last:
+            set_grad_sync(model, last, self.grad_sync_every_micro_batch)
+            self._sync_set_for_last = last
 
 
 def parallelize_model(model: nn.Module, dims: ParallelDims, parallel_cfg, device: torch.device,

@@ -3,7 +3,8 @@
     rt = RecoveryRuntime(cfg, run_dir, world, ckpt, guards, injector)  # watchdog and signals on
     resumed = rt.resume(state, probe, dims, plan)    # verified resume with bounded fallback
     rt.phase("data_wait", step)                      # heartbeat + fault injection point
-    rt.allow_update(step, loss, model)               # the guards' veto, after a gradients fault point
+    rt.inject("gradients", step, model=model)        # the gradients fault point, before the norms
+    rt.allow_update(step, stats)                     # the guards' veto on the step's loss and norms
     step = rt.roll_back(request, data, rollbacks)    # a guard asked for a verified checkpoint
     if rt.end_of_step(step, seconds, loss): break    # save when due, write watch, stragglers, preemption
     rt.close()
@@ -68,10 +69,12 @@ class RecoveryRuntime:
             self.beat(phase, step)
         self.inject(phase, step, model=model)
 
-    def allow_update(self, step: int, loss: float, model) -> bool:
-        """Between backward and the update of 1-based ``step``: False skips the update (guards)."""
-        self.inject("gradients", step, model=model)
-        return self.guards.allow_update(step, loss) if self.guards is not None else True
+    def allow_update(self, step: int, stats) -> bool:
+        """Between backward and the update of 1-based ``step``: False skips the update (guards).
+        ``stats``: the step's loss and layer norms (training/grad_stats.py StepStats)."""
+        if self.guards is None:
+            return True
+        return self.guards.allow_update(step, stats.loss, stats.layer_norms)
 
     # -- resume and rollback ------------------------------------------------------------
     def resume(self, state, probe, dims, plan) -> str:

@@ -27,8 +27,8 @@ from data.token_file import TokenFile
 from model.config import ModelConfig
 from model.llama import build_model
 from recovery.guards import TrainingGuards
-from recovery.guards.norms import layer_grad_norms
 from tools.runs import prepare_debug_data
+from training.grad_stats import layer_grad_norms
 from training.optimizer import build_optimizer
 from training.schedule import build_scheduler
 from training.step import Precision, token_loss_sum, train_step
@@ -67,7 +67,8 @@ def run_arm(args, tokens, guarded: bool, run_dir: Path) -> list:
     for step, micro in enumerate(batches(tokens, args.steps, args.batch, args.seq, seed=1), start=1):
         t0 = time.perf_counter()
         train_step(model, opt, sched, Precision("fp32", CPU), micro, 1.0, CPU,
-                   allow_update=(lambda loss: guards.allow_update(step, loss)) if guarded else None)
+                   allow_update=(lambda stats: guards.allow_update(step, stats.loss, stats.layer_norms))
+                   if guarded else None)
         if guarded:
             guards.after_update(step)
         times.append(time.perf_counter() - t0)
@@ -81,7 +82,7 @@ def per_call_costs(args, tokens) -> dict:
                                     n_kv_heads=args.heads // 2, vocab_size=320, max_seq_len=args.seq), seed=0)
     inputs, targets = next(batches(tokens, 1, args.batch, args.seq, seed=2))[0]
     token_loss_sum(model(inputs), targets).backward()
-    from recovery.guards.norms import layer_groups
+    from training.grad_stats import layer_groups
     groups = layer_groups(model)
     t0 = time.perf_counter()
     for _ in range(50):

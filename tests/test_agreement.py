@@ -71,7 +71,7 @@ def test_a_shadow_alarm_on_one_replica_rolls_every_rank_back_together(tmp_path, 
                          r"step_00000004", proc.stderr), proc.stderr[-4000:]
     record = json.loads((run_dir / "alarms" / f"step{flip:08d}-shadow.json").read_text())
     assert record["alarmed_on_ranks"] == list(range(nproc // 2, nproc)), record  # the flipped replica's ranks
-    assert record["anomalies"][0]["reason"] == "not finite", record  # what that replica saw, on rank 0's record
+    assert record["anomalies"][0]["source"] == "shadow_loss", record  # what that replica saw, on rank 0's record
     rows = _rows(run_dir)
     assert [r["to_step"] for r in rows if r.get("kind") == "rollback"] == [4]
     assert max(r["step"] for r in rows if "loss" in r) == 12

@@ -219,7 +219,7 @@ def test_apply_init_from_restarts_the_ema_and_is_skipped_after_a_resume(hf_folde
 
     folder, hf = hf_folder
     model = build_model(DEBUG, seed=5)
-    state = SimpleNamespace(model=model, ema=EMA(model, 0.9), step=0)
+    state = SimpleNamespace(model=model, ema=EMA(model, 0.9), step=0, weights_version=0)
     ckpt = SimpleNamespace(init_from=None)
     said = apply_init_from(str(folder), state, ckpt, "fresh start", torch.device("cpu"))
     assert said.startswith(f"fresh start; weights from model.init_from={folder} (hf, hash ")

@@ -120,7 +120,7 @@ def test_vetoed_update_leaves_weights_and_optimizer_untouched(mode):
     moments = [opt.state[p]["exp_avg"].clone() for p in model.parameters()]
     seen = []
     result = train_step(model, opt, sched, precision, [(inputs, targets)], 1.0, CPU,
-                        allow_update=lambda loss: seen.append(loss) or False)
+                        allow_update=lambda stats: seen.append(stats.loss) or False)
     assert result.skipped and seen == [result.loss]
     assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
     assert all(torch.equal(m, opt.state[p]["exp_avg"]) for m, p in zip(moments, model.parameters()))

@@ -37,6 +37,7 @@ from recovery.probe import make_probe
 from recovery.runtime import RecoveryRuntime
 from training.ema import EMA
 from training.evaluate import build_evaluator
+from training.grad_stats import GradStats
 from training.optimizer import build_optimizer
 from training.schedule import build_scheduler
 from training.step import Precision, train_step
@@ -138,6 +139,7 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     )
 
     model.train()
+    grad_stats = GradStats(model, world.device, loss_copies=world.world_size // dims.dp)  # loss and norms
     recent: list[float] = []
     step, rollbacks = start_step, 0
     while step < cfg.training.steps:
@@ -149,7 +151,9 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
                             world.device, parallel.dp_group, data_seconds=time.perf_counter() - t0,
                             before_micro_batch=lambda last: parallel.before_micro_batch(model, last),
                             loss_parallel=parallel.loss_parallel,
-                            allow_update=lambda loss: rt.allow_update(step + 1, loss, model))
+                            allow_update=lambda stats: rt.allow_update(step + 1, stats),
+                            after_backward=lambda: rt.inject("gradients", step + 1, model=model),
+                            global_tokens=data.global_target_tokens, grad_stats=grad_stats)
         if step == start_step:  # warm-up done: a hung peer should now fail fast
             set_collective_timeout(cfg.parallel.collective_timeout_after_first_step_s, parallel.process_groups())
         if ema is not None:

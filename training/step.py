@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from configs.constants import IGNORE_INDEX, PRECISIONS
 from parallel import collectives
+from training.grad_stats import GradStats, StepStats
 
 
 class Precision:
@@ -69,21 +70,30 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
                dp_group: Optional[dist.ProcessGroup] = None, data_seconds: float = 0.0,
                before_micro_batch: Optional[Callable[[bool], None]] = None,
                loss_parallel: bool = False,
-               allow_update: Optional[Callable[[float], bool]] = None) -> StepResult:
+               allow_update: Optional[Callable[[StepStats], bool]] = None,
+               global_tokens: Optional[int] = None, grad_stats: Optional[GradStats] = None,
+               after_backward: Optional[Callable[[], None]] = None) -> StepResult:
     """``before_micro_batch(last)`` lets the parallel wrappers skip gradient syncs between
     accumulation micro-steps; ``loss_parallel``: the logits are vocabulary-sharded DTensors;
-    ``allow_update(loss)`` sees the global loss and the (unscaled) gradients before the
-    update and may veto it (recovery/guards): the step then consumes its data and its LR
-    step but leaves weights and optimizer state untouched."""
+    ``after_backward()`` runs once the gradients are complete (fault injection);
+    ``allow_update(stats)`` sees the global loss and the per-layer norms of the (unscaled)
+    gradients before the update and may veto it (recovery/guards): the step then consumes its
+    data and its LR step but leaves weights and optimizer state untouched.
+
+    The trainer passes ``global_tokens`` (the global batch's target count, known on the host from
+    the data pipeline) and its ``grad_stats`` (training/grad_stats.py): the step then issues one
+    collective of its own (loss and norms) and syncs with the host once. Without them (a direct
+    caller), the token count is all-reduced over ``dp_group`` first."""
     start = time.perf_counter()
     lr = optimizer.param_groups[0]["lr"]
-    counts = torch.tensor([sum(int((t != IGNORE_INDEX).sum()) for _, t in micro_batches)],
-                          dtype=torch.float64, device=device)
-    if dp_group is not None:
-        collectives.all_reduce(counts, dp_group)
-    global_tokens = counts.item()
+    if global_tokens is None:
+        global_tokens = sum(int((t != IGNORE_INDEX).sum()) for _, t in micro_batches)
+        if dp_group is not None:
+            counts = torch.tensor([global_tokens], dtype=torch.float64, device=device)
+            global_tokens = int(collectives.all_reduce(counts, dp_group).item())
     if global_tokens == 0:
         raise ValueError("the global batch has no target tokens (every target is ignored)")
+    stats_of = grad_stats or GradStats(model, device, loss_copies=_loss_copies(dp_group))
 
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for i, (inputs, targets) in enumerate(micro_batches):
@@ -101,15 +111,14 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
             scaled.backward()
         loss_sum += _full(micro_loss.detach()).double()
 
-    if dp_group is not None:
-        collectives.all_reduce(loss_sum, dp_group)
-    loss = loss_sum.item() / global_tokens
+    if after_backward is not None:
+        after_backward()
     if precision.scaler is not None:
         precision.scaler.unscale_(optimizer)
-    skipped = allow_update is not None and not allow_update(loss)  # sees the gradients before clipping
-    params = [p for p in model.parameters() if p.grad is not None]
-    max_norm = grad_clip if grad_clip > 0 else float("inf")
-    grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    stats = stats_of.reduce(loss_sum, global_tokens)  # the one collective and the one host sync
+    skipped = allow_update is not None and not allow_update(stats)  # sees the gradients before clipping
+    if grad_clip > 0:
+        stats_of.clip(stats.grad_norm, grad_clip)
     if precision.scaler is not None:
         if not skipped:
             precision.scaler.step(optimizer)
@@ -119,6 +128,12 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
     return StepResult(
-        loss=loss, grad_norm=float(grad_norm), lr=lr, target_tokens=int(global_tokens),
+        loss=stats.loss, grad_norm=stats.grad_norm, lr=lr, target_tokens=int(global_tokens),
         seconds=time.perf_counter() - start, data_seconds=data_seconds, skipped=skipped,
     )
+
+
+def _loss_copies(dp_group: Optional[dist.ProcessGroup]) -> int:
+    """Ranks holding the same data-parallel slice of the loss (the tp ranks): each adds 1/copies."""
+    world = collectives.world(None)
+    return world // collectives.world(dp_group) if dp_group is not None else world

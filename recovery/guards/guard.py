@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,8 +32,8 @@ from configs.constants import GUARD_ACTIONS as ACTIONS
 from parallel import collectives
 from recovery.guards.alarms import Alarm, AlarmSink
 from recovery.guards.detectors import Anomaly, RatioToRunningMean, RobustSpike
-from recovery.guards.norms import guard_inputs, layer_groups
 from recovery.guards.replica import check_replicas
+from training.grad_stats import layer_grad_norms, layer_groups
 
 log = logging.getLogger("trainer")
 
@@ -67,11 +67,15 @@ class TrainingGuards:
         self._rollback_after_skip: Optional[RollbackRequested] = None
 
     # -- every step, between backward and the optimizer update ---------------------------
-    def allow_update(self, step: int, loss: float) -> bool:
-        """False: skip this update. Raises RollbackRequested after skipping when asked to."""
+    def allow_update(self, step: int, loss: float, layer_norms: Optional[Dict[str, float]] = None) -> bool:
+        """False: skip this update. Raises RollbackRequested after skipping when asked to. The trainer
+        passes the loss and ``layer_norms`` of its step's one all-reduce (training/grad_stats.py), the
+        same bits on every rank; without them (one process) the norms are computed here."""
         if not self.cfg.enabled:
             return True
-        self.last_layer_norms, loss = guard_inputs(self.groups, self.device, loss)  # the same on every rank
+        if layer_norms is None:
+            layer_norms = layer_grad_norms(self.groups, self.device)
+        self.last_layer_norms = layer_norms
         found: List[Anomaly] = self.grad_norms.update(self.last_layer_norms)
         check = "grad_norm" if found else "loss_spike"
         spike = self.loss.update(loss)

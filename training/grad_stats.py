@@ -1,0 +1,151 @@
+"""The step's numbers from one all-reduce: the loss and every layer's gradient norm.
+
+After backward, each rank holds its share of the gradients (FSDP2 shards, TP shards, replicas)
+and of the loss (its data-parallel slice). One fused pass (``torch._foreach_norm`` over the
+local gradients, in float64) gives each parameter's squared norm; a fixed matrix sums them per
+layer, weighted so that the sum over all ranks counts each element once; the loss rides in the
+same vector. One all-reduce over every rank, one copy to the host: the guards, the clipping
+norm and the logged loss all come from it, the same bits on every rank (a verdict that decides
+which collectives follow must be). No arithmetic per parameter in Python, and no other collective
+but one: under TP without FSDP2, the replicated norm weights' gradients arrive as per-rank partial
+sums, which are summed over the tp ranks first (the optimizer would otherwise do it itself).
+
+Squared in float64: one corrupted fp32 element (up to 3.4e38) squares to at most ~1e77, which
+float64 holds, so the guards see a huge but finite norm and judge it against the history.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from parallel import collectives
+
+
+def layer_groups(model: nn.Module) -> Dict[str, List[nn.Parameter]]:
+    """Parameters grouped the way people read a transformer: embedding, each block, head."""
+    groups: Dict[str, List[nn.Parameter]] = {}
+    seen = set()
+    for name, param in model.named_parameters():
+        if id(param) in seen:  # tied weights count once
+            continue
+        seen.add(id(param))
+        parts = name.split(".")
+        key = ".".join(parts[:2]) if parts[0] == "layers" else parts[0]
+        groups.setdefault(key, []).append(param)
+    return groups
+
+
+def _copies(grad: torch.Tensor, world_size: int) -> int:
+    """How many ranks hold each element of ``grad``'s local tensor (its placements, pending sums resolved)."""
+    if not hasattr(grad, "device_mesh"):
+        return world_size
+    from torch.distributed.tensor import Replicate
+
+    copies = world_size // grad.device_mesh.size()
+    for dim, placement in enumerate(grad.placements):
+        if isinstance(placement, Replicate):
+            copies *= grad.device_mesh.size(dim)
+    return copies
+
+
+def _is_pending(grad) -> bool:
+    return hasattr(grad, "placements") and any(p.is_partial() for p in grad.placements)
+
+
+@dataclass
+class StepStats:
+    loss: float  # mean token loss over the global batch
+    layer_norms: Dict[str, float]  # each group's gradient L2 norm over the whole model
+    grad_norm: float  # the whole model's gradient L2 norm
+
+
+class GradStats:
+    """Built once per run (the grouping and the weights are fixed); ``reduce`` once per step."""
+
+    def __init__(self, model: Optional[nn.Module], device: torch.device, group: Optional[dist.ProcessGroup] = None,
+                 loss_copies: int = 1, groups: Optional[Dict[str, List[nn.Parameter]]] = None):
+        self.model, self.groups = model, groups
+        self.device, self.group = device, group
+        self.world = collectives.world(group)
+        self.loss_copies = loss_copies  # ranks that hold the same loss share (tp): each adds 1/copies
+        self.params: List[nn.Parameter] = []
+        self.weights: Optional[torch.Tensor] = None  # [groups, params]: 1/copies where a param is in a group
+        self.pending: List[int] = []  # params whose gradients arrive as partial sums
+
+    def _first_gradients(self) -> None:
+        """Once, from the first step's gradients (their placements do not change): which arrive as
+        partial sums (a replicated weight under TP without FSDP2: sequence parallel leaves each tp
+        rank its part of the norm weights' gradients), and the weights of the per-group sums. The
+        parameters are read from the model here, after a backward: FSDP2's root module keeps its
+        parameters gathered after a forward without backward (the probe's, at a resume), and
+        those gathered tensors never get gradients."""
+        if self.model is not None:
+            self.groups = layer_groups(self.model)
+        self.params = [p for params in self.groups.values() for p in params]
+        self.pending = [i for i, p in enumerate(self.params) if _is_pending(p.grad)]
+        self._resolve_pending()
+        weights = torch.zeros(len(self.groups), len(self.params), dtype=torch.float64)
+        col = 0
+        for row, params in enumerate(self.groups.values()):
+            for p in params:
+                weights[row, col] = 1.0 / _copies(p.grad if p.grad is not None else p, self.world)
+                col += 1
+        self.weights = weights.to(self.device)
+
+    def _resolve_pending(self) -> None:
+        """Sum the partial gradients over their ranks (what the optimizer would do for them)."""
+        from torch.distributed.tensor import Replicate
+
+        for i in self.pending:
+            grad = self.params[i].grad
+            if grad is not None:
+                placements = [Replicate() if p.is_partial() else p for p in grad.placements]
+                self.params[i].grad = grad.redistribute(grad.device_mesh, placements)
+
+    def local_squares(self) -> torch.Tensor:
+        """This rank's weighted share of each group's squared gradient norm (float64, on device)."""
+        if self.weights is None:
+            self._first_gradients()
+        else:
+            self._resolve_pending()
+        present = [i for i, p in enumerate(self.params) if p.grad is not None]
+        if not present:
+            return torch.zeros(len(self.groups), dtype=torch.float64, device=self.device)
+        local = [getattr(self.params[i].grad, "_local_tensor", self.params[i].grad) for i in present]
+        squares = torch.stack(torch._foreach_norm(local, 2, dtype=torch.float64)).square()
+        weights = self.weights if len(present) == len(self.params) else self.weights[:, present]
+        return weights @ squares
+
+    def grads(self) -> List[torch.Tensor]:
+        """The local gradient tensors (what clipping scales)."""
+        return [getattr(p.grad, "_local_tensor", p.grad) for p in self.params if p.grad is not None]
+
+    def reduce(self, loss_sum: torch.Tensor, global_tokens: int) -> StepStats:
+        """``loss_sum``: this rank's summed token loss (float64 0-d, on device). The step's one
+        all-reduce and its one host sync."""
+        vector = torch.cat([self.local_squares(), (loss_sum / self.loss_copies).reshape(1)])
+        values = collectives.all_reduce(vector, self.group).tolist()
+        norms = {name: math.sqrt(max(v, 0.0)) if math.isfinite(v) else v for name, v in zip(self.groups, values)}
+        total = sum(values[:-1])
+        grad_norm = math.sqrt(max(total, 0.0)) if math.isfinite(total) else total
+        return StepStats(loss=values[-1] / global_tokens, layer_norms=norms, grad_norm=grad_norm)
+
+    def clip(self, grad_norm: float, max_norm: float) -> None:
+        """Scale the gradients so their norm is at most ``max_norm`` (as clip_grad_norm_ does, with
+        the norm already reduced: no collective, no sync)."""
+        coef = max_norm / (grad_norm + 1e-6)
+        if coef < 1.0:
+            torch._foreach_mul_(self.grads(), coef)
+
+
+def layer_grad_norms(groups: Dict[str, List[nn.Parameter]], device: torch.device,
+                     group: Optional[dist.ProcessGroup] = None) -> Dict[str, float]:
+    """L2 norm of each group's gradient over the whole model (all ranks agree on the result)."""
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    return GradStats(None, device, group, groups=groups).reduce(zero, 1).layer_norms
