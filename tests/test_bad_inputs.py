@@ -7,14 +7,19 @@ show the exit code, the single block and that nothing was written into the run d
 
 from __future__ import annotations
 
+import copy
+import math
 import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 
+from configs.bounds import BOUNDS
 from configs.checks import ConfigError
-from configs.schema import register
+from configs.schema import DataSourceConfig, FaultConfig, numeric_keys, register
 from helpers.launch import ROOT, run
 from trainer.checks import validate_config
 
@@ -139,4 +144,86 @@ def test_train_py_exits_2_when_hydra_cannot_compose(tmp_path, override, needle):
     proc, run_dir = _train(tmp_path, override)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert needle in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+    assert not run_dir.exists() or not any(run_dir.iterdir())
+
+
+# ---- every number of the schema: NaN, infinities, zero, negative and huge values ----
+
+HUGE = {int: 2**62, float: 1e300}
+
+
+def _numeric_cases():
+    """(schema key, the override path it is set through, type) for every numeric key of the schema."""
+    for key, tp in numeric_keys():
+        path = key.replace("recovery.timeouts.*", "recovery.timeouts.step")
+        yield key, path, tp
+
+
+def _with(base, path: str, value):
+    """A copy of ``base`` with ``path`` set to ``value`` the way Hydra would (a list key gets one item)."""
+    cfg = copy.deepcopy(base)
+    if "[]." in path:
+        head, leaf = path.split("[].")
+        item = DataSourceConfig(path="/nonexistent") if head == "data.mixture" else FaultConfig()
+        OmegaConf.select(cfg, head).append(item)
+        OmegaConf.update(cfg, f"{head}[0].{leaf}", value, merge=False)
+    else:
+        OmegaConf.update(cfg, path, value, merge=False)
+    return cfg
+
+
+def test_every_numeric_key_declares_its_bounds():
+    missing = [k for k, _ in numeric_keys() if k not in BOUNDS]
+    assert not missing, f"declare what these can be in configs/bounds.py: {missing}"
+    assert len(numeric_keys()) >= 70
+
+
+def test_every_numeric_key_refuses_nan_infinities_and_what_it_cannot_be():
+    base = _compose()
+    refused = 0
+    for key, path, tp in _numeric_cases():
+        shown = path.replace("[].", "[0].")
+        for value in (math.nan, math.inf, -math.inf, 0, -1, HUGE[tp]):
+            value = tp(value) if math.isfinite(value) else value
+            try:
+                cfg = _with(base, path, value)
+            except ValidationError as exc:  # an int key given a non-finite float: Hydra refuses it at compose
+                assert tp is int and not math.isfinite(value) and shown.split("[")[0] in str(exc), (key, value, exc)
+                refused += 1
+                continue
+            try:
+                validate_config(cfg, world_size=1)
+            except ConfigError as err:
+                assert shown in str(err), (key, value, str(err))
+                refused += 1
+                continue
+            assert math.isfinite(value) and BOUNDS[key].holds(value), f"{shown}={value} was accepted"
+    assert refused >= 3 * len(list(_numeric_cases()))  # every key refuses at least NaN and both infinities
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("+training.setps=10", "training.setps: the schema (configs/schema.py) has no such key; did you mean "
+                           "training.steps?"),
+    ("+optim.lrr=1", "did you mean optim.lr?"),
+    ("+checkpoint.keep_lats=3", "did you mean checkpoint.keep_last?"),
+])
+def test_a_key_added_with_plus_must_be_in_the_schema(override, needle):
+    with pytest.raises(ConfigError) as err:
+        validate_config(_compose(override), world_size=1)
+    assert needle in str(err.value)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("overrides, needles", [
+    (["optim.lr=inf", "optim.weight_decay=nan", "training.grad_clip=nan"],
+     ["optim.lr=inf", "optim.weight_decay=nan", "training.grad_clip=nan"]),
+    (["seed=-1", "model.multiple_of=0", "+training.setps=10"],
+     ["seed=-1", "model.multiple_of=0", "did you mean training.steps?"]),
+])
+def test_train_py_refuses_non_finite_and_degenerate_numbers(tmp_path, overrides, needles):
+    proc, run_dir = _train(tmp_path, *overrides)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.count("error: ConfigError: invalid configuration:") == 1
+    assert all(n in proc.stderr for n in needles), proc.stderr[-3000:]
     assert not run_dir.exists() or not any(run_dir.iterdir())

@@ -97,7 +97,7 @@ def test_train_py_on_real_data_matches_one_process(pydoc_data, tmp_path):
 def test_layout_that_does_not_fit_the_world_stops_at_start_up(pydoc_data, tmp_path):
     proc = run_train(debug_overrides(tmp_path / "bad", pydoc_data, steps=2, extra={"parallel.tp": 2}), check=False)
     assert proc.returncode != 0
-    assert "world size 1 is not divisible by dp_replicate (1) x tp (2) = 2" in proc.stderr
+    assert "world size 1 is not divisible by parallel.dp_replicate (1) x parallel.tp (2) = 2" in proc.stderr
     assert "Valid layouts: dp_replicate=1 dp_shard=1 tp=1" in proc.stderr
 
 

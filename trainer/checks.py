@@ -20,7 +20,9 @@ import metrics.checks
 import parallel.checks
 import recovery.checks
 import training.checks
+from configs.bounds import bound_problems
 from configs.checks import ConfigError, Problems
+from configs.schema import numeric_values, unknown_key_problems
 from model.config import model_config
 
 
@@ -41,7 +43,23 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
     train.py also passes the run's ``world_size`` (``world_size_of``: the parallel layout, the
     batch split and tensor-parallel divisibility are checked) and ``files=True`` (the pre-flight's
     file probes; the data ones not for a dry run)."""
-    problems = Problems()
+    problems = Problems(unknown_key_problems(cfg))
+    bounds = bound_problems(numeric_values(cfg))
+    try:
+        _section_problems(cfg, problems, world_size)
+    except (ArithmeticError, TypeError, ValueError):  # a value out of bounds broke a check that reads it
+        if not bounds:
+            raise
+    problems += [b for b in bounds if not _named(b.split("=")[0], problems)]  # the packages' words first
+    if files:
+        problems += data.checks.file_problems(cfg)
+        problems += checkpoint.checks.file_problems(cfg)
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def _section_problems(cfg: DictConfig, problems: Problems, world_size: int | None) -> None:
+    """Each package's checks of its own section."""
     problems.check(lambda: model_config(cfg).validate())
     data.checks.config_problems(cfg, problems)
     training.checks.config_problems(cfg, problems)
@@ -49,8 +67,8 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
     checkpoint.checks.config_problems(cfg, problems)
     recovery.checks.config_problems(cfg, problems)
     metrics.checks.config_problems(cfg, problems)
-    if files:
-        problems += data.checks.file_problems(cfg)
-        problems += checkpoint.checks.file_problems(cfg)
-    if problems:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def _named(key: str, problems) -> bool:
+    """Whether a message is already about ``key`` (it starts ``key=value`` or ``key (value)``)."""
+    return any(p.startswith((f"{key}=", f"{key} (")) for p in problems)
