@@ -63,7 +63,9 @@ def main(cfg: DictConfig) -> None:
     global _composed
     _composed = True
     try:
-        validate_config(cfg, world_size_of(cfg), files=True)
+        for warning in validate_config(cfg, world_size_of(cfg), files=True):
+            if os.environ.get("RANK", "0") == "0":
+                print(f"warning: {warning}", file=sys.stderr)
         if cfg.dry_run:
             dry_run(cfg)
             return

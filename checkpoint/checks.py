@@ -7,6 +7,7 @@ model.init_from's weights (from their small JSON files) unless the run will resu
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import List
 
@@ -58,6 +59,22 @@ def config_problems(cfg, problems: Problems) -> None:
         problems.append("checkpoint.best_metric=val_loss ranks checkpoints by their validation loss, but this run "
                         f"does not evaluate (data.validation={d.validation}, eval.interval={e.interval}); set "
                         "data.validation and eval.interval > 0, or choose best_metric loss or probe_loss")
+
+
+def config_warnings(cfg) -> List[str]:
+    """Settings that work but can never do what they seem to ask (printed, not refused)."""
+    c, out = cfg.checkpoint, []
+    try:
+        interval = parse_interval(c.interval)
+    except ValueError:
+        return out
+    if c.keep_every > 0 and interval != "auto" and interval > 0 and c.keep_every % interval:
+        both = math.lcm(c.keep_every, interval)
+        when = (f"only steps divisible by {both} are kept" if both <= cfg.training.steps else
+                f"no save of this run (training.steps={cfg.training.steps}) is kept, unless the final one")
+        out.append(f"checkpoint.keep_every={c.keep_every} is not a multiple of checkpoint.interval={interval}: "
+                   f"saves fall on multiples of {interval}, so {when}; set keep_every to a multiple of interval")
+    return out
 
 
 def file_problems(cfg) -> List[str]:

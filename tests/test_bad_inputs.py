@@ -132,7 +132,7 @@ def test_train_py_prints_one_block_and_exits_2(tmp_path):
     block = proc.stderr[proc.stderr.index("error: ConfigError"):]
     for _, needles in chosen:
         assert all(n in block for n in needles), (needles, block)
-    assert not any(run_dir.iterdir())  # refused before anything was built or written (Hydra made the folder)
+    assert not run_dir.exists()  # refused before anything was built or written
 
 
 @pytest.mark.distributed
@@ -227,3 +227,58 @@ def test_train_py_refuses_non_finite_and_degenerate_numbers(tmp_path, overrides,
     assert proc.stderr.count("error: ConfigError: invalid configuration:") == 1
     assert all(n in proc.stderr for n in needles), proc.stderr[-3000:]
     assert not run_dir.exists() or not any(run_dir.iterdir())
+
+
+# ---- what is knowable before allocation: the prepared data, the folders, the device ----
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["model.vocab_size=100"], "model.vocab_size=100 is smaller than the vocabulary of the data at {data} (byte "
+                               "tokenizer, vocab size 257); raise model.vocab_size to at least 257"),
+    (["data.tokenizer=bpe"], "data.tokenizer=bpe but {data} was prepared with the byte tokenizer"),
+    (["eval.batches=2000"], "eval.batches=2000 x training.global_batch_size=16 = 32000 validation sequences, but "
+                            "the validation set {data}/validation holds about 381 of seq_len 128 + 1; lower "
+                            "eval.batches to at most 23"),
+    (["output_root={file}"], "output_root={file}: {file} is a regular file, not a folder"),
+    (["checkpoint.dir={file}/ckpt"], "checkpoint.dir={file}/ckpt: {file} is a regular file, not a folder"),
+])
+def test_the_data_and_the_folders_are_checked_before_anything_is_built(tmp_path, pydoc_data, overrides, needle):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    fill = {"data": pydoc_data, "file": blocker}
+    cfg = _compose(f"data.path={pydoc_data}", f"output_root={tmp_path / 'out'}", *[o.format(**fill) for o in overrides])
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg, world_size=1, files=True)
+    assert needle.format(**fill) in str(err.value) and len(str(err.value).splitlines()) == 2, str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing created
+
+
+def test_cuda_asked_for_without_cuda_is_refused(tmp_path, pydoc_data):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    cfg = _compose(f"data.path={pydoc_data}", f"output_root={tmp_path}", "parallel.device=cuda")
+    with pytest.raises(ConfigError, match="parallel.device=cuda, but torch sees no CUDA device here"):
+        validate_config(cfg, world_size=1, files=True)
+
+
+def test_a_permanent_tier_no_save_reaches_is_a_warning(tmp_path, pydoc_data):
+    cfg = _compose(f"data.path={pydoc_data}", f"output_root={tmp_path}", "checkpoint.keep_every=15",
+                   "checkpoint.interval=10")
+    assert validate_config(cfg, world_size=1, files=True) == [
+        "checkpoint.keep_every=15 is not a multiple of checkpoint.interval=10: saves fall on multiples of 10, so only "
+        "steps divisible by 30 are kept; set keep_every to a multiple of interval"]
+    cfg = _compose(f"data.path={pydoc_data}", f"output_root={tmp_path}", "checkpoint.keep_every=20",
+                   "checkpoint.interval=10")
+    assert validate_config(cfg, world_size=1, files=True) == []
+
+
+@pytest.mark.distributed
+def test_train_py_refuses_data_and_folder_mistakes_before_building(tmp_path, pydoc_data):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    proc, run_dir = _train(tmp_path, f"data.path={pydoc_data}", "model.vocab_size=100", f"checkpoint.dir={blocker}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout and "model.vocab_size=100" in proc.stderr
+    assert f"checkpoint.dir={blocker}: {blocker} is a regular file" in proc.stderr
+    assert not run_dir.exists() and blocker.read_text() == "not a folder"

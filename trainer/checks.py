@@ -11,8 +11,10 @@ one ConfigError; train.py prints it as one block, with no traceback, and exits w
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import List, Optional
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 import checkpoint.checks
 import data.checks
@@ -37,12 +39,13 @@ def world_size_of(cfg: DictConfig) -> int | None:
     return 1
 
 
-def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool = False) -> None:
-    """Raise one ConfigError listing every problem of ``cfg`` (a composed training config).
+def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool = False) -> List[str]:
+    """Raise one ConfigError listing every problem of ``cfg`` (a composed training config); return the
+    warnings (settings that work but cannot do what they seem to ask).
 
     train.py also passes the run's ``world_size`` (``world_size_of``: the parallel layout, the
     batch split and tensor-parallel divisibility are checked) and ``files=True`` (the pre-flight's
-    file probes; the data ones not for a dry run)."""
+    file probes; the data, folder and device ones not for a dry run)."""
     problems = Problems(unknown_key_problems(cfg))
     bounds = bound_problems(numeric_values(cfg))
     try:
@@ -54,8 +57,12 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
     if files:
         problems += data.checks.file_problems(cfg)
         problems += checkpoint.checks.file_problems(cfg)
+        if not cfg.dry_run:
+            problems += folder_problems(cfg)
+            problems += device_problems(cfg)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    return checkpoint.checks.config_warnings(cfg)
 
 
 def _section_problems(cfg: DictConfig, problems: Problems, world_size: int | None) -> None:
@@ -72,3 +79,45 @@ def _section_problems(cfg: DictConfig, problems: Problems, world_size: int | Non
 def _named(key: str, problems) -> bool:
     """Whether a message is already about ``key`` (it starts ``key=value`` or ``key (value)``)."""
     return any(p.startswith((f"{key}=", f"{key} (")) for p in problems)
+
+
+def folder_problems(cfg: DictConfig) -> List[str]:
+    """output_root, run_dir and checkpoint.dir: folders this process can create and write in (each
+    obstacle once: run_dir under a file output_root is the same problem)."""
+    out, seen = [], set()
+    for key in ("output_root", "run_dir", "checkpoint.dir"):
+        found = folder_problem(key, OmegaConf.select(cfg, key))
+        if found and found[0] not in seen:
+            seen.add(found[0])
+            out.append(found[1])
+    return out
+
+
+def folder_problem(key: str, path: str) -> Optional[tuple]:
+    """(the obstacle, why) when ``path`` cannot be (or become) a folder this process writes in; nothing
+    is created here."""
+    p = Path(path).absolute()
+    for above in [p, *p.parents]:
+        if above.exists() or above.is_symlink():
+            break
+    if not above.is_dir():
+        what = "a dangling link" if above.is_symlink() and not above.exists() else "a regular file"
+        return above, f"{key}={path}: {above} is {what}, not a folder; point {key} at a folder (or remove {above})"
+    if not os.access(above, os.W_OK | os.X_OK):
+        return above, (f"{key}={path}: {'the folder' if above == p else f'{above}, where it would be created,'} is "
+                       f"not writable by this user ({os.environ.get('USER', os.getuid())}); make it writable or "
+                       "choose another folder")
+    return None
+
+
+def device_problems(cfg: DictConfig) -> List[str]:
+    """parallel.device=cuda on a machine without a usable CUDA device (torch imported here, not before)."""
+    if cfg.parallel.device != "cuda":
+        return []
+    import torch
+
+    if torch.cuda.is_available():
+        return []
+    return ["parallel.device=cuda, but torch sees no CUDA device here (torch.cuda.is_available() is False; "
+            f"torch {torch.__version__}, CUDA build {torch.version.cuda}); run on a GPU node, or set "
+            "parallel.device=auto or cpu"]
