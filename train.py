@@ -17,6 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from checkpoint.durable.lease import LiveOwner
 from checkpoint.durable.manifest import CheckpointError, ConfigMismatch
 from checkpoint.durable.preflight import PreflightError
 from configs.checks import ConfigError
@@ -33,7 +34,8 @@ from trainer.run import run
 register()
 
 # Errors whose message says what is wrong and what to do: printed as one block, no traceback.
-# Exit code 2: the configuration (or a resume's change of it) is refused; 1: the run could not go on
+# Exit code 2: the configuration (or a resume's change of it, or a launch into a live run) is refused; 1: the
+# run could not go on
 # (CheckpointError covers a save the storage refused, CheckpointSaveError, and a stale writer, StaleWriter).
 USER_ERRORS = (ConfigError, CheckpointError, PreflightError, RecoveryError, RollbackError, DataError)
 CONFIG_EXIT_CODE = 2
@@ -73,7 +75,7 @@ def main(cfg: DictConfig) -> None:
     except USER_ERRORS as exc:
         rank = os.environ.get("RANK")
         print(f"\nerror{f' (rank {rank})' if rank else ''}: {type(exc).__name__}: {exc}\n", file=sys.stderr)
-        sys.exit(CONFIG_EXIT_CODE if isinstance(exc, (ConfigError, ConfigMismatch)) else 1)
+        sys.exit(CONFIG_EXIT_CODE if isinstance(exc, (ConfigError, ConfigMismatch, LiveOwner)) else 1)
 
 
 if __name__ == "__main__":
