@@ -147,8 +147,8 @@ def test_metrics_readers_keep_the_rows_of_the_attempt_that_owns_the_run(tmp_path
     """Attempt 1 was taken over (checkpoint.take_over=true) while it still ran: its rows after attempt 2's
     first row are a stale writer's, and the readers leave them out; rows from before the lease stay."""
     rows = [{"step": 0, "kind": "banner"}, {"step": 1, "attempt": 1, "loss": 5.0},
-            {"step": 2, "attempt": 1, "loss": 4.0}, {"step": 2, "attempt": 2, "loss": 4.5}, {"step": 3, "attempt": 1, "loss": 3.0},
-            {"step": 3, "attempt": 2, "loss": 3.5}]
+            {"step": 2, "attempt": 1, "loss": 4.0}, {"step": 2, "attempt": 2, "loss": 4.5},
+            {"step": 3, "attempt": 1, "loss": 3.0}, {"step": 3, "attempt": 2, "loss": 3.5}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert [(r["step"], r["loss"]) for r in read_metrics(tmp_path)] == [(1, 5.0), (2, 4.0), (2, 4.5), (3, 3.5)]
     assert step_losses(tmp_path) == {1: 5.0, 2: 4.5, 3: 3.5}
