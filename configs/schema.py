@@ -248,6 +248,9 @@ class Config:
     run_dir: str = "${output_root}/${run_name}"
     seed: int = 1234
     dry_run: bool = False
+    # Run every check train.py runs before building anything, print the block, and exit (0: accepted, 2:
+    # refused). The launchers in scripts/ run it once before starting the workers.
+    check_only: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -20,7 +20,7 @@ from omegaconf.errors import ValidationError
 from configs.bounds import BOUNDS
 from configs.checks import ConfigError
 from configs.schema import DataSourceConfig, FaultConfig, numeric_keys, register
-from helpers.launch import ROOT, run
+from helpers.launch import ROOT, run, torchrun
 from trainer.checks import validate_config
 
 register()
@@ -282,3 +282,27 @@ def test_train_py_refuses_data_and_folder_mistakes_before_building(tmp_path, pyd
     assert "Traceback" not in proc.stderr + proc.stdout and "model.vocab_size=100" in proc.stderr
     assert f"checkpoint.dir={blocker}: {blocker} is a regular file" in proc.stderr
     assert not run_dir.exists() and blocker.read_text() == "not a folder"
+
+
+# ---- under torchrun: one block, and exit 2 through the project's launcher ----
+
+@pytest.mark.distributed
+def test_under_torchrun_one_rank_prints_the_block(tmp_path):
+    proc = run(torchrun(2, str(ROOT / "train.py"), "+experiment=debug", f"output_root={tmp_path}", "run_name=run",
+                        "optim.lr=nan"), timeout=120)
+    assert proc.returncode != 0
+    assert (proc.stdout + proc.stderr).count("ConfigError: invalid configuration:") == 1, proc.stderr[-3000:]
+    assert "optim.lr=nan must be" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.distributed
+def test_the_launcher_checks_once_and_exits_2_without_an_agent_traceback(tmp_path):
+    proc = run([sys.executable, str(ROOT / "scripts" / "torchrun_preemptible.py"), "--standalone",
+                "--nproc-per-node=2", str(ROOT / "train.py"), "+experiment=debug", f"output_root={tmp_path}",
+                "run_name=run", "+training.setps=10", "parallel.tp=3"], timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert out.count("error: ConfigError: invalid configuration:") == 1 and "Traceback" not in out
+    assert "ChildFailedError" not in out and "did you mean training.steps?" in out
+    assert "world size 2 is not divisible by parallel.dp_replicate (1) x parallel.tp (3)" in out  # the world it gets
+    assert not (tmp_path / "run").exists()

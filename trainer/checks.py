@@ -30,10 +30,10 @@ from model.config import model_config
 
 def world_size_of(cfg: DictConfig) -> int | None:
     """The world size train.py will run at: the launcher's WORLD_SIZE, else 1 (plain python); for a
-    dry run the layout's product, or None when dp_shard=-1 leaves it open."""
+    dry run or a launcher's check_only the layout's product, or None when dp_shard=-1 leaves it open."""
     if "WORLD_SIZE" in os.environ:
         return int(os.environ["WORLD_SIZE"])
-    if cfg.dry_run:
+    if cfg.dry_run or cfg.check_only:
         p = cfg.parallel
         return p.dp_replicate * p.dp_shard * p.tp if p.dp_shard != -1 else None
     return 1
