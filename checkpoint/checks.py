@@ -107,7 +107,7 @@ def resume_problems(cfg) -> List[str]:
     except CheckpointError as exc:
         fix = ""
         if not root.exists():
-            runs = sorted(p.name for p in Path(cfg.output_root).glob("*/checkpoints")) if Path(
+            runs = sorted(p.parent.name for p in Path(cfg.output_root).glob("*/checkpoints")) if Path(
                 cfg.output_root).is_dir() else []
             fix = (f". {root} does not exist: check checkpoint.dir and run_name for a typo"
                    + (f" (runs with checkpoints under output_root={cfg.output_root}: {runs})" if runs else "")

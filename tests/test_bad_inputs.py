@@ -306,3 +306,16 @@ def test_the_launcher_checks_once_and_exits_2_without_an_agent_traceback(tmp_pat
     assert "ChildFailedError" not in out and "did you mean training.steps?" in out
     assert "world size 2 is not divisible by parallel.dp_replicate (1) x parallel.tp (3)" in out  # the world it gets
     assert not (tmp_path / "run").exists()
+
+
+def test_resume_must_with_a_mistyped_dir_gives_the_fix_and_creates_nothing(tmp_path, pydoc_data):
+    (tmp_path / "real" / "checkpoints").mkdir(parents=True)
+    typo = tmp_path / "reel" / "checkpoints"
+    cfg = _compose(f"data.path={pydoc_data}", f"output_root={tmp_path}", "run_name=real", f"checkpoint.dir={typo}",
+                   "checkpoint.resume=must")
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg, world_size=1, files=True)
+    assert (f"checkpoint.resume=must but {typo} holds no usable committed checkpoint. {typo} does not exist: check "
+            f"checkpoint.dir and run_name for a typo (runs with checkpoints under output_root={tmp_path}: ['real'])"
+            ) in str(err.value)
+    assert not (tmp_path / "reel").exists()
