@@ -47,7 +47,8 @@ def test_a_live_owner_is_named_with_the_choices(tmp_path):
     assert take_lease(tmp_path, timeout_s=60, take_over=True) == 4  # explicitly taken over
 
 
-@pytest.mark.parametrize("how", ["silent past the timeout", "released", "dead on this host", "same torchrun job"])
+@pytest.mark.parametrize("how", ["silent past the timeout", "released", "dead on this host", "a zombie on this host",
+                                 "same torchrun job"])
 def test_a_gone_owner_is_taken_over_at_once(tmp_path, monkeypatch, how):
     if how == "silent past the timeout":
         _record(tmp_path, 1, age_s=61)
@@ -57,12 +58,19 @@ def test_a_gone_owner_is_taken_over_at_once(tmp_path, monkeypatch, how):
         dead = subprocess.Popen([sys.executable, "-c", "pass"])
         dead.wait()  # reaped: its pid names no process now
         _record(tmp_path, 1, host=socket.gethostname(), pid=dead.pid)
+    elif how == "a zombie on this host":  # killed, its parent gone before reaping it (a SIGKILLed agent's worker)
+        zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+        while open(f"/proc/{zombie.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            time.sleep(0.01)
+        _record(tmp_path, 1, host=socket.gethostname(), pid=zombie.pid)
     else:  # torchrun restarted its workers: the old rank 0 may not have been reaped yet
         _record(tmp_path, 1, host=socket.gethostname(), pid=os.getpid(), run_id="job-7", restart_count="0")
         monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
         monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert live_owner(tmp_path, timeout_s=60) is None
     assert take_lease(tmp_path, timeout_s=60) == 2
+    if how == "a zombie on this host":
+        zombie.wait()
 
 
 def test_the_heartbeat_keeps_the_lease_live_and_releases_it(tmp_path):

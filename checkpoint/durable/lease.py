@@ -77,13 +77,18 @@ def _record_path(root: Path, attempt: int) -> Path:
 
 
 def _pid_gone(pid: int) -> bool:
+    """No process ``pid`` on this host, or only its zombie (killed, not yet reaped)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except OSError:  # another user's process: alive
         return False
-    return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def live_owner(root: Path, timeout_s: float) -> Optional[str]:
