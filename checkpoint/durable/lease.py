@@ -18,7 +18,8 @@ owning process (``Heartbeat``) touches it every ``timeout / 4`` s for as long as
 save in flight included, and marks it released when the run closes. A launch that finds the owner
 live (its record touched less than ``checkpoint.lease_timeout_s`` ago, not released, and not a dead
 pid on this host) refuses with ``LiveOwner``, before anything is written, unless it is the same
-torchrun job restarting (same TORCHELASTIC_RUN_ID) or ``checkpoint.take_over=true`` says so.
+torchrun job (same TORCHELASTIC_RUN_ID: restarted workers, a requeued job) or ``checkpoint.take_over=true``
+says so.
 """
 
 from __future__ import annotations
@@ -107,9 +108,8 @@ def live_owner(root: Path, timeout_s: float) -> Optional[str]:
     if rec.get("host") == socket.gethostname() and _pid_gone(int(rec.get("pid", 0))):
         return None  # died on this host: no need to wait for the timeout
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id and rec.get("run_id") == run_id and rec.get("restart_count") != os.environ.get(
-            "TORCHELASTIC_RESTART_COUNT"):
-        return None  # the same torchrun job restarting its workers: the old ones are gone
+    if run_id and rec.get("run_id") == run_id:
+        return None  # the same torchrun job (restarting its workers, or a requeue of it): the old ones are gone
     return (f"{root} is in use by a live run: {describe(root, owner)}, heartbeat {age:.0f} s ago (a run is live while "
             f"its heartbeat is younger than checkpoint.lease_timeout_s={timeout_s:g}). Nothing was changed. Wait "
             "for it to finish, give this launch another run_name (or checkpoint.dir), or, if that run is really "
