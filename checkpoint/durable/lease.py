@@ -25,6 +25,7 @@ says so.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -34,6 +35,8 @@ from typing import List, Optional
 
 from checkpoint.durable.integrity import fsync_dir
 from checkpoint.durable.manifest import CheckpointError
+
+log = logging.getLogger("trainer")
 
 ATTEMPTS = "attempts"
 _PREFIX = "attempt_"
@@ -126,9 +129,11 @@ def take_lease(root: Path, timeout_s: Optional[float] = None, take_over: bool = 
                          "restart_count": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
                          "run_id": os.environ.get("TORCHELASTIC_RUN_ID")})
     while True:
-        problem = live_owner(root, timeout_s) if timeout_s is not None and not take_over else None
-        if problem is not None:
+        problem = live_owner(root, timeout_s) if timeout_s is not None else None
+        if problem is not None and not take_over:
             raise LiveOwner(problem)
+        if problem is not None:
+            log.warning("checkpoint.take_over=true: taking over although %s", problem.split(". Nothing")[0])
         attempt = (current_attempt(root) or 0) + 1
         try:
             fd = os.open(d / f"{_PREFIX}{attempt:06d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
