@@ -107,7 +107,7 @@ def test_resolve_dims_names_the_numbers_and_alternatives():
     with pytest.raises(ValueError) as err:
         resolve_parallel_dims(1, 3, 2, 8)
     msg = str(err.value)
-    assert "dp_replicate=1 x dp_shard=3 x tp=2 = 6 ranks, but the world size is 8" in msg
+    assert "parallel.dp_replicate=1 x parallel.dp_shard=3 x parallel.tp=2 = 6 ranks, but the world size is 8" in msg
     assert "dp_replicate=1 dp_shard=4 tp=2" in msg  # the nearest valid layout comes first
     with pytest.raises(ValueError, match="must be >= 1"):
         resolve_parallel_dims(1, 0, 1, 1)
