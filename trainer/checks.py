@@ -104,9 +104,10 @@ def folder_problem(key: str, path: str) -> Optional[tuple]:
         what = "a dangling link" if above.is_symlink() and not above.exists() else "a regular file"
         return above, f"{key}={path}: {above} is {what}, not a folder; point {key} at a folder (or remove {above})"
     if not os.access(above, os.W_OK | os.X_OK):
-        return above, (f"{key}={path}: {'the folder' if above == p else f'{above}, where it would be created,'} is "
-                       f"not writable by this user ({os.environ.get('USER', os.getuid())}); make it writable or "
-                       "choose another folder")
+        where = "the folder" if above == p else f"{above}, where it would be created,"
+        why = ("is on a read-only file system" if os.statvfs(above).f_flag & os.ST_RDONLY else
+               f"is not writable by this user (uid {os.getuid()})")
+        return above, f"{key}={path}: {where} {why}; make it writable or choose another folder"
     return None
 
 
