@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from checkpoint.durable.lease import LiveOwner
 from checkpoint.durable.manifest import CheckpointError, ConfigMismatch
 from checkpoint.durable.preflight import PreflightError
 from configs.checks import ConfigError
@@ -33,10 +35,12 @@ from trainer.run import run
 register()
 
 # Errors whose message says what is wrong and what to do: printed as one block, no traceback.
-# Exit code 2: the configuration (or a resume's change of it) is refused; 1: the run could not go on
+# Exit code 2: the configuration (or a resume's change of it, or a launch into a live run) is refused; 1: the
+# run could not go on
 # (CheckpointError covers a save the storage refused, CheckpointSaveError, and a stale writer, StaleWriter).
 USER_ERRORS = (ConfigError, CheckpointError, PreflightError, RecoveryError, RollbackError, DataError)
 CONFIG_EXIT_CODE = 2
+SILENT_RANK_WAIT_S = 3.0
 _composed = False  # set once Hydra has composed the config and called main
 
 
@@ -58,20 +62,34 @@ def dry_run(cfg: DictConfig) -> None:
     print(format_plan(plan_from_config(cfg, int(os.environ.get("WORLD_SIZE", 0)) or None)))
 
 
+def _prints() -> bool:
+    """Whether this process prints the config checks' block: under torchrun the first rank of each node
+    (LOCAL_RANK 0; the files are checked on each node), else the one process."""
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> None:
     global _composed
     _composed = True
     try:
-        validate_config(cfg, world_size_of(cfg), files=True)
+        for warning in validate_config(cfg, world_size_of(cfg), files=True):
+            if _prints():
+                print(f"warning: {warning}", file=sys.stderr)
+        if cfg.check_only:
+            print("configuration accepted", file=sys.stderr)
+            return
         if cfg.dry_run:
             dry_run(cfg)
             return
         run(cfg, list(HydraConfig.get().overrides.task))
     except USER_ERRORS as exc:
         rank = os.environ.get("RANK")
-        print(f"\nerror{f' (rank {rank})' if rank else ''}: {type(exc).__name__}: {exc}\n", file=sys.stderr)
-        sys.exit(CONFIG_EXIT_CODE if isinstance(exc, (ConfigError, ConfigMismatch)) else 1)
+        if _prints() or not isinstance(exc, ConfigError):  # a refused config: the same block on every rank
+            print(f"\nerror{f' (rank {rank})' if rank else ''}: {type(exc).__name__}: {exc}\n", file=sys.stderr)
+        else:  # the agent stops every rank once one exits: leave the printing rank time to print
+            time.sleep(SILENT_RANK_WAIT_S)
+        sys.exit(CONFIG_EXIT_CODE if isinstance(exc, (ConfigError, ConfigMismatch, LiveOwner)) else 1)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,16 @@ model.init_from's weights (from their small JSON files) unless the run will resu
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import List, Optional
 
 from checkpoint.durable.discovery import resolve_resume
 from checkpoint.durable.layout import MANIFEST
-from checkpoint.durable.manifest import CheckpointError
+from checkpoint.durable.lease import live_owner
+from checkpoint.durable.manifest import CheckpointError, read_manifest
 from checkpoint.interop.weight_source import source_problems
+from checkpoint.state.fingerprint import config_differences, config_hash, full_config, hashed_config
 from configs.checks import ConfigError, Problems
 from configs.constants import ASYNC_MODES, BEST_METRICS, CHECKPOINT_FORMATS, ON_SAVE_ERROR, RESUME_WORDS
 from model.config import model_config
@@ -84,6 +87,22 @@ def weights_only_resume(cfg) -> Optional[str]:
     return f"checkpoint.resume={resume} holds model weights only: model.init_from={resume}, checkpoint.resume=auto"
 
 
+def config_warnings(cfg) -> List[str]:
+    """Settings that work but can never do what they seem to ask (printed, not refused)."""
+    c, out = cfg.checkpoint, []
+    try:
+        interval = parse_interval(c.interval)
+    except ValueError:
+        return out
+    if c.keep_every > 0 and interval != "auto" and interval > 0 and c.keep_every % interval:
+        both = math.lcm(c.keep_every, interval)
+        when = (f"only steps divisible by {both} are kept" if both <= cfg.training.steps else
+                f"no save of this run (training.steps={cfg.training.steps}) is kept, unless the final one")
+        out.append(f"checkpoint.keep_every={c.keep_every} is not a multiple of checkpoint.interval={interval}: "
+                   f"saves fall on multiples of {interval}, so {when}; set keep_every to a multiple of interval")
+    return out
+
+
 def file_problems(cfg) -> List[str]:
     """checkpoint.resume=<path> holds a committed checkpoint; model.init_from fits model.* (unless
     the run will resume: then its checkpoint's weights win and the source may even be gone)."""
@@ -94,7 +113,43 @@ def file_problems(cfg) -> List[str]:
                    "path of a committed checkpoint directory (one holding manifest.json)")
     if cfg.model.init_from and not cfg.dry_run:
         out += _init_from_problems(cfg)
+    if not out and not cfg.dry_run:
+        out += resume_problems(cfg)
     return out
+
+
+def resume_problems(cfg) -> List[str]:
+    """Before anything is built or written: no live run owns checkpoint.dir (checkpoint/durable/lease.py),
+    checkpoint.resume finds what it asks for, and the checkpoint it will load was saved with this config
+    (the hashed part; checkpoint.allow_config_change accepts a difference). Read-only."""
+    c, root = cfg.checkpoint, Path(cfg.checkpoint.dir)
+    live = None if c.take_over else live_owner(root, c.lease_timeout_s)
+    if live:
+        return [f"checkpoint.dir: {live}"]
+    try:
+        path = resolve_resume(root, str(c.resume))
+    except CheckpointError as exc:
+        fix = ""
+        if not root.exists():
+            runs = sorted(p.parent.name for p in Path(cfg.output_root).glob("*/checkpoints")) if Path(
+                cfg.output_root).is_dir() else []
+            fix = (f". {root} does not exist: check checkpoint.dir and run_name for a typo"
+                   + (f" (runs with checkpoints under output_root={cfg.output_root}: {runs})" if runs else "")
+                   + ", or start fresh with checkpoint.resume=auto")
+        return [f"{exc}{fix}"]
+    if path is None or c.allow_config_change:
+        return []
+    try:
+        saved = read_manifest(path)
+    except CheckpointError:  # damaged: the resume's fallback handles it
+        return []
+    hashed = hashed_config(full_config(cfg))
+    if saved.config_hash == config_hash(hashed):
+        return []
+    diffs = config_differences(hashed_config(saved.config), hashed)
+    return [f"checkpoint.resume={c.resume}: {path} was saved with a different config: "
+            f"{'; '.join(diffs) or 'unknown fields'}. Resume with the same settings, start another run (run_name), "
+            "or set checkpoint.allow_config_change=true to accept the change"]
 
 
 def _init_from_problems(cfg) -> List[str]:

@@ -25,15 +25,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from checkpoint.durable.integrity import default_algorithm
-from checkpoint.durable.lease import check_lease, take_lease
+from checkpoint.durable.lease import LiveOwner, check_lease, take_lease
 from checkpoint.durable.loader import load_checkpoint
-from checkpoint.durable.manifest import (
-    LOAD_ERRORS,
-    CheckpointError,
-    Manifest,
-    VerificationFailed,
-    read_manifest,
-)
+from checkpoint.durable.manifest import LOAD_ERRORS, CheckpointError, Manifest, VerificationFailed, read_manifest
 from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes, held_once, preflight_checkpoint_dir
 from checkpoint.durable.retention import apply_retention
 from checkpoint.durable.save_errors import CheckpointSaveError
@@ -125,13 +119,15 @@ class CheckpointManager:
         if self.rank == 0:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
-                lease[0] = take_lease(self.root)
+                lease[0] = take_lease(self.root, self.ckpt_cfg.lease_timeout_s, self.ckpt_cfg.take_over)
+            except LiveOwner as exc:  # another run is live there: refused on every rank, nothing written
+                lease[1] = exc
             except OSError as exc:
                 lease[1] = (f"checkpoint.dir={self.root} is not writable by this process: {exc}. Make it writable, "
                             "or point checkpoint.dir at a writable volume")
         lease = collectives.broadcast_object(lease)
         if lease[1] is not None:
-            raise PreflightError(lease[1])
+            raise lease[1] if isinstance(lease[1], LiveOwner) else PreflightError(lease[1])
         self.saver.attempt = lease[0]
         log.info("checkpoint.dir %s: this is attempt %d", self.root, lease[0])
         estimate = expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None)

@@ -7,11 +7,14 @@ dataclasses: a misspelled key or a wrong type fails at compose time, before any 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+import difflib
+import re
+import typing
+from dataclasses import dataclass, field, is_dataclass
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from configs.constants import DEFAULT_TIMEOUTS, DEFAULT_WRITE_TIMEOUT_S
 from model.config import ModelConfig
@@ -162,6 +165,10 @@ class CheckpointConfig:
     verify_on_load: bool = True  # check sizes first, checksums while loading (checkpoint/durable/loader.py)
     load_threads: int = 2  # read streams per rank and file while loading (1: one sequential stream)
     commit_timeout_s: float = 600.0  # a rank that has not acknowledged by then: not committed
+    # The attempt lease's heartbeat (checkpoint/durable/lease.py): a launch into a directory whose owner beat
+    # less than this ago is refused (another run is live there), unless take_over=true.
+    lease_timeout_s: float = 60.0
+    take_over: bool = False  # take the directory from a live-looking owner (one known to be gone)
     # A save that fails (disk full, read-only, quota): stop (the uncommitted directory is removed and the
     # run exits with a message) or continue (an alarm in metrics.jsonl; the next interval tries again).
     on_save_error: str = "stop"  # stop | continue
@@ -260,6 +267,9 @@ class Config:
     run_dir: str = "${output_root}/${run_name}"
     seed: int = 1234
     dry_run: bool = False
+    # Run every check train.py runs before building anything, print the block, and exit (0: accepted, 2:
+    # refused). The launchers in scripts/ run it once before starting the workers.
+    check_only: bool = False
     model: ModelSchema = field(default_factory=ModelSchema)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -269,6 +279,103 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+def _plain(tp):
+    """Optional[X] -> X."""
+    if typing.get_origin(tp) is typing.Union:
+        return next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp
+
+
+def _walk(node, tp, prefix: str) -> Iterator[Tuple[str, str, object]]:
+    """(kind, dotted key, schema type) for every key of the composed ``node`` against schema type ``tp``:
+    kind "unknown" for a key the schema does not declare, "leaf" for a value; containers are entered."""
+    tp = _plain(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if is_dataclass(tp) and isinstance(node, DictConfig):
+        hints = typing.get_type_hints(tp)
+        for key in node.keys():
+            if key not in hints:
+                yield "unknown", f"{prefix}{key}", None
+            else:
+                yield from _walk(node._get_node(key), hints[key], f"{prefix}{key}.")
+    elif origin in (list, List) and isinstance(node, ListConfig):
+        for i in range(len(node)):
+            yield from _walk(node._get_node(i), args[0], f"{prefix[:-1]}[{i}].")
+    elif origin in (dict, Dict) and isinstance(node, DictConfig):
+        for key in node.keys():
+            yield from _walk(node._get_node(key), args[1], f"{prefix}{key}.")
+    else:
+        yield "leaf", prefix[:-1], tp
+
+
+def known_keys(tp=None, prefix: str = "") -> List[str]:
+    """Every dotted key the schema declares (``[]`` for a list's items, ``*`` for a mapping's keys)."""
+    out = []
+    for name, hint in typing.get_type_hints(tp or Config).items():
+        hint = _plain(hint)
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if is_dataclass(hint):
+            out += known_keys(hint, f"{prefix}{name}.")
+        elif origin in (list, List) and is_dataclass(args[0]):
+            out += known_keys(args[0], f"{prefix}{name}[].")
+        elif origin in (dict, Dict):
+            out.append(f"{prefix}{name}.*")
+        else:
+            out.append(f"{prefix}{name}")
+    return out
+
+
+def numeric_keys() -> List[Tuple[str, type]]:
+    """(dotted key, int or float) for every number the schema declares, for the checks and their tests."""
+    out = []
+    for key in known_keys():
+        tp = _schema_type(key)
+        if tp in (int, float):
+            out.append((key, tp))
+    return out
+
+
+def _schema_type(key: str):
+    tp = Config
+    for part in key.replace("[]", "").split("."):
+        tp = _plain(tp)
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if origin in (list, List):
+            tp = _plain(args[0])
+        if typing.get_origin(tp) in (dict, Dict):
+            tp = typing.get_args(tp)[1]
+            continue
+        tp = typing.get_type_hints(tp)[part]
+    return _plain(tp)
+
+
+def unknown_key_problems(cfg: DictConfig) -> List[str]:
+    """The composed config is closed: a key the schema does not declare (one added with ``+``, which Hydra
+    lets through) is an error naming the closest key it does declare."""
+    known = [k for k in known_keys() if not k.endswith("*")]
+    out = []
+    for kind, key, _ in _walk(cfg, Config, ""):
+        if kind == "unknown":
+            pattern = re.sub(r"\[\d+\]", "[]", key)
+            section = pattern.rsplit(".", 1)[0] if "." in pattern else ""
+            siblings = [k for k in known if (k.rsplit(".", 1)[0] if "." in k else "") == section]
+            near = (difflib.get_close_matches(pattern, siblings, n=1, cutoff=0.6)
+                    or difflib.get_close_matches(pattern, known, n=1, cutoff=0.6))
+            hint = f"; did you mean {near[0]}?" if near else ""
+            out.append(f"{key}: the schema (configs/schema.py) has no such key{hint} (a key added with + must be "
+                       "declared in the schema first)")
+    return out
+
+
+def numeric_values(cfg: DictConfig) -> List[Tuple[str, object]]:
+    """(dotted key, value) for every number of the composed config, as the schema types it, resolved."""
+    out = []
+    for kind, key, tp in _walk(cfg, Config, ""):
+        if kind == "leaf" and tp in (int, float):
+            out.append((key, OmegaConf.select(cfg, key, throw_on_missing=False)))
+    return out
 
 
 def register() -> None:

@@ -53,6 +53,7 @@ class MetricsLogger:
         self.total_steps = total_steps
         self.log_interval = max(1, cfg.logging.log_interval)
         self._jsonl = None
+        self.attempt: Optional[int] = None  # the attempt lease's number once taken: every row carries it
         self._wandb = None
         self._tb = None
         self._event_counts: Counter = Counter()
@@ -72,7 +73,7 @@ class MetricsLogger:
         """``step`` is the 1-based number of optimizer steps done."""
         if not self.is_main:
             return
-        record = {"step": step, **metrics}
+        record = {"step": step, **self._attempt(), **metrics}
         self._jsonl.write(json.dumps(record) + "\n")
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
@@ -90,6 +91,9 @@ class MetricsLogger:
                 metrics["tokens_per_s"], mfu, 1000 * metrics["step_s"], metrics["memory_gib"], eta,
             )
 
+    def _attempt(self) -> Dict[str, int]:
+        return {} if self.attempt is None else {"attempt": self.attempt}
+
     def log_eval(self, step: int, loss: float, tokens: int, seconds: float) -> None:
         """A validation result after 1-based ``step`` (training/evaluate.py)."""
         if not self.is_main:
@@ -103,7 +107,7 @@ class MetricsLogger:
         kind, and the wandb and TensorBoard scalars described in the module docstring."""
         if not self.is_main:
             return
-        self._jsonl.write(json.dumps({"step": step, **fields}) + "\n")
+        self._jsonl.write(json.dumps({"step": step, **self._attempt(), **fields}) + "\n")
         kind = str(fields.get("kind", "event"))
         self._event_counts[kind] += 1
         scalars = {f"{kind}/{k}": v for k, v in fields.items() if _is_number(v)}

@@ -10,12 +10,23 @@ from typing import Dict, List, Optional
 METRICS_FILE = "metrics.jsonl"
 
 
-def read_rows(run_dir: Path | str) -> List[dict]:
-    """Every row of ``run_dir``/metrics.jsonl in order; [] when the run wrote none."""
+def read_rows(run_dir: Path | str, stale: bool = False) -> List[dict]:
+    """Every row of ``run_dir``/metrics.jsonl in order; [] when the run wrote none. Rows carry the attempt
+    that wrote them (checkpoint/durable/lease.py); once a newer attempt has written, the rows an older one
+    still writes are a stale writer's (the newer one owns the run) and are left out unless ``stale``."""
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows, newest = [], 0
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            attempt = row.get("attempt")
+            if attempt is not None and attempt < newest and not stale:
+                continue
+            newest = max(newest, attempt or 0)
+            rows.append(row)
+    return rows
 
 
 def read_metrics(run_dir: Path | str, kind: Optional[str] = None) -> List[dict]:

@@ -69,14 +69,15 @@ def resolve_parallel_dims(dp_replicate: int, dp_shard: int, tp: int, world_size:
     if dp_shard == -1:
         if world_size % (dp_replicate * tp):
             raise ValueError(
-                f"world size {world_size} is not divisible by dp_replicate ({dp_replicate}) x tp ({tp}) = "
+                f"world size {world_size} is not divisible by parallel.dp_replicate ({dp_replicate}) x "
+                f"parallel.tp ({tp}) = "
                 f"{dp_replicate * tp}, so dp_shard=-1 cannot be filled. Valid layouts: "
                 + "; ".join(_layouts(world_size, dp_replicate, tp))
             )
         dp_shard = world_size // (dp_replicate * tp)
     if dp_replicate * dp_shard * tp != world_size:
         raise ValueError(
-            f"parallel layout dp_replicate={dp_replicate} x dp_shard={dp_shard} x tp={tp} = "
+            f"parallel layout parallel.dp_replicate={dp_replicate} x parallel.dp_shard={dp_shard} x parallel.tp={tp} = "
             f"{dp_replicate * dp_shard * tp} ranks, but the world size is {world_size}. Valid layouts: "
             + "; ".join(_layouts(world_size, dp_replicate, tp))
         )

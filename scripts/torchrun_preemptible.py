@@ -16,12 +16,17 @@ SIGKILLs them and exits non-zero. Every argument, and every other signal, is tor
 A worker whose agent dies (SIGKILL, OOM) is killed by the kernel (parallel/init.py,
 die_with_launcher). Passing --signals-to-handle with SIGTERM or SIGUSR1 gives those back to
 torchrun's own handling.
+
+Before it starts any worker it runs train.py's checks once (``check_only=true``, with the world size
+the arguments give): a refused config or launch prints its one block and exits 2, with no agent
+traceback (stock torchrun would print its ChildFailedError summary and exit 1).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -89,7 +94,35 @@ class NoticeForwarder:
                 pass
 
 
+def _option(args: List[str], *names: str) -> Optional[str]:
+    """The value of a torchrun option (``--name value`` or ``--name=value``) among ``args``."""
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def check_config(argv: List[str]) -> int:
+    """train.py check_only=true with the overrides of the script in ``argv`` (torchrun's arguments); its
+    exit status (0 when the script is not train.py: nothing to check)."""
+    script = next((i for i, a in enumerate(argv) if a.endswith("train.py")), None)
+    if script is None:
+        return 0
+    launcher = argv[:script]
+    nproc, nnodes = _option(launcher, "--nproc-per-node", "--nproc_per_node"), _option(launcher, "--nnodes") or "1"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    if nproc and nproc.isdigit() and nnodes.isdigit():  # elastic (MIN:MAX) or "gpu": the layout is checked later
+        env["WORLD_SIZE"] = str(int(nproc) * int(nnodes))
+    return subprocess.run([sys.executable, argv[script], *argv[script + 1:], "check_only=true"], env=env).returncode
+
+
 def main() -> None:
+    status = check_config(sys.argv[1:])
+    if status != 0:
+        sys.exit(status)
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(DEFAULT_SHUTDOWN_S))
     os.environ.setdefault("PET_SIGNALS_TO_HANDLE", TORCHRUN_SIGNALS)  # torchrun leaves the notices to us
     NoticeForwarder(float(os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"])).install()

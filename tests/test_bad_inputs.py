@@ -7,15 +7,20 @@ show the exit code, the single block and that nothing was written into the run d
 
 from __future__ import annotations
 
+import copy
+import math
 import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 
+from configs.bounds import BOUNDS
 from configs.checks import ConfigError
-from configs.schema import register
-from helpers.launch import ROOT, run
+from configs.schema import DataSourceConfig, FaultConfig, numeric_keys, register
+from helpers.launch import ROOT, run, torchrun
 from trainer.checks import validate_config
 
 register()
@@ -127,7 +132,7 @@ def test_train_py_prints_one_block_and_exits_2(tmp_path):
     block = proc.stderr[proc.stderr.index("error: ConfigError"):]
     for _, needles in chosen:
         assert all(n in block for n in needles), (needles, block)
-    assert not any(run_dir.iterdir())  # refused before anything was built or written (Hydra made the folder)
+    assert not run_dir.exists()  # refused before anything was built or written
 
 
 @pytest.mark.distributed
@@ -140,3 +145,177 @@ def test_train_py_exits_2_when_hydra_cannot_compose(tmp_path, override, needle):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert needle in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
     assert not run_dir.exists() or not any(run_dir.iterdir())
+
+
+# ---- every number of the schema: NaN, infinities, zero, negative and huge values ----
+
+HUGE = {int: 2**62, float: 1e300}
+
+
+def _numeric_cases():
+    """(schema key, the override path it is set through, type) for every numeric key of the schema."""
+    for key, tp in numeric_keys():
+        path = key.replace("recovery.timeouts.*", "recovery.timeouts.step")
+        yield key, path, tp
+
+
+def _with(base, path: str, value):
+    """A copy of ``base`` with ``path`` set to ``value`` the way Hydra would (a list key gets one item)."""
+    cfg = copy.deepcopy(base)
+    if "[]." in path:
+        head, leaf = path.split("[].")
+        item = DataSourceConfig(path="/nonexistent") if head == "data.mixture" else FaultConfig()
+        OmegaConf.select(cfg, head).append(item)
+        OmegaConf.update(cfg, f"{head}[0].{leaf}", value, merge=False)
+    else:
+        OmegaConf.update(cfg, path, value, merge=False)
+    return cfg
+
+
+def test_every_numeric_key_declares_its_bounds():
+    missing = [k for k, _ in numeric_keys() if k not in BOUNDS]
+    assert not missing, f"declare what these can be in configs/bounds.py: {missing}"
+    assert len(numeric_keys()) >= 70
+
+
+def test_every_numeric_key_refuses_nan_infinities_and_what_it_cannot_be():
+    base = _compose()
+    refused = 0
+    for key, path, tp in _numeric_cases():
+        shown = path.replace("[].", "[0].")
+        for value in (math.nan, math.inf, -math.inf, 0, -1, HUGE[tp]):
+            value = tp(value) if math.isfinite(value) else value
+            try:
+                cfg = _with(base, path, value)
+            except ValidationError as exc:  # an int key given a non-finite float: Hydra refuses it at compose
+                assert tp is int and not math.isfinite(value) and shown.split("[")[0] in str(exc), (key, value, exc)
+                refused += 1
+                continue
+            try:
+                validate_config(cfg, world_size=1)
+            except ConfigError as err:
+                assert shown in str(err), (key, value, str(err))
+                refused += 1
+                continue
+            assert math.isfinite(value) and BOUNDS[key].holds(value), f"{shown}={value} was accepted"
+    assert refused >= 3 * len(list(_numeric_cases()))  # every key refuses at least NaN and both infinities
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("+training.setps=10", "training.setps: the schema (configs/schema.py) has no such key; did you mean "
+                           "training.steps?"),
+    ("+optim.lrr=1", "did you mean optim.lr?"),
+    ("+checkpoint.keep_lats=3", "did you mean checkpoint.keep_last?"),
+])
+def test_a_key_added_with_plus_must_be_in_the_schema(override, needle):
+    with pytest.raises(ConfigError) as err:
+        validate_config(_compose(override), world_size=1)
+    assert needle in str(err.value)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("overrides, needles", [
+    (["optim.lr=inf", "optim.weight_decay=nan", "training.grad_clip=nan"],
+     ["optim.lr=inf", "optim.weight_decay=nan", "training.grad_clip=nan"]),
+    (["seed=-1", "model.multiple_of=0", "+training.setps=10"],
+     ["seed=-1", "model.multiple_of=0", "did you mean training.steps?"]),
+])
+def test_train_py_refuses_non_finite_and_degenerate_numbers(tmp_path, overrides, needles):
+    proc, run_dir = _train(tmp_path, *overrides)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.count("error: ConfigError: invalid configuration:") == 1
+    assert all(n in proc.stderr for n in needles), proc.stderr[-3000:]
+    assert not run_dir.exists() or not any(run_dir.iterdir())
+
+
+# ---- what is knowable before allocation: the prepared data, the folders, the device ----
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["model.vocab_size=100"], "model.vocab_size=100 is smaller than the vocabulary of the data at {data} (byte "
+                               "tokenizer, vocab size 257); raise model.vocab_size to at least 257"),
+    (["data.tokenizer=bpe"], "data.tokenizer=bpe but {data} was prepared with the byte tokenizer"),
+    (["eval.batches=2000"], "eval.batches=2000 x training.global_batch_size=16 = 32000 validation sequences, but "
+                            "the validation set {data}/validation holds about 381 of seq_len 128 + 1; lower "
+                            "eval.batches to at most 23"),
+    (["output_root={file}"], "output_root={file}: {file} is a regular file, not a folder"),
+    (["checkpoint.dir={file}/ckpt"], "checkpoint.dir={file}/ckpt: {file} is a regular file, not a folder"),
+])
+def test_the_data_and_the_folders_are_checked_before_anything_is_built(tmp_path, pydoc_data, overrides, needle):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    fill = {"data": pydoc_data, "file": blocker}
+    cfg = _compose(f"data.path={pydoc_data}", f"output_root={tmp_path / 'out'}", *[o.format(**fill) for o in overrides])
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg, world_size=1, files=True)
+    assert needle.format(**fill) in str(err.value) and len(str(err.value).splitlines()) == 2, str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing created
+
+
+def test_cuda_asked_for_without_cuda_is_refused(tmp_path, pydoc_data):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    cfg = _compose(f"data.path={pydoc_data}", f"output_root={tmp_path}", "parallel.device=cuda")
+    with pytest.raises(ConfigError, match="parallel.device=cuda, but torch sees no CUDA device here"):
+        validate_config(cfg, world_size=1, files=True)
+
+
+def test_a_permanent_tier_no_save_reaches_is_a_warning(tmp_path, pydoc_data):
+    cfg = _compose(f"data.path={pydoc_data}", f"output_root={tmp_path}", "checkpoint.keep_every=15",
+                   "checkpoint.interval=10")
+    assert validate_config(cfg, world_size=1, files=True) == [
+        "checkpoint.keep_every=15 is not a multiple of checkpoint.interval=10: saves fall on multiples of 10, so only "
+        "steps divisible by 30 are kept; set keep_every to a multiple of interval"]
+    cfg = _compose(f"data.path={pydoc_data}", f"output_root={tmp_path}", "checkpoint.keep_every=20",
+                   "checkpoint.interval=10")
+    assert validate_config(cfg, world_size=1, files=True) == []
+
+
+@pytest.mark.distributed
+def test_train_py_refuses_data_and_folder_mistakes_before_building(tmp_path, pydoc_data):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    proc, run_dir = _train(tmp_path, f"data.path={pydoc_data}", "model.vocab_size=100", f"checkpoint.dir={blocker}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout and "model.vocab_size=100" in proc.stderr
+    assert f"checkpoint.dir={blocker}: {blocker} is a regular file" in proc.stderr
+    assert not run_dir.exists() and blocker.read_text() == "not a folder"
+
+
+# ---- under torchrun: one block, and exit 2 through the project's launcher ----
+
+@pytest.mark.distributed
+def test_under_torchrun_one_rank_prints_the_block(tmp_path):
+    proc = run(torchrun(2, str(ROOT / "train.py"), "+experiment=debug", f"output_root={tmp_path}", "run_name=run",
+                        "optim.lr=nan"), timeout=120)
+    assert proc.returncode != 0
+    assert (proc.stdout + proc.stderr).count("ConfigError: invalid configuration:") == 1, proc.stderr[-3000:]
+    assert "optim.lr=nan must be" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.distributed
+def test_the_launcher_checks_once_and_exits_2_without_an_agent_traceback(tmp_path):
+    proc = run([sys.executable, str(ROOT / "scripts" / "torchrun_preemptible.py"), "--standalone",
+                "--nproc-per-node=2", str(ROOT / "train.py"), "+experiment=debug", f"output_root={tmp_path}",
+                "run_name=run", "+training.setps=10", "parallel.tp=3"], timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert out.count("error: ConfigError: invalid configuration:") == 1 and "Traceback" not in out
+    assert "ChildFailedError" not in out and "did you mean training.steps?" in out
+    assert "world size 2 is not divisible by parallel.dp_replicate (1) x parallel.tp (3)" in out  # the world it gets
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_must_with_a_mistyped_dir_gives_the_fix_and_creates_nothing(tmp_path, pydoc_data):
+    (tmp_path / "real" / "checkpoints").mkdir(parents=True)
+    typo = tmp_path / "reel" / "checkpoints"
+    cfg = _compose(f"data.path={pydoc_data}", f"output_root={tmp_path}", "run_name=real", f"checkpoint.dir={typo}",
+                   "checkpoint.resume=must")
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg, world_size=1, files=True)
+    assert (f"checkpoint.resume=must but {typo} holds no usable committed checkpoint. {typo} does not exist: check "
+            f"checkpoint.dir and run_name for a typo (runs with checkpoints under output_root={tmp_path}: ['real'])"
+            ) in str(err.value)
+    assert not (tmp_path / "reel").exists()

@@ -173,7 +173,7 @@ def test_preflight_checks_directory_and_space(tmp_path):
     preflight_checkpoint_dir(tmp_path / "new" / "dir", expected_bytes=1 << 20, keep_last=2, rank=0)
     assert (tmp_path / "new" / "dir").is_dir() and not list((tmp_path / "new" / "dir").iterdir())
     (tmp_path / "file").write_text("x")
-    with pytest.raises(PreflightError, match="does not exist and cannot be created"):
+    with pytest.raises(PreflightError, match=f"{tmp_path / 'file'} is a regular file, not a folder"):
         preflight_checkpoint_dir(tmp_path / "file" / "ckpt", expected_bytes=1, keep_last=1, rank=0)
     with pytest.raises(PreflightError, match="free, counting leftovers of interrupted saves, but this run needs"):
         preflight_checkpoint_dir(tmp_path, expected_bytes=1 << 60, keep_last=1, rank=0)

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Lower layers never import higher ones; a package may import itself and anything below it.
 LAYERS = {
-    "configs.constants": 0, "configs.checks": 0,  # the vocabulary: valid choices, defaults, ConfigError
+    # the vocabulary: valid choices, defaults, ConfigError, the bounds of every number
+    "configs.constants": 0, "configs.checks": 0, "configs.bounds": 0,
     "parallel.collectives": 0,  # every product collective (torch only): any package may agree through it
     "model": 1, "data": 1,
     "configs.schema": 2, "parallel": 2, "training": 2, "metrics": 2,

@@ -97,7 +97,7 @@ def test_train_py_on_real_data_matches_one_process(pydoc_data, tmp_path):
 def test_layout_that_does_not_fit_the_world_stops_at_start_up(pydoc_data, tmp_path):
     proc = run_train(debug_overrides(tmp_path / "bad", pydoc_data, steps=2, extra={"parallel.tp": 2}), check=False)
     assert proc.returncode != 0
-    assert "world size 1 is not divisible by dp_replicate (1) x tp (2) = 2" in proc.stderr
+    assert "world size 1 is not divisible by parallel.dp_replicate (1) x parallel.tp (2) = 2" in proc.stderr
     assert "Valid layouts: dp_replicate=1 dp_shard=1 tp=1" in proc.stderr
 
 
@@ -107,7 +107,7 @@ def test_resolve_dims_names_the_numbers_and_alternatives():
     with pytest.raises(ValueError) as err:
         resolve_parallel_dims(1, 3, 2, 8)
     msg = str(err.value)
-    assert "dp_replicate=1 x dp_shard=3 x tp=2 = 6 ranks, but the world size is 8" in msg
+    assert "parallel.dp_replicate=1 x parallel.dp_shard=3 x parallel.tp=2 = 6 ranks, but the world size is 8" in msg
     assert "dp_replicate=1 dp_shard=4 tp=2" in msg  # the nearest valid layout comes first
     with pytest.raises(ValueError, match="must be >= 1"):
         resolve_parallel_dims(1, 0, 1, 1)

@@ -11,8 +11,10 @@ one ConfigError; train.py prints it as one block, with no traceback, and exits w
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import List, Optional
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 import checkpoint.checks
 import data.checks
@@ -21,32 +23,56 @@ import parallel.checks
 import recovery.checks
 import training.checks
 from checkpoint.interop.model_shape import fill_model_shape
+from configs.bounds import bound_problems
 from configs.checks import ConfigError, Problems
+from configs.schema import numeric_values, unknown_key_problems
 from model.config import model_config
 
 
 def world_size_of(cfg: DictConfig) -> int | None:
     """The world size train.py will run at: the launcher's WORLD_SIZE, else 1 (plain python); for a
-    dry run the layout's product, or None when dp_shard=-1 leaves it open."""
+    dry run or a launcher's check_only the layout's product, or None when dp_shard=-1 leaves it open."""
     if "WORLD_SIZE" in os.environ:
         return int(os.environ["WORLD_SIZE"])
-    if cfg.dry_run:
+    if cfg.dry_run or cfg.check_only:
         p = cfg.parallel
         return p.dp_replicate * p.dp_shard * p.tp if p.dp_shard != -1 else None
     return 1
 
 
-def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool = False) -> None:
-    """Raise one ConfigError listing every problem of ``cfg`` (a composed training config).
+def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool = False) -> List[str]:
+    """Raise one ConfigError listing every problem of ``cfg`` (a composed training config); return the
+    warnings (settings that work but cannot do what they seem to ask).
 
     train.py also passes the run's ``world_size`` (``world_size_of``: the parallel layout, the
     batch split and tensor-parallel divisibility are checked) and ``files=True`` (the pre-flight's
-    file probes; the data ones not for a dry run). First, ``model=hf`` gets its shape from model.init_from
-    (checkpoint/interop/model_shape.py): the model keys it leaves unset are filled in ``cfg`` itself, after
-    a weights-only checkpoint.resume became model.init_from (checkpoint/checks.py)."""
+    file probes; the data, folder and device ones not for a dry run). First, ``model=hf`` gets its
+    shape from model.init_from (checkpoint/interop/model_shape.py): the model keys it leaves unset are
+    filled in ``cfg`` itself, after a weights-only checkpoint.resume became model.init_from
+    (checkpoint/checks.py)."""
     checkpoint.checks.weights_only_resume(cfg)
     fill_model_shape(cfg)
-    problems = Problems()
+    problems = Problems(unknown_key_problems(cfg))
+    bounds = bound_problems(numeric_values(cfg))
+    try:
+        _section_problems(cfg, problems, world_size)
+    except (ArithmeticError, TypeError, ValueError):  # a value out of bounds broke a check that reads it
+        if not bounds:
+            raise
+    problems += [b for b in bounds if not _named(b.split("=")[0], problems)]  # the packages' words first
+    if files:
+        problems += data.checks.file_problems(cfg)
+        problems += checkpoint.checks.file_problems(cfg)
+        if not cfg.dry_run:
+            problems += folder_problems(cfg)
+            problems += device_problems(cfg)
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    return checkpoint.checks.config_warnings(cfg)
+
+
+def _section_problems(cfg: DictConfig, problems: Problems, world_size: int | None) -> None:
+    """Each package's checks of its own section."""
     problems.check(lambda: model_config(cfg).validate())
     data.checks.config_problems(cfg, problems)
     training.checks.config_problems(cfg, problems)
@@ -54,8 +80,51 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
     checkpoint.checks.config_problems(cfg, problems)
     recovery.checks.config_problems(cfg, problems)
     metrics.checks.config_problems(cfg, problems)
-    if files:
-        problems += data.checks.file_problems(cfg)
-        problems += checkpoint.checks.file_problems(cfg)
-    if problems:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def _named(key: str, problems) -> bool:
+    """Whether a message is already about ``key`` (it starts ``key=value`` or ``key (value)``)."""
+    return any(p.startswith((f"{key}=", f"{key} (")) for p in problems)
+
+
+def folder_problems(cfg: DictConfig) -> List[str]:
+    """output_root, run_dir and checkpoint.dir: folders this process can create and write in (each
+    obstacle once: run_dir under a file output_root is the same problem)."""
+    out, seen = [], set()
+    for key in ("output_root", "run_dir", "checkpoint.dir"):
+        found = folder_problem(key, OmegaConf.select(cfg, key))
+        if found and found[0] not in seen:
+            seen.add(found[0])
+            out.append(found[1])
+    return out
+
+
+def folder_problem(key: str, path: str) -> Optional[tuple]:
+    """(the obstacle, why) when ``path`` cannot be (or become) a folder this process writes in; nothing
+    is created here."""
+    p = Path(path).absolute()
+    for above in [p, *p.parents]:
+        if above.exists() or above.is_symlink():
+            break
+    if not above.is_dir():
+        what = "a dangling link" if above.is_symlink() and not above.exists() else "a regular file"
+        return above, f"{key}={path}: {above} is {what}, not a folder; point {key} at a folder (or remove {above})"
+    if not os.access(above, os.W_OK | os.X_OK):
+        where = "the folder" if above == p else f"{above}, where it would be created,"
+        why = ("is on a read-only file system" if os.statvfs(above).f_flag & os.ST_RDONLY else
+               f"is not writable by this user (uid {os.getuid()})")
+        return above, f"{key}={path}: {where} {why}; make it writable or choose another folder"
+    return None
+
+
+def device_problems(cfg: DictConfig) -> List[str]:
+    """parallel.device=cuda on a machine without a usable CUDA device (torch imported here, not before)."""
+    if cfg.parallel.device != "cuda":
+        return []
+    import torch
+
+    if torch.cuda.is_available():
+        return []
+    return ["parallel.device=cuda, but torch sees no CUDA device here (torch.cuda.is_available() is False; "
+            f"torch {torch.__version__}, CUDA build {torch.version.cuda}); run on a GPU node, or set "
+            "parallel.device=auto or cpu"]

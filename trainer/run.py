@@ -16,6 +16,7 @@ from typing import Callable, List
 import torch
 from omegaconf import DictConfig
 
+from checkpoint.durable.lease import Heartbeat
 from checkpoint.interop.init_from import apply_init_from
 from checkpoint.manager import CheckpointManager
 from checkpoint.state.training_state import TrainingState
@@ -87,8 +88,6 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     shutdown.add(90, "the process group", shutdown_distributed)
     setup_logging(cfg.logging.level, world.rank)
     run_dir = Path(cfg.run_dir)
-    if world.is_main:
-        write_run_config(run_dir, cfg, overrides)
 
     dims = resolve_parallel_dims(cfg.parallel.dp_replicate, cfg.parallel.dp_shard, cfg.parallel.tp, world.world_size)
     plan = make_batch_plan(cfg.training.global_batch_size, cfg.training.micro_batch_size, dims.dp)
@@ -123,9 +122,15 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     rt = RecoveryRuntime(cfg, run_dir, world, ckpt, guards, injector)  # watchdog, preemption signals
     shutdown.add(0, "the watchdog's shutdown phase", lambda: rt.beat("shutdown", state.step))  # saves may take a while
     shutdown.add(80, "the watchdog", rt.close)
-    ckpt.preflight()
+    ckpt.preflight()  # takes the attempt lease (refused while another run owns checkpoint.dir)
+    metrics.attempt = ckpt.saver.attempt  # metrics.jsonl rows name it from now on (metrics/records.py)
+    if world.is_main:
+        heartbeat = Heartbeat(ckpt.root, ckpt.saver.attempt, cfg.checkpoint.lease_timeout_s)
+        shutdown.add(15, "the lease heartbeat", heartbeat.stop)  # after the writer: a save in flight beats too
     resumed = rt.resume(state, probe, dims, plan)  # verified, with bounded fallback
     resumed = apply_init_from(mcfg.init_from, state, ckpt, resumed, world.device)  # pretrained weights, step 0 only
+    if world.is_main:  # the launch is accepted (the resume included): now it may say what it runs
+        write_run_config(run_dir, cfg, overrides)
     start_step = state.step
     tokens_per_step = plan.global_batch_size * cfg.training.seq_len
     log.info(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from configs.checks import Problems
 from configs.constants import OPTIMIZER_IMPLEMENTATIONS, OPTIMIZERS, PRECISIONS, SCHEDULES
 
@@ -27,6 +29,9 @@ def config_problems(cfg, problems: Problems) -> None:
     if not 0 <= o.lr_min <= o.lr:
         problems.append(f"optim.lr_min={o.lr_min} must be between 0 and optim.lr={o.lr}")
     problems.at_least("optim.weight_decay", o.weight_decay, 0)
+    if math.isfinite(o.lr * o.weight_decay) and o.lr * o.weight_decay >= 1:
+        problems.append(f"optim.weight_decay={o.weight_decay} x optim.lr={o.lr} must be < 1: AdamW scales every "
+                        "weight by 1 - lr x weight_decay each step (typical: 0.1 x 3e-4)")
     for key in ("beta1", "beta2"):
         if not 0 <= o[key] < 1:
             problems.append(f"optim.{key}={o[key]} must be in [0, 1)")

@@ -12,13 +12,23 @@ instead of committing over the newer attempt's checkpoints.
 It is a check, not a lock: the window between the last check and the rename is one system
 call. What closes the rest is that workers die with their launcher (``die_with_launcher`` in
 parallel/init.py).
+
+A live owner is not taken over by accident. The owner's record is its heartbeat: a thread of the
+owning process (``Heartbeat``) touches it every ``timeout / 4`` s for as long as the process runs, a
+save in flight included, and marks it released when the run closes. A launch that finds the owner
+live (its record touched less than ``checkpoint.lease_timeout_s`` ago, not released, and not a dead
+pid on this host) refuses with ``LiveOwner``, before anything is written, unless it is the same
+torchrun job (same TORCHELASTIC_RUN_ID: restarted workers, a requeued job) or ``checkpoint.take_over=true``
+says so.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -26,13 +36,20 @@ from typing import List, Optional
 from checkpoint.durable.integrity import fsync_dir
 from checkpoint.durable.manifest import CheckpointError
 
+log = logging.getLogger("trainer")
+
 ATTEMPTS = "attempts"
 _PREFIX = "attempt_"
+RELEASED = ".released"  # beside an attempt's record: its run closed (a later launch need not wait)
 KEEP_RECORDS = 8  # older attempt records are pruned; the highest number is all that matters
 
 
 class StaleWriter(CheckpointError):
     """This process belongs to an older attempt: a newer one owns the checkpoint directory."""
+
+
+class LiveOwner(CheckpointError):
+    """A live attempt owns the checkpoint directory: this launch is refused and changes nothing there."""
 
 
 def _numbers(root: Path) -> List[int]:
@@ -59,14 +76,64 @@ def describe(root: Path, attempt: int) -> str:
         return f"attempt {attempt}"
 
 
-def take_lease(root: Path) -> int:
+def _record_path(root: Path, attempt: int) -> Path:
+    return Path(root) / ATTEMPTS / f"{_PREFIX}{attempt:06d}"
+
+
+def _pid_gone(pid: int) -> bool:
+    """No process ``pid`` on this host, or only its zombie (killed, not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process: alive
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def live_owner(root: Path, timeout_s: float) -> Optional[str]:
+    """The message for a launch into ``root`` while its owner is live (None: no live owner). Read-only."""
+    owner = current_attempt(root)
+    if owner is None:
+        return None
+    path = _record_path(root, owner)
+    try:
+        age = time.time() - path.stat().st_mtime
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if path.with_name(path.name + RELEASED).exists() or age >= timeout_s:
+        return None
+    if rec.get("host") == socket.gethostname() and _pid_gone(int(rec.get("pid", 0))):
+        return None  # died on this host: no need to wait for the timeout
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id and rec.get("run_id") == run_id:
+        return None  # the same torchrun job (restarting its workers, or a requeue of it): the old ones are gone
+    return (f"{root} is in use by a live run: {describe(root, owner)}, heartbeat {age:.0f} s ago (a run is live while "
+            f"its heartbeat is younger than checkpoint.lease_timeout_s={timeout_s:g}). Nothing was changed. Wait "
+            "for it to finish, give this launch another run_name (or checkpoint.dir), or, if that run is really "
+            "gone (a job on a node that cannot be reached), take over with checkpoint.take_over=true")
+
+
+def take_lease(root: Path, timeout_s: Optional[float] = None, take_over: bool = False) -> int:
     """Become the owner of ``root`` (the coordinator of a new attempt calls it once); returns the
-    attempt number every rank of this attempt then checks with ``check_lease``."""
+    attempt number every rank of this attempt then checks with ``check_lease``. With ``timeout_s``,
+    raise LiveOwner while the owner is live (unless ``take_over``)."""
     d = Path(root) / ATTEMPTS
     d.mkdir(parents=True, exist_ok=True)
     record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time(),
-                         "restart_count": os.environ.get("TORCHELASTIC_RESTART_COUNT")})
+                         "restart_count": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
+                         "run_id": os.environ.get("TORCHELASTIC_RUN_ID")})
     while True:
+        problem = live_owner(root, timeout_s) if timeout_s is not None else None
+        if problem is not None and not take_over:
+            raise LiveOwner(problem)
+        if problem is not None:
+            log.warning("checkpoint.take_over=true: taking over although %s", problem.split(". Nothing")[0])
         attempt = (current_attempt(root) or 0) + 1
         try:
             fd = os.open(d / f"{_PREFIX}{attempt:06d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -81,7 +148,36 @@ def take_lease(root: Path) -> int:
         break
     for old in _numbers(root)[:-KEEP_RECORDS]:
         (d / f"{_PREFIX}{old:06d}").unlink(missing_ok=True)
+        (d / f"{_PREFIX}{old:06d}{RELEASED}").unlink(missing_ok=True)
     return attempt
+
+
+class Heartbeat:
+    """The owner's heartbeat: touches its attempt record every ``timeout_s / 4`` from a thread, so it
+    beats through long steps and saves in flight alike; ``stop`` marks the lease released (a later
+    launch need not wait)."""
+
+    def __init__(self, root: Path, attempt: int, timeout_s: float):
+        self.path, self._stop = _record_path(root, attempt), threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(timeout_s / 4,), name="lease-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    def _beat(self, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                os.utime(self.path)
+            except OSError:  # pruned by a newer attempt, or the storage hiccuped: the next beat retries
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        try:
+            if self.path.exists():
+                self.path.with_name(self.path.name + RELEASED).touch()
+        except OSError:
+            pass
 
 
 def check_lease(root: Path, attempt: Optional[int]) -> None:

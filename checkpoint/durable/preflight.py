@@ -110,6 +110,15 @@ def room_for(root: Path, estimate_bytes: int, keep_last: int, held: Optional[Hel
     return Room(free, held.checkpoint_bytes, held.source, held.committed, keep_last)
 
 
+def not_a_folder(root: Path) -> Optional[str]:
+    """The message when ``root`` (or a folder above it) is a file, not a folder (None otherwise)."""
+    for above in [Path(root), *Path(root).parents]:
+        if above.exists():
+            return None if above.is_dir() else (f"checkpoint.dir={root}: {above} is a regular file, not a folder; "
+                                                "point checkpoint.dir at a folder")
+    return None
+
+
 def preflight_checkpoint_dir(root: Path, expected_bytes: int, keep_last: int, rank: int,
                              strict: bool = True, held: Optional[Held] = None) -> Optional[Room]:
     """Raise PreflightError if ``root`` cannot take this run's checkpoints (``strict``; else a
@@ -118,7 +127,8 @@ def preflight_checkpoint_dir(root: Path, expected_bytes: int, keep_last: int, ra
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise PreflightError(f"checkpoint.dir={root} does not exist and cannot be created: {exc}") from exc
+        raise PreflightError(not_a_folder(root) or f"checkpoint.dir={root} does not exist and cannot be created: "
+                             f"{exc}") from exc
     probe = root / f".preflight-rank{rank}-{os.getpid()}"
     try:
         with open(probe, "wb") as f:

@@ -31,7 +31,7 @@ RESUME_SCHEDULE = ("training.steps", "optim.lr", "optim.lr_min", "optim.warmup_s
                    "optim.weight_decay", "training.grad_clip")
 RESUME_MUTABLE = RESUME_SCHEDULE + (
     "model.init_from",  # where the first weights came from: a resumed run keeps its checkpoint's
-    "parallel", "checkpoint", "logging", "recovery", "run_name", "output_root", "run_dir", "dry_run",
+    "parallel", "checkpoint", "logging", "recovery", "run_name", "output_root", "run_dir", "dry_run", "check_only",
     "training.micro_batch_size", "data.num_workers", "data.prefetch_factor", "data.prepare_if_missing",
     # Where the data lives may change; what it is is checked by the data state's fingerprint.
     "data.path", "data.allow_resume_changes",

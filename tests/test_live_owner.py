@@ -1,0 +1,163 @@
+"""A launch into a run directory whose owner is live is refused and changes nothing there; a dead
+owner (killed, or silent for checkpoint.lease_timeout_s) is taken over, and the run resumes.
+
+The lease's rules are checked in-process on real files (records written as the owner writes them,
+their heartbeat's age set with os.utime); real launches show what a user sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from checkpoint.durable.lease import ATTEMPTS, RELEASED, Heartbeat, LiveOwner, current_attempt, live_owner, take_lease
+from helpers.launch import ROOT, run_train
+from helpers.processes import start, stop
+from metrics.records import read_metrics, read_rows, step_losses
+from tools.rehearsal import faults_override
+from tools.runs import tiny_overrides
+
+ELSEWHERE = "node-elsewhere"  # an owner on another host: only its heartbeat tells whether it lives
+
+
+def _record(root, attempt: int, host: str = ELSEWHERE, pid: int = 4242, age_s: float = 0.0, **extra):
+    d = root / ATTEMPTS
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"attempt_{attempt:06d}"
+    path.write_text(json.dumps({"pid": pid, "host": host, "started_at": time.time() - age_s, **extra}))
+    os.utime(path, (time.time() - age_s, time.time() - age_s))
+    return path
+
+
+def test_a_live_owner_is_named_with_the_choices(tmp_path):
+    _record(tmp_path, 3, age_s=5)
+    message = live_owner(tmp_path, timeout_s=60)
+    assert f"attempt 3 (pid 4242 on {ELSEWHERE}, started " in message and "heartbeat 5 s ago" in message
+    for choice in ("Wait for it to finish", "another run_name", "checkpoint.take_over=true", "Nothing was changed"):
+        assert choice in message
+    before = sorted(p.name for p in (tmp_path / ATTEMPTS).iterdir())
+    with pytest.raises(LiveOwner):
+        take_lease(tmp_path, timeout_s=60)
+    assert sorted(p.name for p in (tmp_path / ATTEMPTS).iterdir()) == before  # the refusal wrote nothing
+    assert take_lease(tmp_path, timeout_s=60, take_over=True) == 4  # explicitly taken over
+
+
+@pytest.mark.parametrize("how", ["silent past the timeout", "released", "dead on this host", "a zombie on this host",
+                                 "same torchrun job"])
+def test_a_gone_owner_is_taken_over_at_once(tmp_path, monkeypatch, how):
+    if how == "silent past the timeout":
+        _record(tmp_path, 1, age_s=61)
+    elif how == "released":
+        (_record(tmp_path, 1).parent / f"attempt_000001{RELEASED}").touch()
+    elif how == "dead on this host":
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()  # reaped: its pid names no process now
+        _record(tmp_path, 1, host=socket.gethostname(), pid=dead.pid)
+    elif how == "a zombie on this host":  # killed, its parent gone before reaping it (a SIGKILLed agent's worker)
+        zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+        while open(f"/proc/{zombie.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            time.sleep(0.01)
+        _record(tmp_path, 1, host=socket.gethostname(), pid=zombie.pid)
+    else:  # torchrun restarted its workers: the old rank 0 may not have been reaped yet
+        _record(tmp_path, 1, host=socket.gethostname(), pid=os.getpid(), run_id="job-7", restart_count="0")
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert live_owner(tmp_path, timeout_s=60) is None
+    assert take_lease(tmp_path, timeout_s=60) == 2
+    if how == "a zombie on this host":
+        zombie.wait()
+
+
+def test_the_heartbeat_keeps_the_lease_live_and_releases_it(tmp_path):
+    attempt = take_lease(tmp_path, timeout_s=60)
+    record = tmp_path / ATTEMPTS / f"attempt_{attempt:06d}"
+    os.utime(record, (time.time() - 100, time.time() - 100))  # as if the last beat were long ago
+    beat = Heartbeat(tmp_path, attempt, timeout_s=0.2)  # beats every 0.05 s
+    while time.time() - record.stat().st_mtime > 50:  # until the thread has beaten once
+        time.sleep(0.01)
+    assert live_owner(tmp_path, timeout_s=60) is not None  # this process is alive on this host, and beats
+    beat.stop()
+    assert live_owner(tmp_path, timeout_s=60) is None and current_attempt(tmp_path) == attempt
+
+
+def _slow(delay_s: float) -> str:
+    return faults_override([{"kind": "slow", "phase": "step", "step": -1, "rank": 0, "delay_s": delay_s}])
+
+
+def _losses(run_dir):
+    return [(r["step"], r["loss"]) for r in read_metrics(run_dir)]
+
+
+@pytest.mark.distributed
+def test_launches_into_a_live_run_are_refused_and_it_finishes_as_if_alone(tmp_path, pydoc_data):
+    """The same command 2 s later, then one with another seed: both exit 2 naming the owner and write
+    nothing; the first run finishes with the losses of a lone run, bitwise, and its own config.yaml."""
+    live, lone = tmp_path / "live", tmp_path / "lone"
+    base = tiny_overrides(live, pydoc_data, 40, 10, async_mode="async")
+    log_path = tmp_path / "live.log"
+    with open(log_path, "w") as log:
+        first = start([sys.executable, str(ROOT / "train.py"), *base, _slow(0.25)], log, warm=True)
+        try:
+            record = live / "checkpoints" / ATTEMPTS / "attempt_000001"
+            while not record.exists() and first.poll() is None:
+                time.sleep(0.05)
+            time.sleep(2.0)
+            config_before = (live / "config.yaml").read_bytes() if (live / "config.yaml").exists() else None
+            same = run_train(base, check=False)
+            other_seed = run_train([*base, "seed=7"], check=False)
+            still_running = first.poll() is None
+            assert first.wait(timeout=300) == 0, log_path.read_text()[-3000:]
+        finally:
+            stop(first)
+    assert still_running, "the first run ended before the second launch: the test proves nothing; slow it down"
+    for refused in (same, other_seed):
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert "is in use by a live run: attempt 1 (pid" in refused.stderr and "Traceback" not in refused.stderr
+    assert sorted(p.name for p in (live / "checkpoints" / ATTEMPTS).iterdir()) == [
+        "attempt_000001", f"attempt_000001{RELEASED}"]  # no second attempt was ever taken
+    if config_before is not None:
+        assert (live / "config.yaml").read_bytes() == config_before
+    assert "seed: 1234" in (live / "config.yaml").read_text()
+    assert "StaleWriter" not in log_path.read_text()
+    run_train(tiny_overrides(lone, pydoc_data, 40, 10, async_mode="async"))
+    assert _losses(live) == _losses(lone) and len(_losses(live)) == 40
+    assert {r.get("attempt") for r in read_metrics(live)} == {1}  # every step row names its attempt
+
+
+@pytest.mark.distributed
+def test_a_killed_owner_is_taken_over_after_its_heartbeat_stops_and_the_run_resumes(tmp_path, pydoc_data):
+    """SIGKILLed at step 13 (step 10 committed): on this host its dead pid frees the lease at once; as
+    an owner on another host (its record edited so) it is refused while the heartbeat is younger than
+    checkpoint.lease_timeout_s and taken over once it is older; the run resumes from step 10."""
+    run_dir = tmp_path / "run"
+    kill = faults_override([{"kind": "sigkill", "phase": "step", "step": 13}])
+    base = [*tiny_overrides(run_dir, pydoc_data, 20, 5, async_mode="sync"), "checkpoint.lease_timeout_s=30"]
+    killed = run_train([*base, kill], check=False)
+    assert killed.returncode != 0
+    record = run_dir / "checkpoints" / ATTEMPTS / "attempt_000001"
+    owner = json.loads(record.read_text())
+    record.write_text(json.dumps({**owner, "host": ELSEWHERE}))  # now only the heartbeat can tell
+    refused = run_train(base, check=False)  # the record was just written: a heartbeat seconds old
+    assert refused.returncode == 2 and f"on {ELSEWHERE}" in refused.stderr, refused.stderr[-3000:]
+    assert current_attempt(run_dir / "checkpoints") == 1
+    os.utime(record, (time.time() - 31, time.time() - 31))  # no beat for longer than lease_timeout_s
+    resumed = run_train(base)
+    assert current_attempt(run_dir / "checkpoints") == 2
+    assert read_metrics(run_dir, "resume")[-1]["checkpoint_id"] == "step_00000010", resumed.stderr[-2000:]
+
+
+def test_metrics_readers_keep_the_rows_of_the_attempt_that_owns_the_run(tmp_path):
+    """Attempt 1 was taken over (checkpoint.take_over=true) while it still ran: its rows after attempt 2's
+    first row are a stale writer's, and the readers leave them out; rows from before the lease stay."""
+    rows = [{"step": 0, "kind": "banner"}, {"step": 1, "attempt": 1, "loss": 5.0},
+            {"step": 2, "attempt": 1, "loss": 4.0}, {"step": 2, "attempt": 2, "loss": 4.5},
+            {"step": 3, "attempt": 1, "loss": 3.0}, {"step": 3, "attempt": 2, "loss": 3.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [(r["step"], r["loss"]) for r in read_metrics(tmp_path)] == [(1, 5.0), (2, 4.0), (2, 4.5), (3, 3.5)]
+    assert step_losses(tmp_path) == {1: 5.0, 2: 4.5, 3: 3.5}
+    assert len(read_rows(tmp_path, stale=True)) == len(rows)
