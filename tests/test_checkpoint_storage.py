@@ -167,3 +167,31 @@ def test_chunks_reshard_bitwise_across_layouts(tmp_path):
     """Row-sharded reads go straight into the shard; column blocks go through a copy."""
     proc = run(torchrun(2, worker("storage_worker"), str(tmp_path)), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+def test_a_later_save_of_the_same_structure_reuses_the_plan_and_the_data_is_new(tmp_path, monkeypatch):
+    """Plan caching (checkpoint/durable/saver.py): the coordinator plans the first save only; the
+    second save of a state with the same structure reuses the global plan and metadata, and still
+    writes the second save's values."""
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.planner import SavePlanner
+
+    from checkpoint.durable.layout import committed_dir
+    from checkpoint.durable.manifest import Manifest
+    from checkpoint.durable.saver import CheckpointSaver
+
+    for cache in ("_cached_all_plans", "_cached_global_plan", "_cached_metadata", "_cached_save_plan",
+                  "_cached_final_save_plan"):
+        monkeypatch.setattr(SavePlanner, cache, {})  # class-level caches: this test starts with none
+    planned = []
+    plan = DefaultSavePlanner._create_global_plan
+    monkeypatch.setattr(DefaultSavePlanner, "_create_global_plan", lambda self, p: planned.append(1) or plan(self, p))
+    saver = CheckpointSaver(tmp_path, "sync", 0, 1)
+    for step in (1, 2):
+        state = {"model": {"w": torch.full((4, 3), float(step)), "b": torch.arange(3.0) * step}}
+        saver.save(state, Manifest(f"step_{step:08d}", step, 0, 0, 0.0, "h", {}, 1, {}, 1, None, None, None))
+    assert planned == [1]  # the second save reused the first one's plan
+    loaded = {"model": {"w": torch.zeros(4, 3), "b": torch.zeros(3)}}
+    dcp.load(loaded, storage_reader=RawFileReader(committed_dir(tmp_path, 2)), no_dist=True)
+    assert torch.equal(loaded["model"]["w"], torch.full((4, 3), 2.0)) and torch.equal(loaded["model"]["b"],
+                                                                                      torch.arange(3.0) * 2)

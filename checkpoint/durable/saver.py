@@ -29,6 +29,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from checkpoint.durable.commit import acknowledge, collect_acknowledgements, commit_checkpoint, seal, update_latest
 from checkpoint.durable.discovery import latest_committed
@@ -45,6 +46,14 @@ from parallel import collectives
 log = logging.getLogger("trainer")
 
 FaultHook = Callable[..., None]
+
+
+def _planner() -> DefaultSavePlanner:
+    """DCP's planner with plan caching: a save whose state has the structure of the previous one
+    (every save of a run, but the first and after a change of layout) sends an empty plan, and the
+    coordinator reuses the global plan and metadata instead of planning every item again
+    (scripts/bench_dcp_planning.py measures it at 70B on 512 ranks)."""
+    return DefaultSavePlanner(enable_plan_caching=True)
 
 
 def _no_dist() -> bool:
@@ -116,7 +125,8 @@ class CheckpointSaver:
         self.fault_hook("checkpoint_snapshot", step)
         if self.mode == "sync":
             try:
-                dcp.save(state_dict, storage_writer=writer, process_group=self.process_group, no_dist=_no_dist())
+                dcp.save(state_dict, storage_writer=writer, process_group=self.process_group, no_dist=_no_dist(),
+                         planner=_planner())
                 size, committed = self._finish(staging, manifest, writer)
             except BaseException as exc:
                 raise self._failed(exc, step, staging)
@@ -125,7 +135,7 @@ class CheckpointSaver:
             return
         try:
             upload = dcp.async_save(state_dict, storage_writer=writer, process_group=self.process_group,
-                                    async_stager=self.stager, no_dist=_no_dist())
+                                    planner=_planner(), async_stager=self.stager, no_dist=_no_dist())
         except BaseException as exc:
             raise self._failed(exc, step, staging)
         blocking = time.perf_counter() - t0
