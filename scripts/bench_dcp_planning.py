@@ -15,7 +15,8 @@ Then the coordinator's side of a save is timed, in this process:
   python scripts/bench_dcp_planning.py                      # 70b, dp_shard 64 x tp 8
   python scripts/bench_dcp_planning.py --model 8b --dp-shard 8 --tp 1
 
-Results are printed as JSON and a table; docs/checkpoint-format.md records them.
+Results are printed as JSON and a sentence; docs/checkpoint-format.md records them (70b: about 10
+minutes and 2.2 GB of memory here, most of it building the 1.1 M write items in Python).
 """
 
 from __future__ import annotations
