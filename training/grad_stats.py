@@ -118,7 +118,8 @@ class GradStats:
         if not present:
             return torch.zeros(len(self.groups), dtype=torch.float64, device=self.device)
         local = [getattr(self.params[i].grad, "_local_tensor", self.params[i].grad) for i in present]
-        squares = torch.stack(torch._foreach_norm(local, 2, dtype=torch.float64)).square()
+        # (with parallel.cpu_offload the gradients live in host memory: their norms join the device's vector)
+        squares = torch.stack(torch._foreach_norm(local, 2, dtype=torch.float64)).square().to(self.device)
         weights = self.weights if len(present) == len(self.params) else self.weights[:, present]
         return weights @ squares
 
