@@ -4,5 +4,6 @@
                         from the config and runs the loop (train.py and tools/supervisor.py call it)
   checks.py             every config check gathered into one block (each package checks its section)
   plan.py               the layout planner: memory per rank, step time, MFU (scripts/plan.py)
+  comm_model.py         the planner's communication per step and rank, and the step time it leaves
   activation_memory.py  activation bytes per rank for a layout and recipe (the planner's input)
 """
