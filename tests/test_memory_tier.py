@@ -235,9 +235,12 @@ def test_a_worker_crash_restores_every_rank_from_its_own_node(tmp_path, pydoc_da
 
 
 def _stopped_run(tmp_path: Path, pydoc_data: Path, shm: Path) -> Path:
-    """A run that dies at KILL_STEP (rank 0 SIGKILLed, no restarts): its snapshots stay in memory."""
+    """A run that dies in the snapshot after KILL_STEP (rank 0 SIGKILLed inside it, no restarts), once
+    the one before (KILL_STEP - 1) is complete on both nodes: a snapshot first waits for the previous
+    one. Its snapshots stay in memory. (Killed between snapshots instead, the previous one's replica
+    exchange could still be running, and which copies are complete would be a matter of timing.)"""
     run_dir = tmp_path / "run"
-    fault = faults_override([{"kind": "sigkill", "phase": "data_wait", "step": KILL_STEP, "rank": 0}])
+    fault = faults_override([{"kind": "sigkill", "phase": "memory_snapshot", "step": KILL_STEP + 1, "rank": 0}])
     nodes = Nodes(tmp_path, overrides(run_dir, pydoc_data, shm, [fault]), max_restarts=0)
     codes = nodes.run_both()
     assert codes[0] != 0, nodes.text()
@@ -278,6 +281,7 @@ def test_a_damaged_copy_falls_back_to_the_peer_and_two_to_the_durable_tier(tmp_p
     replica = _newest_complete(shm / "node-0") / "rank00001.snap"
     assert own.parent.name == replica.parent.name
     snapshot_step = int(own.parent.name.split("_")[1])
+    assert snapshot_step == KILL_STEP - 1
     _flip_middle_byte(own)
     if damaged == "both copies":
         _flip_middle_byte(replica)
