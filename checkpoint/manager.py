@@ -207,8 +207,9 @@ class CheckpointManager:
         else:
             self._storage_guard(self.saver.poll)
         if self.memory is not None and self.memory.due(step):
+            started = time.perf_counter()  # the probe (in the manifest's build) counts in the stall
             manifest = self.manifests.build(step, loss)  # sets the state's metadata: before the state dict
-            self.memory.snapshot(step, self.state.state_dict(), manifest, self.manifests.started)
+            self.memory.snapshot(step, self.state.state_dict(), manifest, started)
         elif self.memory is not None:
             self.memory.poll()
         return self._report()
@@ -250,11 +251,12 @@ class CheckpointManager:
 
     def save(self, step: int, loss: Optional[float], unverified_reason: Optional[str] = None) -> None:
         """Save now (preemption, the loop's due saves); ``unverified_reason``: not marked verified."""
+        started = time.perf_counter()  # the probe (in the manifest's build) counts in the blocking time
         manifest = self.manifests.build(step, loss)
         if unverified_reason is not None:
             manifest.verified, manifest.unverified_reason = False, unverified_reason
             log.warning("checkpoint %s will not be marked verified: %s", manifest.checkpoint_id, unverified_reason)
-        self.saver.save(self.state.state_dict(), manifest, self.manifests.started)
+        self.saver.save(self.state.state_dict(), manifest, started)
         self.last_saved_step = step
 
     def close(self) -> None:

@@ -32,7 +32,6 @@ class ManifestBuilder:
                  probe: Optional[Callable[[], float]] = None):
         self.cfg, self.state, self.world_size, self.layout, self.probe = cfg, state, world_size, dict(layout), probe
         self.full_config = full_config(cfg)
-        self.started = 0.0  # perf_counter() when the last build began
         self.hashed = hashed_config(self.full_config)
         self.config_hash = config_hash(self.hashed)
         self.init_from: Optional[Dict] = None  # {path, kind, hash} (checkpoint/interop/init_from.py)
@@ -61,9 +60,7 @@ class ManifestBuilder:
 
     def build(self, step: int, loss: Optional[float]) -> Manifest:
         """The manifest of a save of ``step``; sets the state's metadata to match (before its state
-        dict is taken). Runs the probe: post-load verification compares its loss. ``started`` is
-        when the save began, the probe included: it counts in the save's blocking time."""
-        self.started = time.perf_counter()
+        dict is taken). Runs the probe: post-load verification compares its loss."""
         probe_loss = self.probe() if self.probe is not None else None
         s, gbs = self.state, self.cfg.training.global_batch_size
         s.meta = {"wall_clock": time.time(), "config_hash": self.config_hash, "world_size": self.world_size,

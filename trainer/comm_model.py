@@ -90,10 +90,6 @@ class Communication:
     fsdp_s: float  # all-gathers + reduce-scatters + HSDP all-reduce: hidden behind compute up to its time
     tp_s: float  # exposed
 
-    @property
-    def fsdp_bytes(self) -> int:
-        return self.fsdp_all_gather_bytes + self.fsdp_reduce_scatter_bytes + self.hsdp_all_reduce_bytes
-
 
 @dataclass(frozen=True)
 class StepTime:

@@ -49,7 +49,17 @@ from parallel.parallelize import parallelize_model
 from recovery.interval import DEFAULT_DEVICE_MTBF_HOURS, cluster_mtbf_s, young_daly_interval_s
 from recovery.probe import PROBE_SEQUENCES
 from trainer.activation_memory import ActivationMemory, activation_memory
-from trainer.comm_model import DEFAULT_SYSTEM, SYSTEMS, Communication, Recipe, StepTime, communication, probe_seconds
+from trainer.comm_model import (
+    DEFAULT_SYSTEM,
+    DTYPE_BYTES,
+    SYSTEMS,
+    Communication,
+    Recipe,
+    StepTime,
+    System,
+    communication,
+    probe_seconds,
+)
 
 FP32_BYTES = 4
 ADAMW_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
@@ -64,7 +74,6 @@ DEFAULT_DEVICE_TFLOPS = SYSTEMS[DEFAULT_SYSTEM].peak_tflops  # H100 SXM dense bf
 DEFAULT_COMPUTE_EFFICIENCY = 0.37
 COMPILE_SPEEDUP = 6667 / 5762  # torchtitan's 8B on 8 H100s, FSDP with and without compile
 DEFAULT_RESERVE_GIB = 4.0  # CUDA context, NCCL buffers, allocator fragmentation (assumed)
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
@@ -102,9 +111,8 @@ class Device:
     gpus_per_node: int = SYSTEMS[DEFAULT_SYSTEM].gpus_per_node
 
     @property
-    def system(self):
-        base = SYSTEMS[DEFAULT_SYSTEM]
-        return type(base)("planned", self.nvlink_gbps, self.nic_gbps, self.gpus_per_node, self.memory_gib, self.tflops)
+    def system(self) -> System:
+        return System("planned", self.nvlink_gbps, self.nic_gbps, self.gpus_per_node, self.memory_gib, self.tflops)
 
 
 @dataclass(frozen=True)
