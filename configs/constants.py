@@ -12,7 +12,7 @@ IGNORE_INDEX = -100
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULES = ("cosine", "constant")  # optim.schedule
 CHECKPOINT_FORMATS = ("raw", "dcp")  # checkpoint.format: raw-bytes data files, or stock DCP's (docs/interop.md)
-ASYNC_MODES = ("sync", "async")  # checkpoint.async_mode
+ASYNC_MODES = ("sync", "async", "async_process")  # checkpoint.async_mode (async_process: DCP's writer process)
 BEST_METRICS = ("loss", "probe_loss", "val_loss")  # checkpoint.best_metric (lower is better)
 WANDB_MODES = ("disabled", "offline", "online")  # logging.wandb.mode
 

@@ -149,7 +149,9 @@ class CheckpointConfig:
     # the measured step time and checkpoint cost (recovery/interval.py; logged). A string so
     # that both fit one key; YAML integers are accepted as they are.
     interval: str = "0"
-    async_mode: str = "sync"  # sync | async (training waits only for the host snapshot)
+    # sync | async (training waits only for the host snapshot; DCP plans and writes in a thread) |
+    # async_process (the same, planned and written by a writer process of each rank: no GIL shared with training)
+    async_mode: str = "sync"
     # raw: tensors as raw bytes, read straight into place (the fast load); dcp: stock DCP files that
     # torch.distributed.checkpoint's FileSystemReader and dcp_to_torch_save read (docs/checkpoint-format.md).
     format: str = "raw"  # raw | dcp
