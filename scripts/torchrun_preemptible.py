@@ -116,6 +116,9 @@ def check_config(argv: List[str]) -> int:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     if nproc and nproc.isdigit() and nnodes.isdigit():  # elastic (MIN:MAX) or "gpu": the layout is checked later
         env["WORLD_SIZE"] = str(int(nproc) * int(nnodes))
+    rdzv_id = _option(launcher, "--rdzv-id", "--rdzv_id") or os.environ.get("PET_RDZV_ID")
+    if rdzv_id and "--standalone" not in launcher:  # the job's workers will see it: a requeue of this job
+        env["TORCHELASTIC_RUN_ID"] = rdzv_id  # is the same job to the lease check, as it is to the workers
     return subprocess.run([sys.executable, argv[script], *argv[script + 1:], "check_only=true"], env=env).returncode
 
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from checkpoint.durable.lease import ATTEMPTS, RELEASED, Heartbeat, LiveOwner, current_attempt, live_owner, take_lease
-from helpers.launch import ROOT, run_train
+from helpers.launch import ROOT, load_script, run_train
 from helpers.processes import start, stop
 from metrics.records import read_metrics, read_rows, step_losses
 from tools.rehearsal import faults_override
@@ -161,3 +161,27 @@ def test_metrics_readers_keep_the_rows_of_the_attempt_that_owns_the_run(tmp_path
     assert [(r["step"], r["loss"]) for r in read_metrics(tmp_path)] == [(1, 5.0), (2, 4.0), (2, 4.5), (3, 3.5)]
     assert step_losses(tmp_path) == {1: 5.0, 2: 4.5, 3: 3.5}
     assert len(read_rows(tmp_path, stale=True)) == len(rows)
+
+
+def test_torchruns_default_job_id_names_no_job(tmp_path, monkeypatch):
+    """A multi-node static rendezvous without --rdzv-id gives every job TORCHELASTIC_RUN_ID=none:
+    two unrelated launches with it are not one job, so the live owner is refused."""
+    _record(tmp_path, 1, run_id="none")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    with pytest.raises(LiveOwner):
+        take_lease(tmp_path, timeout_s=60)
+
+
+def test_the_launchers_precheck_sees_the_jobs_id(monkeypatch):
+    """scripts/torchrun_preemptible.py checks the config before torchrun starts (and sets
+    TORCHELASTIC_RUN_ID for the workers): the check must see the job's --rdzv-id as the workers
+    will, or a requeue of the job inside the lease timeout would be refused as a foreign owner."""
+    script = load_script("torchrun_preemptible")
+    seen = []
+    monkeypatch.setattr(script.subprocess, "run",
+                        lambda cmd, env: seen.append(env) or subprocess.CompletedProcess(cmd, 0))
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert script.check_config(["--nnodes=2", "--nproc-per-node=4", "--rdzv-id", "job-42", "train.py", "seed=1"]) == 0
+    assert seen[-1]["TORCHELASTIC_RUN_ID"] == "job-42" and seen[-1]["WORLD_SIZE"] == "8"
+    script.check_config(["--standalone", "--nproc-per-node=2", "train.py"])  # torchrun makes a fresh id
+    assert "TORCHELASTIC_RUN_ID" not in seen[-1]

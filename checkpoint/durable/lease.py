@@ -95,6 +95,14 @@ def _pid_gone(pid: int) -> bool:
         return False
 
 
+def job_id() -> Optional[str]:
+    """The torchrun job this process belongs to (TORCHELASTIC_RUN_ID, torchrun's ``--rdzv-id``), or None.
+    ``none`` is torchrun's default for a multi-node static rendezvous without an id: every such job
+    has it, so it names no job (two unrelated launches must not count as one)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    return run_id if run_id and run_id.lower() != "none" else None
+
+
 def live_owner(root: Path, timeout_s: float) -> Optional[str]:
     """The message for a launch into ``root`` while its owner is live (None: no live owner). Read-only."""
     owner = current_attempt(root)
@@ -110,7 +118,7 @@ def live_owner(root: Path, timeout_s: float) -> Optional[str]:
         return None
     if rec.get("host") == socket.gethostname() and _pid_gone(int(rec.get("pid", 0))):
         return None  # died on this host: no need to wait for the timeout
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    run_id = job_id()
     if run_id and rec.get("run_id") == run_id:
         return None  # the same torchrun job (restarting its workers, or a requeue of it): the old ones are gone
     return (f"{root} is in use by a live run: {describe(root, owner)}, heartbeat {age:.0f} s ago (a run is live while "
@@ -127,7 +135,7 @@ def take_lease(root: Path, timeout_s: Optional[float] = None, take_over: bool = 
     d.mkdir(parents=True, exist_ok=True)
     record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time(),
                          "restart_count": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
-                         "run_id": os.environ.get("TORCHELASTIC_RUN_ID")})
+                         "run_id": job_id()})
     while True:
         problem = live_owner(root, timeout_s) if timeout_s is not None else None
         if problem is not None and not take_over:
