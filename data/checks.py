@@ -41,7 +41,7 @@ def file_problems(cfg) -> List[str]:
             out.append(problem)
     except ValueError:
         pass
-    prepared_yet = not (d.prepare_if_missing and not (Path(d.path) / "meta.json").is_file())
+    prepared_yet = not (d.prepare_if_missing and not is_prepared(Path(d.path)))
     problem = validation_problem(d, prepared_yet=prepared_yet)
     if problem:
         out.append(problem)

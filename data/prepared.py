@@ -1,12 +1,15 @@
 """A prepared dataset: its description file, the folder name data.prepare_if_missing builds, the
-command that prepares one, and DataError, the error for data that is missing or does not fit."""
+command that prepares one, whether a sharded preparation is finished, and DataError, the error for
+data that is missing or does not fit."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Sequence
+from typing import List, Optional, Sequence
 
 META_FILE = "meta.json"  # a prepared dataset's description (data/token_file.py)
+PLAN_FILE = "shards.json"  # the request and the plan of a sharded preparation (data/shard_prep.py)
 
 
 class DataError(ValueError):
@@ -30,3 +33,12 @@ def prepare_command(path, sources: Sequence[str] = ("pydoc",), tokenizer: str = 
 def is_prepared(path: Path) -> bool:
     """A prepared dataset, or a folder of prepared shards."""
     return (path / META_FILE).is_file() or any(path.glob(f"*/{META_FILE}"))
+
+
+def unfinished_shards(folder: Path) -> Optional[List[str]]:
+    """The shards a sharded preparation at ``folder`` planned but has not put in place (None: no plan)."""
+    plan_path = Path(folder) / PLAN_FILE
+    if not plan_path.is_file():
+        return None
+    names = [s["name"] for s in json.loads(plan_path.read_text())["shards"]]
+    return [n for n in names if not (Path(folder) / n / META_FILE).is_file()]

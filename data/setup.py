@@ -9,9 +9,9 @@ from typing import List, Tuple
 from data.batching import BatchPlan
 from data.order import SampleOrder
 from data.pipeline import DataPipeline
-from data.prepared import DataError
+from data.prepared import DataError, is_prepared
 from data.state import MEANING_FIELDS
-from data.token_file import META_FILE, prepare_token_file
+from data.token_file import prepare_token_file
 from data.token_source import TokenSource
 from data.tokenizer import tokenizer_mismatch
 from parallel import collectives
@@ -22,7 +22,7 @@ log = logging.getLogger("trainer")
 def prepare_if_missing(data_cfg, world) -> None:
     """Build ``data.path`` from ``data.sources`` on first use, when asked to."""
     path = Path(data_cfg.path)
-    if data_cfg.prepare_if_missing and not data_cfg.mixture and not (path / META_FILE).exists():
+    if data_cfg.prepare_if_missing and not data_cfg.mixture and not is_prepared(path):
         # One process per node builds it (the output is deterministic and renamed into
         # place atomically, so nodes sharing a file system may race harmlessly).
         if world.local_rank == 0:

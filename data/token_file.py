@@ -20,8 +20,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from data.prepared import META_FILE, DataError, prepare_command
-from data.sources import iter_documents
+from data.prepared import META_FILE, DataError, prepare_command, unfinished_shards
+from data.sources import TEXT_COLUMN, iter_documents
 from data.split import SPLIT_RULE, VALIDATION_DIR, ValidationSplit, check_fraction, held_out
 from data.tokenizer import make_tokenizer, tokenizer_identity
 
@@ -56,7 +56,8 @@ def sha256_file(path: Path, chunk: int = 16 << 20) -> str:
 
 
 def prepare_token_file(out_dir: str | Path, sources: List[str], tokenizer: str = "byte",
-                       bpe_vocab_size: int = 4096, validation_fraction: float = 0.0) -> TokenFileMeta:
+                       bpe_vocab_size: int = 4096, validation_fraction: float = 0.0,
+                       text_column: str = TEXT_COLUMN) -> TokenFileMeta:
     """Tokenize ``sources`` into ``out_dir``; written to a temporary folder, then renamed.
 
     ``validation_fraction`` > 0 holds documents out of training (data/split.py) into
@@ -69,13 +70,13 @@ def prepare_token_file(out_dir: str | Path, sources: List[str], tokenizer: str =
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        training_docs = (t for t in iter_documents(sources) if not held_out(t, validation_fraction))
+        training_docs = (t for t in iter_documents(sources, text_column) if not held_out(t, validation_fraction))
         tok = make_tokenizer(tokenizer, training_docs, bpe_vocab_size)  # a BPE learns from training documents only
         dtype = np.uint16 if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
-        split = {False: _Writer(tmp, dtype)}  # held out? -> where its tokens go
+        split = {False: TokenWriter(tmp, dtype)}  # held out? -> where its tokens go
         if validation_fraction > 0:
-            split[True] = _Writer(tmp / VALIDATION_DIR, dtype)
-        for text in iter_documents(sources):
+            split[True] = TokenWriter(tmp / VALIDATION_DIR, dtype)
+        for text in iter_documents(sources, text_column):
             ids = tok.encode(text)
             ids.append(tok.eos_id)
             split[held_out(text, validation_fraction)].write(ids)
@@ -100,11 +101,11 @@ def prepare_token_file(out_dir: str | Path, sources: List[str], tokenizer: str =
             tok.save(tmp / VALIDATION_DIR)
             val_meta = TokenFileMeta(**{**asdict(meta), "num_tokens": val.num_tokens,
                                         "num_documents": val.num_documents, "sha256": val.sha256})
-            (tmp / VALIDATION_DIR / META_FILE).write_text(_meta_json(val_meta))
+            (tmp / VALIDATION_DIR / META_FILE).write_text(meta_json(val_meta))
             meta.validation = asdict(ValidationSplit(
                 fraction=validation_fraction, rule=SPLIT_RULE, path=VALIDATION_DIR,
                 num_documents=val.num_documents, num_tokens=val.num_tokens, sha256=val.sha256))
-        (tmp / META_FILE).write_text(_meta_json(meta))
+        (tmp / META_FILE).write_text(meta_json(meta))
         try:
             os.rename(tmp, out_dir)
         except OSError:
@@ -115,7 +116,7 @@ def prepare_token_file(out_dir: str | Path, sources: List[str], tokenizer: str =
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _meta_json(meta: TokenFileMeta) -> str:
+def meta_json(meta: TokenFileMeta) -> str:
     """meta.json's text; without a split there is no validation block (the file is as before splits existed)."""
     fields = asdict(meta)
     if fields["validation"] is None:
@@ -130,7 +131,7 @@ class _Written:
     sha256: str
 
 
-class _Writer:
+class TokenWriter:
     """Appends documents' ids to ``directory``/tokens.bin; ``close`` fsyncs and hashes it."""
 
     def __init__(self, directory: Path, dtype):
@@ -182,7 +183,7 @@ class TokenFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.meta = read_meta(self.path)
-        self.tokens = np.memmap(self.path / TOKENS_FILE, dtype=self.meta.dtype, mode="r")
+        self.tokens = _map(self.path / TOKENS_FILE, self.meta)
 
     def __len__(self) -> int:
         return self.meta.num_tokens
@@ -192,7 +193,15 @@ class TokenFile:
 
     def __setstate__(self, state: dict) -> None:
         self.path, self.meta = state["path"], state["meta"]
-        self.tokens = np.memmap(self.path / TOKENS_FILE, dtype=self.meta.dtype, mode="r")
+        self.tokens = _map(self.path / TOKENS_FILE, self.meta)
+
+
+def _map(path: Path, meta: TokenFileMeta) -> np.ndarray:
+    """The ids, memory-mapped; an empty shard (a sharded preparation's piece whose documents were all held
+    out) is an empty array, since an empty file cannot be mapped."""
+    if meta.num_tokens == 0:
+        return np.zeros(0, dtype=meta.dtype)
+    return np.memmap(path, dtype=meta.dtype, mode="r")
 
 
 def find_token_files(path: str | Path) -> List[Path]:
@@ -200,7 +209,13 @@ def find_token_files(path: str | Path) -> List[Path]:
     path = Path(path)
     if (path / META_FILE).is_file():
         return [path]
-    shards = sorted(p.parent for p in path.glob(f"*/{META_FILE}")) if path.is_dir() else []
+    missing = unfinished_shards(path)  # a sharded preparation is read only when complete
+    if missing:
+        raise DataError(f"the preparation of {path} is unfinished: {len(missing)} planned shard(s) are not in place "
+                        f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}); run the same "
+                        "scripts/prepare_data.py command again to finish it")
+    shards = sorted(p.parent for p in path.glob(f"*/{META_FILE}") if not p.parent.name.startswith(".")) \
+        if path.is_dir() else []
     if not shards:
         read_meta(path)  # raises the "no prepared dataset ... prepare it with" error
     return shards

@@ -157,6 +157,17 @@ def make_tokenizer(name: str, texts: Iterable[str], bpe_vocab_size: int):
     return ByteTokenizer() if name == "byte" else BPETokenizer.train(texts, vocab_size=bpe_vocab_size)
 
 
+def load_tokenizer_spec(spec: str):
+    """A tokenizer that needs no training: ``byte``, ``hf:FILE``, or a folder holding a trained BPE's
+    tokenizer.json (how the sharded preparation hands its BPE to the workers)."""
+    if spec == "byte" or tokenizer_kind(spec) == "hf":
+        return make_tokenizer(spec, [], 0)
+    if (Path(spec) / TOKENIZER_JSON).is_file():
+        return BPETokenizer.load(Path(spec))
+    raise ValueError(f"tokenizer {spec!r}: expected byte, {HF_PREFIX}/path/to/tokenizer.json or a folder with a "
+                     f"trained {TOKENIZER_JSON}")
+
+
 def load_tokenizer(dataset_dir: str | Path):
     """The tokenizer a prepared dataset was made with."""
     meta = json.loads((Path(dataset_dir) / "meta.json").read_text())

@@ -48,7 +48,7 @@ def validation_problem(data_cfg, prepared_yet: bool = True) -> Optional[str]:
         if not prepared_yet:
             return None
         path = validation_path(data_cfg)
-        if not (path / META_FILE).is_file():
+        if not is_prepared(path):  # a prepared dataset, or a sharded preparation's folder of validation shards
             return (f"data.validation=held_out, but {data_cfg.path} was prepared without a held-out split "
                     f"(no {path}/{META_FILE}); prepare it again with one: {_reprepare(data_cfg)}  "
                     "(or set data.validation=none, or data.validation=<path of a prepared dataset>)")
