@@ -31,8 +31,10 @@ def prepare_command(path, sources: Sequence[str] = ("pydoc",), tokenizer: str = 
 
 
 def is_prepared(path: Path) -> bool:
-    """A prepared dataset, or a folder of prepared shards."""
-    return (path / META_FILE).is_file() or any(path.glob(f"*/{META_FILE}"))
+    """A prepared dataset, a folder of prepared shards, or token files another engine wrote (data/foreign.py)."""
+    from data.foreign import foreign_files
+
+    return (path / META_FILE).is_file() or any(path.glob(f"*/{META_FILE}")) or foreign_files(path)[0] is not None
 
 
 def unfinished_shards(folder: Path) -> Optional[List[str]]:

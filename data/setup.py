@@ -36,7 +36,7 @@ def prepare_if_missing(data_cfg, world) -> None:
 def open_sources(data_cfg, seq_len: int) -> Tuple[List[TokenSource], List[float]]:
     """``data.mixture`` entries (path, weight), or ``data.path`` alone with weight 1."""
     entries = [(m.path, float(m.weight)) for m in data_cfg.mixture] or [(data_cfg.path, 1.0)]
-    sources = [TokenSource(path, seq_len) for path, _ in entries]
+    sources = [TokenSource(path, seq_len, data_cfg.tokenizer) for path, _ in entries]
     first = sources[0]
     for source in sources[1:]:
         if source.tokenizer != first.tokenizer:

@@ -3,26 +3,29 @@
 A window is ``seq_len + 1`` consecutive tokens (the inputs plus the shifted targets);
 window ``w`` of a shard starts at token ``w * seq_len``, so neighbours share one token and
 every token but the last is a target once per epoch. Windows never span two shards. A
-source's windows are numbered shard after shard: ``num_sequences`` in all.
+source's windows are numbered shard after shard: ``num_sequences`` in all. A shard is a prepared
+dataset (data/token_file.py) or a file another engine wrote (data/foreign.py: Megatron, datatrove),
+whose tokenizer is the one ``tokenizer`` (data.tokenizer) names.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 
+from data.foreign import open_foreign
 from data.token_file import TokenFile, find_token_files
 
 
 class TokenSource:
-    def __init__(self, path: str | Path, seq_len: int):
+    def __init__(self, path: str | Path, seq_len: int, tokenizer: Optional[str] = None):
         if seq_len < 1:
             raise ValueError(f"training.seq_len must be >= 1, got {seq_len}")
         self.path = Path(path)
         self.seq_len = seq_len
-        self.shards = [TokenFile(p) for p in find_token_files(path)]
+        self.shards = open_foreign(path, tokenizer) or [TokenFile(p) for p in find_token_files(path)]
         first = self.shards[0].meta
         for shard in self.shards[1:]:
             m = shard.meta

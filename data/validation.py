@@ -74,7 +74,7 @@ def open_validation(data_cfg, seq_len: int, training: TokenSource) -> Optional[T
     problem = validation_problem(data_cfg)
     if problem:
         raise ValueError(problem)
-    source = TokenSource(path, seq_len)
+    source = TokenSource(path, seq_len, data_cfg.tokenizer)
     same_file = _tokenizer_file(source.shards[0].path) == _tokenizer_file(training.shards[0].path)
     if source.tokenizer != training.tokenizer or not same_file:
         what = f"(name, vocab, eos) {source.tokenizer}" if source.tokenizer != training.tokenizer else \

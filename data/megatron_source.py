@@ -1,0 +1,78 @@
+"""Megatron's indexed dataset (``PREFIX.bin`` + ``PREFIX.idx``) as a shard, read in place.
+
+The layout is megatron-core's (``megatron/core/datasets/indexed_dataset.py``): the ``.idx`` holds
+the magic ``MMIDIDX\\x00\\x00``, version 1 (<Q), a dtype code (<B), the sequence count S and the
+document-index count D (<Q each), then S int32 sequence lengths, S int64 byte offsets into the
+``.bin`` and D int64 document indices; the ``.bin`` holds the sequences' ids back to back. They
+are read here as one stream of tokens, like a prepared ``tokens.bin``: documents follow each other,
+each ended by the EOD token when Megatron's preprocessing ran with ``--append-eod`` (a run with
+``data.cross_document_loss=false`` needs it). Only the header and the last sequence's offset are
+read at start (O(1) in the dataset's size); multimodal indexes (sequence modes) are refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from data.foreign import MEGATRON, cheap_fingerprint, foreign_meta
+from data.prepared import DataError
+
+log = logging.getLogger("trainer")
+MAGIC = b"MMIDIDX\x00\x00"
+DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
+_HEADER = len(MAGIC) + 8 + 1 + 8 + 8
+
+
+class MegatronShard:
+    def __init__(self, prefix: str | Path, tok):
+        self.path, self.tok = Path(prefix), tok
+        idx, bin_ = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
+        with idx.open("rb") as f:
+            head = f.read(_HEADER)
+            if len(head) < _HEADER or head[:len(MAGIC)] != MAGIC:
+                raise DataError(f"{idx} is not a Megatron index (no {MAGIC!r} header); write it with megatron-core's "
+                                "IndexedDatasetBuilder or tools/preprocess_data.py")
+            version, code, seqs, docs = struct.unpack("<QBQQ", head[len(MAGIC):])
+            if version != 1 or code not in DTYPES or not np.issubdtype(DTYPES[code], np.integer):
+                raise DataError(f"{idx}: version {version}, dtype code {code}: only version 1 with integer token ids "
+                                f"is read ({sorted(c for c, t in DTYPES.items() if np.issubdtype(t, np.integer))})")
+            expected = _HEADER + 12 * seqs + 8 * docs
+            if idx.stat().st_size != expected:
+                raise DataError(f"{idx} is {idx.stat().st_size} bytes, not the {expected} of {seqs} sequences and "
+                                f"{docs} document indices: truncated, or multimodal (sequence modes: not supported)")
+            dtype = np.dtype(DTYPES[code])
+            end = 0
+            if seqs:
+                f.seek(_HEADER + 4 * (seqs - 1))
+                last_len = struct.unpack("<i", f.read(4))[0]
+                f.seek(_HEADER + 4 * seqs + 8 * (seqs - 1))
+                end = struct.unpack("<q", f.read(8))[0] + last_len * dtype.itemsize
+        if bin_.stat().st_size != end:
+            raise DataError(f"{bin_} is {bin_.stat().st_size} bytes but {idx} ends its last sequence at byte {end}: "
+                            "the pair is truncated or mismatched; write it again")
+        if np.iinfo(dtype).max < tok.vocab_size - 1:
+            log.warning("%s: dtype %s cannot hold the tokenizer's %d ids", idx, dtype, tok.vocab_size)
+        self.meta = foreign_meta(tok, MEGATRON, dtype.name, end // dtype.itemsize, max(0, docs - 1),
+                                 cheap_fingerprint(idx, bin_), self.path)
+        self.tokens = self._map()
+        if len(self.tokens) and int(self.tokens[-1]) != tok.eos_id:
+            log.warning("%s does not end with the EOD id %d of data.tokenizer: prepared without --append-eod, or with "
+                        "another tokenizer; documents then run into each other", bin_, tok.eos_id)
+
+    def _map(self) -> np.ndarray:
+        n, dtype = self.meta.num_tokens, self.meta.dtype
+        return np.memmap(f"{self.path}.bin", dtype=dtype, mode="r") if n else np.zeros(0, dtype=dtype)
+
+    def __len__(self) -> int:
+        return self.meta.num_tokens
+
+    def __getstate__(self) -> dict:  # a dataloader worker maps the file again
+        return {"path": self.path, "meta": self.meta}
+
+    def __setstate__(self, state: dict) -> None:
+        self.path, self.meta = state["path"], state["meta"]
+        self.tokens = self._map()

@@ -1,0 +1,84 @@
+"""Tokenize a large corpus with datatrove (Hugging Face's pipeline library), locally or on Slurm,
+into files this trainer reads in place (data/datatrove_source.py): ``data.path=OUT``.
+
+  python scripts/prepare_datatrove.py --input corpus/ --tokenizer /models/llama3/tokenizer.json --out /data/dt \
+      --tasks 8 --workers 4                                    # this machine, 4 processes
+  python scripts/prepare_datatrove.py --input /fsx/fineweb/data --format parquet \
+      --tokenizer /models/llama3/tokenizer.json --out /fsx/tokens/fineweb --logs /fsx/logs/fineweb \
+      --executor slurm --tasks 2000 --workers 500 --partition cpu --time 04:00:00     # a Slurm array
+
+The pipeline is datatrove's own: a reader (JsonlReader: .jsonl, .jsonl.gz, .jsonl.zst; ParquetReader)
+and DocumentTokenizer, which writes OUT/<task:05d>_unshuffled.ds (+ .index, + .metadata when the task
+is complete). Task ``k`` reads the input files ``k, k + tasks, ...`` in sorted order. Documents keep
+their order inside a task (shuffle_documents=False: the trainer shuffles windows itself,
+docs/data.md), and each is ended by the end-of-document token this project's FileTokenizer uses
+(tokenizer_config.json's eos_token, else the known ones), so the ids equal scripts/prepare_data.py's
+with ``--tokenizer hf:FILE`` for a tokenizer without a post-processor (a Llama 3 tokenizer.json adds
+BOS in prepare_data.py, not here). datatrove records finished tasks under ``--logs``: a relaunch
+with the same arguments runs only the unfinished ones. Train with ``data.tokenizer=hf:FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def build_pipeline(input_dir: str, tokenizer: str, out: str, fmt: str = "jsonl", text_column: str = "text",
+                   glob: str | None = None) -> list:
+    from datatrove.pipeline.readers import JsonlReader, ParquetReader
+    from datatrove.pipeline.tokens import DocumentTokenizer
+
+    from data.tokenizer import FileTokenizer
+
+    eos = FileTokenizer.from_file(tokenizer).eos_text  # the EOS prepare_data.py appends with hf:FILE
+    reader = {"jsonl": JsonlReader, "parquet": ParquetReader}[fmt]
+    return [reader(input_dir, text_key=text_column, glob_pattern=glob),
+            DocumentTokenizer(output_folder=out, tokenizer_name_or_path=str(tokenizer), eos_token=eos,
+                              shuffle_documents=False)]
+
+
+def make_executor(pipeline: list, args):
+    if args.executor == "local":
+        from datatrove.executor import LocalPipelineExecutor
+
+        return LocalPipelineExecutor(pipeline, tasks=args.tasks, workers=args.workers, logging_dir=args.logs)
+    from datatrove.executor import SlurmPipelineExecutor
+
+    return SlurmPipelineExecutor(pipeline, tasks=args.tasks, workers=args.workers, logging_dir=args.logs,
+                                 partition=args.partition, time=args.time, cpus_per_task=args.cpus_per_task,
+                                 job_name="tokenize")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", required=True, help="folder of input files (local, or any fsspec URL)")
+    parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+    parser.add_argument("--glob", default=None, help="which files of --input, e.g. '*.jsonl.zst'")
+    parser.add_argument("--text-column", default="text")
+    parser.add_argument("--tokenizer", required=True, help="a local tokenizer.json (train with data.tokenizer=hf:FILE)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--logs", default=None,
+                        help="datatrove's logs and completion markers (default OUT-logs beside OUT)")
+    parser.add_argument("--executor", choices=("local", "slurm"), default="local")
+    parser.add_argument("--tasks", type=int, default=1, help="tasks: output files (one per task)")
+    parser.add_argument("--workers", type=int, default=-1, help="tasks running at once (-1: all)")
+    parser.add_argument("--partition", default=None, help="slurm partition")
+    parser.add_argument("--time", default="04:00:00", help="slurm time limit per task")
+    parser.add_argument("--cpus-per-task", type=int, default=1)
+    args = parser.parse_args(argv)
+    if not Path(args.tokenizer).is_file():
+        print(f"error: --tokenizer {args.tokenizer}: no such file (a local tokenizer.json)", file=sys.stderr)
+        return 2
+    if args.executor == "slurm" and not args.partition:
+        print("error: --executor slurm needs --partition", file=sys.stderr)
+        return 2
+    args.logs = args.logs or str(Path(args.out).parent / f"{Path(args.out).name}-logs")
+    make_executor(build_pipeline(args.input, args.tokenizer, args.out, args.format, args.text_column, args.glob),
+                  args).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
