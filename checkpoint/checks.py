@@ -15,6 +15,7 @@ from typing import List, Optional
 from checkpoint.durable.discovery import resolve_resume
 from checkpoint.durable.layout import MANIFEST
 from checkpoint.durable.lease import live_owner
+from checkpoint.durable.location import location
 from checkpoint.durable.manifest import CheckpointError, read_manifest
 from checkpoint.interop.weight_source import source_problems
 from checkpoint.state.fingerprint import config_differences, config_hash, full_config, hashed_config
@@ -71,7 +72,7 @@ def weights_only_resume(cfg) -> Optional[str]:
     the run starts at step 0 from those weights with a fresh optimizer, and a restart of it resumes from
     its own checkpoints. Returns what was changed (for the log), or None."""
     resume = str(cfg.checkpoint.resume).strip()
-    manifest = Path(resume) / MANIFEST
+    manifest = location(resume) / MANIFEST
     if resume in RESUME_WORDS or resume.isdigit() or not manifest.is_file():
         return None
     try:
@@ -80,7 +81,7 @@ def weights_only_resume(cfg) -> Optional[str]:
         return None  # the resume reports an unreadable checkpoint
     if components != ["model"]:
         return None
-    if cfg.model.init_from and Path(cfg.model.init_from).resolve() != Path(resume).resolve():
+    if cfg.model.init_from and _place(cfg.model.init_from) != _place(resume):
         raise ConfigError(f"checkpoint.resume={resume} holds model weights only (it starts a run like model.init_from) "
                           f"but model.init_from={cfg.model.init_from} names other weights; give one of them")
     cfg.model.init_from, cfg.checkpoint.resume = resume, "auto"
@@ -108,7 +109,7 @@ def file_problems(cfg) -> List[str]:
     the run will resume: then its checkpoint's weights win and the source may even be gone)."""
     out: List[str] = []
     resume = str(cfg.checkpoint.resume).strip()
-    if resume not in RESUME_WORDS and not resume.isdigit() and not (Path(resume) / "manifest.json").is_file():
+    if resume not in RESUME_WORDS and not resume.isdigit() and not (location(resume) / "manifest.json").is_file():
         out.append(f"checkpoint.resume={resume!r}: use one of {list(RESUME_WORDS)}, a step number, or the "
                    "path of a committed checkpoint directory (one holding manifest.json)")
     if cfg.model.init_from and not cfg.dry_run:
@@ -118,11 +119,16 @@ def file_problems(cfg) -> List[str]:
     return out
 
 
+def _place(where) -> str:
+    """A location compared by name: an s3:// URL as it is, a local path resolved."""
+    return str(where) if str(where).startswith("s3://") else str(Path(where).resolve())
+
+
 def resume_problems(cfg) -> List[str]:
     """Before anything is built or written: no live run owns checkpoint.dir (checkpoint/durable/lease.py),
     checkpoint.resume finds what it asks for, and the checkpoint it will load was saved with this config
     (the hashed part; checkpoint.allow_config_change accepts a difference). Read-only."""
-    c, root = cfg.checkpoint, Path(cfg.checkpoint.dir)
+    c, root = cfg.checkpoint, location(cfg.checkpoint.dir)
     live = None if c.take_over else live_owner(root, c.lease_timeout_s)
     if live:
         return [f"checkpoint.dir: {live}"]
@@ -154,7 +160,7 @@ def resume_problems(cfg) -> List[str]:
 
 def _init_from_problems(cfg) -> List[str]:
     try:
-        if resolve_resume(Path(cfg.checkpoint.dir), str(cfg.checkpoint.resume)) is not None:
+        if resolve_resume(location(cfg.checkpoint.dir), str(cfg.checkpoint.resume)) is not None:
             return []
     except CheckpointError:  # the resume itself reports it
         return []

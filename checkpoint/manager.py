@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from checkpoint.durable.integrity import default_algorithm
 from checkpoint.durable.lease import LiveOwner, check_lease, take_lease
 from checkpoint.durable.loader import load_checkpoint
+from checkpoint.durable.location import free_bytes, location
 from checkpoint.durable.manifest import LOAD_ERRORS, CheckpointError, Manifest, VerificationFailed, read_manifest
 from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes, held_once, preflight_checkpoint_dir
 from checkpoint.durable.retention import apply_retention
@@ -55,7 +55,7 @@ class CheckpointManager:
         self.cfg, self.ckpt_cfg, self.state = cfg, c, state
         self.rank, self.world_size, self.device = rank, world_size, device
         self.layout = {k: getattr(dims, k) for k in ("dp_replicate", "dp_shard", "tp")}
-        self.root = Path(c.dir)
+        self.root = location(c.dir)  # a folder, or an s3:// prefix (checkpoint/s3/)
         # "auto": recovery/runtime.py measures a first save, then calls set_interval (Young/Daly)
         self.interval = AUTO_MEASURE_STEPS if str(c.interval).strip().lower() == "auto" else int(c.interval)
         self.manifests = ManifestBuilder(cfg, state, world_size, self.layout, probe)
@@ -230,7 +230,7 @@ class CheckpointManager:
         for ``raise_save_failure``."""
         stop = self.ckpt_cfg.on_save_error == "stop"
         try:
-            free = shutil.disk_usage(self.root).free
+            free = free_bytes(self.root)
         except OSError:
             free = None
         self.events.save_refused(exc, self.ckpt_cfg.on_save_error, str(self.root), free, self.saver.expected_bytes)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+from checkpoint.durable.location import location
 from checkpoint.durable.saver import SaveRecord
 from parallel import collectives
 from recovery.faults import FaultInjector
@@ -81,7 +82,8 @@ class RecoveryRuntime:
         """checkpoint.resume with post-load verification, bounded fallback, elastic batch log."""
         self.beat("checkpoint_load", state.step)
         if str(self.cfg.checkpoint.resume) == "auto":  # one listing, on rank 0; its verdict on every rank
-            collectives.decided_on_rank0(lambda: refuse_all_bad(Path(self.cfg.checkpoint.dir)), errors=(RecoveryError,))
+            root = location(self.cfg.checkpoint.dir)
+            collectives.decided_on_rank0(lambda: refuse_all_bad(root), errors=(RecoveryError,))
         verifier = None
         if self.cfg.recovery.verify:
             verifier = ResumeVerifier(self.cfg, state, probe, {k: getattr(dims, k) for k in

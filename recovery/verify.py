@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from checkpoint.durable.discovery import list_committed
+from checkpoint.durable.location import location
 from checkpoint.durable.manifest import ConfigMismatch, Manifest
 from checkpoint.state.fingerprint import config_hash, hashed_config
 from parallel import collectives
@@ -77,7 +78,7 @@ class ResumeVerifier:
         self.cfg, self.state, self.probe = cfg, state, probe
         self.inject = inject or (lambda phase, step: None)  # the run's fault injector (recovery/faults.py)
         self.layout, self.world_size, self.device = dict(layout), world_size, device
-        self.root = Path(cfg.checkpoint.dir)
+        self.root = location(cfg.checkpoint.dir)
         self.config_hash = config_hash(hashed_config(cfg))
         self.report: dict = {}
 
@@ -140,7 +141,7 @@ class ResumeVerifier:
         try:
             from checkpoint.durable.layout import parse
 
-            step = parse(Path(path).name)[0]
+            step = parse(location(path).name)[0]
         except (TypeError, IndexError):
             return
         newer = collectives.decided_on_rank0(  # one listing, the same count on every rank

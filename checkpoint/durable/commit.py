@@ -10,6 +10,12 @@
 5. ``update_latest``: the ``latest`` pointer is replaced atomically.
 
 A crash before 4 leaves only an ``.uncommitted`` directory, which discovery ignores.
+
+On an object store (``checkpoint.dir=s3://...``) there is no rename. Every object is written
+under its final name ``step_N/``, and the commit is phase 3b's manifest, written last and only
+if it does not exist yet (a PUT with ``If-None-Match: *``): a ``step_N/`` without a manifest is
+an interrupted save, never loaded and removed at start-up with any multipart upload left open.
+An older save of the same step is moved aside before the new one is written (``make_room``).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Dict, List, Optional
 
 from checkpoint.durable.integrity import atomic_write_text, checksum_files, fsync_dir, fsync_file
 from checkpoint.durable.layout import ACKS, LATEST, MANIFEST, REPLACED
+from checkpoint.durable.location import create_exclusive, location, move_tree, on_object_store, remove_tree
 from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest, write_manifest
 
 
@@ -31,7 +38,7 @@ class CommitTimeout(CheckpointError):
 
 def rank_files(directory: Path, rank: int) -> List[Path]:
     """The data files rank ``rank`` wrote: DCP's FileSystemWriter names them ``__<rank>_<n>.distcp``."""
-    return sorted(Path(directory).glob(f"__{rank}_*.distcp"))
+    return sorted(location(directory).glob(f"__{rank}_*.distcp"))
 
 
 def acknowledge(directory: Path, rank: int, algorithm: str | None,
@@ -53,7 +60,7 @@ def acknowledge(directory: Path, rank: int, algorithm: str | None,
     rest = [p for p in files if p.name not in entries]
     sums = checksum_files(rest, algorithm) if algorithm else {}
     entries.update({p.name: FileEntry(size=p.stat().st_size, checksum=sums.get(p.name)) for p in rest})
-    ack_dir = Path(directory) / ACKS
+    ack_dir = location(directory) / ACKS
     ack_dir.mkdir(exist_ok=True)
     payload = {"rank": rank, "attempt": attempt, "files": {k: vars(v) for k, v in entries.items()}}
     atomic_write_text(ack_dir / f"rank_{rank:05d}.json", json.dumps(payload))
@@ -64,7 +71,8 @@ def collect_acknowledgements(directory: Path, world_size: int, timeout_s: float,
                              poll_s: float = 0.05, attempt: Optional[int] = None) -> Dict[str, FileEntry]:
     """Phase 3a (coordinator): wait for every rank's acknowledgement; their files, merged. With
     ``attempt``, an acknowledgement written by another attempt's rank is refused."""
-    ack_dir = Path(directory) / ACKS
+    ack_dir = location(directory) / ACKS
+    poll_s = max(poll_s, 0.5) if on_object_store(directory) else poll_s  # a listing is a request there
     deadline = time.monotonic() + timeout_s
     while True:
         present = {p.name for p in ack_dir.glob("rank_*.json")} if ack_dir.is_dir() else set()
@@ -88,7 +96,7 @@ def collect_acknowledgements(directory: Path, world_size: int, timeout_s: float,
 
 def seal(directory: Path, manifest: Manifest) -> None:
     """Phase 3b (coordinator): check every DCP file is acknowledged, write the manifest, fsync."""
-    directory = Path(directory)
+    directory = location(directory)
     on_disk = {p.name for p in directory.glob("*.distcp")}
     unacked = sorted(on_disk - set(manifest.files))
     if unacked:
@@ -97,17 +105,41 @@ def seal(directory: Path, manifest: Manifest) -> None:
         if name.endswith(".distcp"):
             continue
         fsync_file(directory / name)  # .metadata; data files were fsynced by their writers
-    write_manifest(directory, manifest)
-    fsync_dir(directory)
+    if not on_object_store(directory):  # there, writing the manifest is the commit itself
+        write_manifest(directory, manifest)
+        fsync_dir(directory)
 
 
-def commit_checkpoint(uncommitted: Path, final: Path) -> Path:
+def make_room(final: Path) -> None:
+    """On an object store, before a save of this step writes anything (coordinator): an older
+    committed save of the same step (a re-save after resuming from an earlier one) is moved aside,
+    never deleted; the objects of an interrupted save there are deleted."""
+    final = location(final)
+    if not on_object_store(final) or not final.is_dir():
+        return
+    if (final / MANIFEST).is_file():
+        move_tree(final, final.with_name(f"{final.name}{REPLACED}{time.time_ns()}"))
+    else:
+        remove_tree(final)
+
+
+def commit_checkpoint(uncommitted: Path, final: Path, manifest: Optional[Manifest] = None) -> Path:
     """Phase 4: the atomic rename that makes the checkpoint visible, then fsync of the parent.
+    On an object store: the manifest (``manifest``) is written, only if none exists.
 
     An older checkpoint of the same step (a re-save after resuming from an earlier one) is
     moved aside first, never deleted here.
     """
-    uncommitted, final = Path(uncommitted), Path(final)
+    uncommitted, final = location(uncommitted), location(final)
+    if on_object_store(final):
+        if manifest is None:
+            raise CheckpointError(f"{final}: refusing to commit without a manifest")
+        try:
+            create_exclusive(final / MANIFEST, manifest.to_json().encode())
+        except FileExistsError as exc:
+            raise CheckpointError(f"{final}: a manifest exists already (another writer committed this step); "
+                                  "this save is left uncommitted") from exc
+        return final
     if not (uncommitted / MANIFEST).is_file():
         raise CheckpointError(f"{uncommitted}: refusing to commit without a manifest")
     if final.exists():
@@ -119,4 +151,4 @@ def commit_checkpoint(uncommitted: Path, final: Path) -> Path:
 
 def update_latest(root: Path, checkpoint_id: str) -> None:
     """Phase 5: move the ``latest`` pointer (atomic replace + fsync)."""
-    atomic_write_text(Path(root) / LATEST, checkpoint_id + "\n")
+    atomic_write_text(location(root) / LATEST, checkpoint_id + "\n")

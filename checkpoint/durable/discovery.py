@@ -8,7 +8,6 @@ rename and the pointer update loses nothing.
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
@@ -24,6 +23,7 @@ from checkpoint.durable.layout import (
     committed_dir,
     parse,
 )
+from checkpoint.durable.location import location, on_object_store, remove_tree
 from checkpoint.durable.manifest import CheckpointError, Manifest, read_manifest
 
 log = logging.getLogger("trainer")
@@ -42,7 +42,7 @@ class CheckpointInfo:
 
 def list_checkpoints(root: Path) -> List[CheckpointInfo]:
     """Every checkpoint-like directory (committed or not), newest step first."""
-    root = Path(root)
+    root = location(root)
     out = []
     if not root.is_dir():
         return out
@@ -79,13 +79,13 @@ def latest_committed(root: Path) -> Optional[CheckpointInfo]:
 
 
 def read_latest_pointer(root: Path) -> Optional[str]:
-    p = Path(root) / LATEST
+    p = location(root) / LATEST
     return p.read_text().strip() if p.is_file() else None
 
 
 def mark_bad(path: Path, reason: str) -> None:
     """Recovery's verdict: this checkpoint must not be resumed from (it stays on disk for people)."""
-    atomic_write_text(Path(path) / BAD_MARKER, reason.strip() + "\n")
+    atomic_write_text(location(path) / BAD_MARKER, reason.strip() + "\n")
     log.warning("checkpoint %s marked bad: %s", path, reason)
 
 
@@ -106,14 +106,25 @@ def mark_superseded(root: Path, after_step: int, reason: str) -> List[str]:
 def clean_uncommitted(root: Path) -> List[str]:
     """Remove leftovers of interrupted saves and deletions. Call only when no save is in flight."""
     removed = []
-    root = Path(root)
+    root = location(root)
     if not root.is_dir():
         return removed
+    remote = on_object_store(root)
     for d in root.iterdir():
         parsed = parse(d.name)
-        if parsed and (parsed[1] == UNCOMMITTED or parsed[1].endswith(DELETING)) and d.is_dir():
-            shutil.rmtree(d, ignore_errors=True)
+        if not parsed or not d.is_dir():
+            continue
+        interrupted = parsed[1] == UNCOMMITTED or parsed[1].endswith(DELETING)
+        if remote:  # there, an interrupted save is a step_N/ without a manifest
+            interrupted = parsed[1] == "" and not (d / MANIFEST).is_file()
+        if interrupted:
+            try:
+                remove_tree(d)
+            except OSError:
+                pass  # the next start tries again; discovery never loads it
             removed.append(d.name)
+    if remote:  # parts of uploads a killed writer left open (the store keeps them until aborted)
+        removed += [f"upload of {key}" for key in root.abort_uploads()]
     if removed:
         fsync_dir(root)
         log.info("removed uncommitted checkpoint leftovers: %s", ", ".join(sorted(removed)))
@@ -143,7 +154,7 @@ def resolve_resume(root: Path, spec: str) -> Optional[Path]:
             raise CheckpointError(f"checkpoint.resume={spec}: no committed checkpoint for step {spec} in {root}; "
                                   f"committed steps: {steps or 'none'}")
         return path
-    path = Path(spec)
+    path = location(spec)
     if not (path / MANIFEST).is_file():
         raise CheckpointError(f"checkpoint.resume={spec}: not a committed checkpoint directory (no {MANIFEST}); "
                               "use auto, never, must, a step number or a step_N directory")

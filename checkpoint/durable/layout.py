@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from checkpoint.durable.location import location, on_object_store
+
 PREFIX = "step_"
 UNCOMMITTED = ".uncommitted"
 DELETING = ".deleting"
@@ -39,8 +41,12 @@ def parse(name: str) -> Optional[tuple]:
 
 
 def uncommitted_dir(root: Path, step: int) -> Path:
-    return Path(root) / (checkpoint_id(step) + UNCOMMITTED)
+    """Where a save of ``step`` is written. On an object store, its final name: there is no rename,
+    and a checkpoint is committed only once its manifest exists (checkpoint/durable/commit.py)."""
+    if on_object_store(root):
+        return committed_dir(root, step)
+    return location(root) / (checkpoint_id(step) + UNCOMMITTED)
 
 
 def committed_dir(root: Path, step: int) -> Path:
-    return Path(root) / checkpoint_id(step)
+    return location(root) / checkpoint_id(step)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from checkpoint.durable.integrity import fsync_dir
+from checkpoint.durable.location import create_exclusive, location, touch
 from checkpoint.durable.manifest import CheckpointError
 
 log = logging.getLogger("trainer")
@@ -53,7 +54,7 @@ class LiveOwner(CheckpointError):
 
 
 def _numbers(root: Path) -> List[int]:
-    d = Path(root) / ATTEMPTS
+    d = location(root) / ATTEMPTS
     if not d.is_dir():
         return []
     return sorted(int(p.name[len(_PREFIX):]) for p in d.iterdir()
@@ -69,7 +70,7 @@ def current_attempt(root: Path) -> Optional[int]:
 def describe(root: Path, attempt: int) -> str:
     """``attempt K (pid P on HOST, started T)`` from its record, for messages."""
     try:
-        rec = json.loads((Path(root) / ATTEMPTS / f"{_PREFIX}{attempt:06d}").read_text())
+        rec = json.loads((location(root) / ATTEMPTS / f"{_PREFIX}{attempt:06d}").read_text())
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec["started_at"]))
         return f"attempt {attempt} (pid {rec['pid']} on {rec['host']}, started {when})"
     except (OSError, ValueError, KeyError):
@@ -77,7 +78,7 @@ def describe(root: Path, attempt: int) -> str:
 
 
 def _record_path(root: Path, attempt: int) -> Path:
-    return Path(root) / ATTEMPTS / f"{_PREFIX}{attempt:06d}"
+    return location(root) / ATTEMPTS / f"{_PREFIX}{attempt:06d}"
 
 
 def _pid_gone(pid: int) -> bool:
@@ -131,7 +132,7 @@ def take_lease(root: Path, timeout_s: Optional[float] = None, take_over: bool = 
     """Become the owner of ``root`` (the coordinator of a new attempt calls it once); returns the
     attempt number every rank of this attempt then checks with ``check_lease``. With ``timeout_s``,
     raise LiveOwner while the owner is live (unless ``take_over``)."""
-    d = Path(root) / ATTEMPTS
+    d = location(root) / ATTEMPTS
     d.mkdir(parents=True, exist_ok=True)
     record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time(),
                          "restart_count": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
@@ -143,15 +144,10 @@ def take_lease(root: Path, timeout_s: Optional[float] = None, take_over: bool = 
         if problem is not None:
             log.warning("checkpoint.take_over=true: taking over although %s", problem.split(". Nothing")[0])
         attempt = (current_attempt(root) or 0) + 1
-        try:
-            fd = os.open(d / f"{_PREFIX}{attempt:06d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        try:  # O_EXCL on a disk, If-None-Match on an object store
+            create_exclusive(d / f"{_PREFIX}{attempt:06d}", record.encode())
         except FileExistsError:  # another attempt took this number first: take the next one
             continue
-        try:
-            os.write(fd, record.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
         fsync_dir(d)
         break
     for old in _numbers(root)[:-KEEP_RECORDS]:
@@ -174,7 +170,7 @@ class Heartbeat:
     def _beat(self, every: float) -> None:
         while not self._stop.wait(every):
             try:
-                os.utime(self.path)
+                touch(self.path)
             except OSError:  # pruned by a newer attempt, or the storage hiccuped: the next beat retries
                 pass
 

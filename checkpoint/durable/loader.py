@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from checkpoint.durable.location import location
 from checkpoint.durable.manifest import (
     LOAD_ERRORS,
     CheckpointError,
@@ -98,7 +99,7 @@ def load_checkpoint(state: TrainingState, path: Path, *, seed: int, verify: bool
                     fault: Optional[Callable[[Path], None]] = None) -> Manifest:
     """Verify ``path`` and restore ``state`` from it; returns the manifest (``manifest``: already
     read and agreed by the caller). ``fault(file)`` is called before each data file is read."""
-    path = Path(path)
+    path = location(path)
     if manifest is None:
         manifest = collectives.decided_on_rank0(lambda: read_manifest(path), errors=LOAD_ERRORS)
     checksums = manifest.checksum_algorithm is not None

@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 from checkpoint.durable.integrity import atomic_write_text, checksum_file
 from checkpoint.durable.layout import MANIFEST
+from checkpoint.durable.location import location
 
 FORMAT_VERSION = 1
 
@@ -99,13 +100,13 @@ class Manifest:
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
-    atomic_write_text(Path(directory) / MANIFEST, manifest.to_json())
+    atomic_write_text(location(directory) / MANIFEST, manifest.to_json())
 
 
 def read_manifest(directory: Path, reread_delay_s: float = REREAD_DELAY_S) -> Manifest:
     """The manifest of a committed checkpoint. An I/O error raises CheckpointUnreadable; a manifest
     missing twice, ``reread_delay_s`` apart, or that does not parse, CheckpointError."""
-    path = Path(directory) / MANIFEST
+    path = location(directory) / MANIFEST
     try:
         if not path.is_file():
             time.sleep(reread_delay_s)  # an attribute cache may be behind the commit
@@ -128,7 +129,7 @@ def inspect_files(directory: Path, manifest: Manifest, names: Optional[List[str]
     names = names if names is not None else sorted(manifest.files)
     damage, unreadable, suspects = [], [], []
     for name in names:
-        kind, text = _inspect(Path(directory) / name, manifest, name, checksums)
+        kind, text = _inspect(location(directory) / name, manifest, name, checksums)
         if kind == "suspect":
             suspects.append(name)
         elif kind is not None:
@@ -136,7 +137,7 @@ def inspect_files(directory: Path, manifest: Manifest, names: Optional[List[str]
     if suspects:
         time.sleep(reread_delay_s)
         for name in suspects:
-            kind, text = _inspect(Path(directory) / name, manifest, name, checksums)
+            kind, text = _inspect(location(directory) / name, manifest, name, checksums)
             if kind is None:
                 unreadable.append(f"{name}: missing or hashing wrong on the first look, intact {reread_delay_s:g} s "
                                   "later (a stale cache or a bad read, not damage)")

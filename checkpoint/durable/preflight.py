@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -23,6 +22,7 @@ from typing import Optional
 import torch
 
 from checkpoint.durable.discovery import list_checkpoints, list_committed
+from checkpoint.durable.location import free_bytes, location, on_object_store, open_write
 from parallel import collectives
 
 log = logging.getLogger("trainer")
@@ -87,7 +87,7 @@ class Held:
 def held_in(root: Path, estimate_bytes: int) -> Held:
     """List ``root``: the size of one checkpoint (the newest manifest's, else ``estimate_bytes``),
     the committed checkpoints and the leftovers."""
-    committed = list_committed(Path(root), include_bad=True, include_superseded=True)
+    committed = list_committed(location(root), include_bad=True, include_superseded=True)
     newest = next((c for c in committed if c.manifest is not None and c.manifest.total_bytes > 0), None)
     size, source = ((newest.manifest.total_bytes, f"the size in {newest.checkpoint_id}'s manifest") if newest
                     else (estimate_bytes, "estimated from the model: no committed checkpoint yet"))
@@ -106,12 +106,15 @@ def room_for(root: Path, estimate_bytes: int, keep_last: int, held: Optional[Hel
     """The room ``root`` has (this process's view of its file system) for what it holds (``held``,
     listed here when not given)."""
     held = held if held is not None else held_in(root, estimate_bytes)
-    free = shutil.disk_usage(root).free + held.leftover
+    free = free_bytes(root)
+    free = float("inf") if free is None else free + held.leftover  # an object store has no free-space number
     return Room(free, held.checkpoint_bytes, held.source, held.committed, keep_last)
 
 
 def not_a_folder(root: Path) -> Optional[str]:
     """The message when ``root`` (or a folder above it) is a file, not a folder (None otherwise)."""
+    if on_object_store(root):
+        return None
     for above in [Path(root), *Path(root).parents]:
         if above.exists():
             return None if above.is_dir() else (f"checkpoint.dir={root}: {above} is a regular file, not a folder; "
@@ -123,7 +126,7 @@ def preflight_checkpoint_dir(root: Path, expected_bytes: int, keep_last: int, ra
                              strict: bool = True, held: Optional[Held] = None) -> Optional[Room]:
     """Raise PreflightError if ``root`` cannot take this run's checkpoints (``strict``; else a
     warning for lack of room). Returns what was measured. ``held``: what rank 0 listed there."""
-    root = Path(root)
+    root = location(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -131,10 +134,11 @@ def preflight_checkpoint_dir(root: Path, expected_bytes: int, keep_last: int, ra
                              f"{exc}") from exc
     probe = root / f".preflight-rank{rank}-{os.getpid()}"
     try:
-        with open(probe, "wb") as f:
+        with open_write(probe) as f:
             f.write(b"x" * 4096)
             f.flush()
-            os.fsync(f.fileno())
+            if hasattr(f, "fileno"):
+                os.fsync(f.fileno())
     except OSError as exc:
         raise PreflightError(f"checkpoint.dir={root} is not writable by this process: {exc}. Make it writable, "
                              "or point checkpoint.dir at a writable volume") from exc

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from checkpoint.durable.integrity import fsync_dir
-from checkpoint.durable.layout import DELETING, REPLACED, parse
+from checkpoint.durable.layout import DELETING, MANIFEST, REPLACED, parse
+from checkpoint.durable.location import location, on_object_store, remove_tree
 
 log = logging.getLogger("trainer")
 
@@ -62,7 +63,13 @@ def retention_plan(candidates: Sequence[Candidate], keep_last: int, keep_every: 
 
 def delete_checkpoint(path: Path, fault_hook=None) -> None:
     """Rename out of the committed namespace first, so a half-deleted directory never looks committed."""
-    path = Path(path)
+    path = location(path)
+    if on_object_store(path):  # no rename: the manifest goes first (uncommitted from then on), then the rest
+        (path / MANIFEST).unlink(missing_ok=True)
+        if fault_hook is not None:
+            fault_hook("checkpoint_retention", parse(path.name)[0])
+        remove_tree(path)
+        return
     doomed = path.with_name(path.name + DELETING)
     os.rename(path, doomed)
     fsync_dir(path.parent)

@@ -10,10 +10,10 @@ it (``checkpoint.on_save_error=stop``) or records it as an alarm and trains on
 from __future__ import annotations
 
 import errno
-import shutil
 from pathlib import Path
 from typing import Iterable, List, Optional, Tuple
 
+from checkpoint.durable.location import free_bytes, location, on_object_store
 from checkpoint.durable.manifest import CheckpointError
 
 # errno -> what the storage said, and the first thing to do about it
@@ -74,12 +74,15 @@ def _bytes(n: Optional[int]) -> str:
 def describe_save_failure(step: int, root: Path, staging: Path, errors: Iterable[str], errno_: Optional[int],
                           expected_bytes: Optional[int], newest_committed: Optional[str]) -> str:
     """The message: which save, where, why (per rank), free bytes, checkpoint size, what to do."""
-    root = Path(root)
+    root = location(root)
     try:
-        free: Optional[int] = shutil.disk_usage(root).free
+        free: Optional[int] = free_bytes(root)
     except OSError:
         free = None
     reason, fix = _REASONS.get(errno_, ("the storage refused the write", "check the file system"))
+    if on_object_store(root) and errno_ not in _REASONS:
+        reason, fix = ("the object store failed or did not answer",
+                       "check the endpoint (AWS_ENDPOINT_URL_S3), the credentials and the bucket")
     errors = list(errors)
     detail = "; ".join(errors[:4]) + (f"; and {len(errors) - 4} more" if len(errors) > 4 else "")
     kept = (f"the newest committed checkpoint, {newest_committed}, is intact" if newest_committed

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,11 +36,19 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from checkpoint.durable.commit import acknowledge, collect_acknowledgements, commit_checkpoint, seal, update_latest
+from checkpoint.durable.commit import (
+    acknowledge,
+    collect_acknowledgements,
+    commit_checkpoint,
+    make_room,
+    seal,
+    update_latest,
+)
 from checkpoint.durable.discovery import latest_committed
 from checkpoint.durable.integrity import checksum_file
 from checkpoint.durable.layout import committed_dir, uncommitted_dir
 from checkpoint.durable.lease import check_lease
+from checkpoint.durable.location import location, on_object_store, remove_tree
 from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest
 from checkpoint.durable.save_errors import CheckpointSaveError, describe_save_failure, rank_errors, storage_errno
 from checkpoint.durable.writer import WRITERS, RawFileWriter
@@ -98,7 +105,7 @@ class CheckpointSaver:
         if storage_format not in WRITERS:
             raise ValueError(f"checkpoint.format={storage_format!r}: choose one of {list(WRITERS)}")
         self.storage_format = storage_format  # raw | dcp (checkpoint/durable/writer.py)
-        self.root, self.mode, self.rank, self.world_size = Path(root), mode, rank, world_size
+        self.root, self.mode, self.rank, self.world_size = location(root), mode, rank, world_size
         self.process_group = process_group
         self.checksum_algorithm = checksum_algorithm
         self.commit_timeout_s = commit_timeout_s
@@ -129,6 +136,12 @@ class CheckpointSaver:
         step = manifest.step
         staging = uncommitted_dir(self.root, step)  # DCP creates it in its (agreed) planning step
         writer = WRITERS[self.storage_format](staging, self.checksum_algorithm)
+        if on_object_store(self.root):  # an older save of this step moved aside before any rank writes
+            try:
+                self._agreed("preparing the checkpoint's prefix",
+                             lambda: make_room(staging) if self.is_coordinator else None)
+            except BaseException as exc:
+                raise self._failed(exc, step, staging)
         self.fault_hook("checkpoint_snapshot", step)
         if self.mode == "sync":
             try:
@@ -229,7 +242,7 @@ class CheckpointSaver:
         seal(staging, manifest)
         self.fault_hook("checkpoint_commit", step, path=staging)
         check_lease(self.root, self.attempt)  # the last look before the rename
-        commit_checkpoint(staging, committed_dir(self.root, step))
+        commit_checkpoint(staging, committed_dir(self.root, step), manifest)
         try:
             check_lease(self.root, self.attempt)  # a newer attempt that started meanwhile keeps `latest`
             update_latest(self.root, manifest.checkpoint_id)
@@ -271,8 +284,14 @@ class CheckpointSaver:
         if code is None:
             return exc
         if self.is_coordinator:
-            shutil.rmtree(staging, ignore_errors=True)
-        newest = latest_committed(self.root)
+            try:
+                remove_tree(staging)
+            except OSError:
+                pass  # removed at the next start
+        try:
+            newest = latest_committed(self.root)
+        except OSError:  # the storage that failed the save may not answer a listing either
+            newest = None
         errors = [f"rank {r}: {e}" for r, e in rank_errors(exc, self.rank)]
         message = describe_save_failure(step, self.root, staging, errors, code, self.expected_bytes,
                                         newest.checkpoint_id if newest else None)

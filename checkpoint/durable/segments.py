@@ -18,6 +18,7 @@ import torch
 from torch.distributed.checkpoint.planner import ReadItem
 
 from checkpoint.durable.integrity import hasher
+from checkpoint.durable.location import open_read
 from checkpoint.durable.writer import tensor_bytes
 
 SCRATCH = 16 << 20  # bytes read (and hashed) at a time where nothing needs them
@@ -110,8 +111,9 @@ def read_segments(path: Path, segments: List[Segment], recycle: bool) -> Union[N
     segment's ``read`` future is resolved, whatever happens."""
     gaps = _GapBuffers(recycle)
     try:
-        with open(path, "rb", buffering=0) as f:
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        with open_read(path) as f:
+            if hasattr(f, "fileno"):  # a local file: tell the kernel to read ahead
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
             for seg in segments:
                 mv = gaps.get(seg) if seg.request is None else _request_memory(seg)
                 f.seek(seg.start)

@@ -38,7 +38,9 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 
 from checkpoint.durable.integrity import hasher
+from checkpoint.durable.location import location, open_write
 from checkpoint.durable.manifest import FileEntry
+from checkpoint.s3.path import is_s3
 
 RAW = "raw-bytes"
 
@@ -77,11 +79,21 @@ class _Hashing:
         return self._h.hexdigest()
 
 
+def on_s3(storage, path) -> None:
+    """A DCP writer or reader of an ``s3://`` checkpoint: DCP's file-system calls go to the bucket."""
+    if is_s3(path):
+        from checkpoint.s3.dcp_fs import S3FileSystem
+
+        storage.fs = S3FileSystem()
+        storage.path = storage.fs.init_path(str(path))
+
+
 class RawFileWriter(FileSystemWriter):
     """One file per rank, tensors as raw bytes; ``written`` holds each file's size and checksum."""
 
     def __init__(self, path, checksum_algorithm: Optional[str], sync_files: bool = True):
-        super().__init__(path, single_file_per_rank=True, sync_files=sync_files, thread_count=1, overwrite=True)
+        super().__init__(str(path), single_file_per_rank=True, sync_files=sync_files, thread_count=1, overwrite=True)
+        on_s3(self, path)
         self.checksum_algorithm = checksum_algorithm
         self.written: Dict[str, FileEntry] = {}
 
@@ -89,7 +101,7 @@ class RawFileWriter(FileSystemWriter):
         name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
         with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-hash") as pool:
             h = _Hashing(self.checksum_algorithm, pool) if self.checksum_algorithm else None
-            results, size = self._write_file(Path(self.path) / name, name, plan, planner, h)
+            results, size = self._write_file(location(str(self.path)) / name, name, plan, planner, h)
             self.written[name] = FileEntry(size=size, checksum=h.hexdigest() if h is not None else None)
         return _done(results)
 
@@ -98,7 +110,7 @@ class RawFileWriter(FileSystemWriter):
         """Write every item back to back (hashing each while the next is written); fsync."""
         results: List[WriteResult] = []
         offset = 0
-        with open(path, "wb", buffering=8 << 20) as f:
+        with open_write(path) as f:
             for item in plan.items:
                 data = planner.resolve_data(item)
                 if item.type == WriteItemType.BYTE_IO:
@@ -115,7 +127,7 @@ class RawFileWriter(FileSystemWriter):
                                            storage_data=_StorageInfo(name, offset, len(mv), descriptors)))
                 offset += len(mv)
             f.flush()
-            if self.sync_files:
+            if self.sync_files and hasattr(f, "fileno"):  # an object is durable once its upload completes
                 os.fsync(f.fileno())
         return results, offset
 
@@ -127,7 +139,8 @@ class StockFileWriter(FileSystemWriter):
     checksum it, and a load deserialises every tensor (docs/checkpoint-format.md has the cost)."""
 
     def __init__(self, path, checksum_algorithm: Optional[str] = None, sync_files: bool = True):
-        super().__init__(path, single_file_per_rank=True, sync_files=sync_files, thread_count=1, overwrite=True)
+        super().__init__(str(path), single_file_per_rank=True, sync_files=sync_files, thread_count=1, overwrite=True)
+        on_s3(self, path)
         self.written: Dict[str, FileEntry] = {}
 
 

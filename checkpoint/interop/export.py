@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
+from checkpoint.durable.location import location, open_read
 from checkpoint.durable.manifest import Manifest, read_manifest, verify_checkpoint
 from checkpoint.durable.reader import RawFileReader
 from checkpoint.durable.writer import RAW, tensor_bytes
@@ -50,7 +51,7 @@ class CheckpointTensors:
     """The tensors of a committed checkpoint, each rebuilt whole when asked for (one at a time)."""
 
     def __init__(self, path: Path, verify: bool = True):
-        self.path = Path(path)
+        self.path = location(path)  # a folder, or an s3:// checkpoint
         self.manifest: Manifest = verify_checkpoint(self.path) if verify else read_manifest(self.path)
         reader = RawFileReader(self.path)
         metadata = reader.read_metadata()
@@ -78,7 +79,7 @@ class CheckpointTensors:
             region = out
             for dim, (o, n) in enumerate(zip(chunk.offsets, chunk.sizes)):
                 region = region.narrow(dim, o, n)
-            with open(self.path / info.relative_path, "rb") as f:
+            with open_read(self.path / info.relative_path) as f:
                 f.seek(info.offset)
                 if list(info.transform_descriptors or ()) == [RAW]:
                     target = region if region.is_contiguous() else torch.empty(tuple(chunk.sizes), dtype=out.dtype)

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 from checkpoint.durable.discovery import list_committed, mark_superseded
 from checkpoint.durable.layout import parse
+from checkpoint.durable.location import location
 from recovery.guards.guard import RollbackRequested
 from recovery.resume import load_with_fallback
 
@@ -69,7 +70,7 @@ def roll_back(request: RollbackRequested, guards, ckpt, data, cfg, rollbacks_don
                  if below is None or c.step < below]  # below: older than one that failed (BAD or unreadable)
         chosen = choose_rollback_target(found, request.step, gcfg.rollback_min_age_steps,
                                         cfg.checkpoint.keep_every, gcfg.rollback_prefer_permanent)
-        return Path(chosen.path) if chosen else None
+        return location(chosen.path) if chosen else None
 
     loaded = load_with_fallback(ckpt, target, lambda failed: target(below=parse(failed.name)[0]))
     if loaded is None:
