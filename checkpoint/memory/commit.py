@@ -2,7 +2,8 @@
 
 On every rank, each phase agreed over the tier's group (checkpoint/memory/transport.py):
   1. write ``step_S/rankR.snap`` (checkpoint/memory/snapshot.py, checksummed as it is written);
-  2. exchange with the peers: send this file, receive the source rank's into ``step_S/rankQ.snap``;
+  2. exchange with the peers: send the staged bytes (not read back from the file), receive the source
+     rank's and write them to ``step_S/rankQ.snap``, checksummed as they are written;
   3. every rank holds both copies: write each copy's manifest ``rankR.json`` (the commit: a copy
      without one is ignored);
   4. every rank committed: delete the older steps.
@@ -18,10 +19,9 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict
 
 from checkpoint.durable.integrity import atomic_write_text
-from checkpoint.memory.snapshot import STEP_DIR, SnapshotError, write_snapshot
+from checkpoint.memory.snapshot import STEP_DIR, SnapshotError, Staged, write_snapshot
 
 log = logging.getLogger("trainer")
 
@@ -36,18 +36,19 @@ class SnapshotRecord:
     bytes: int  # this rank's snapshot
     replica_bytes: int  # the copy received from the source rank
     committed: bool
+    transfer_s: float = 0.0  # of replica_s, the bytes on the wire (the rest: writing the replica + its checksum)
 
     @property
     def blocking_s(self) -> float:  # what recovery/runtime.py's AutoInterval reads, as of a durable save
         return self.stall_s
 
 
-def persist(tier, step: int, staged: Dict[str, Any], info: dict, stall: float, waited: float) -> SnapshotRecord:
+def persist(tier, step: int, staged: Staged, info: dict, stall: float, waited: float) -> SnapshotRecord:
     """Write, exchange, commit; each phase agreed over the group, so a rank that failed (a full
     tmpfs) never leaves its peer waiting in a transfer that will not come."""
     t0 = time.perf_counter()
     d = tier.dir / STEP_DIR.format(step)
-    replica_bytes, replica_s, replica_info, size = 0, 0.0, None, 0
+    replica_bytes, replica_s, transfer_s, replica_info, size = 0, 0.0, 0.0, None, 0
 
     def failed() -> SnapshotRecord:
         return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, replica_s, size, replica_bytes, False)
@@ -69,12 +70,12 @@ def persist(tier, step: int, staged: Dict[str, Any], info: dict, stall: float, w
     if tier.peers.peer is not None:
         t1 = time.perf_counter()
         try:
-            replica_info = tier.peers.exchange(own, info, d)
+            replica_info = tier.peers.exchange(staged, info, d)
             replica_bytes, ok = replica_info["size"], True
         except SnapshotError as exc:  # the transfer itself completed on both sides
             log.error("memory snapshot of step %d on rank %d: %s", step, tier.rank, exc)
             ok = False
-        replica_s = time.perf_counter() - t1
+        replica_s, transfer_s = time.perf_counter() - t1, tier.peers.transfer_s
         if not tier.peers.all_ok(ok):
             return failed()
     atomic_write_text(d / f"rank{tier.rank:05d}.json", json.dumps(info))
@@ -82,7 +83,8 @@ def persist(tier, step: int, staged: Dict[str, Any], info: dict, stall: float, w
         atomic_write_text(d / f"rank{replica_info['owner']:05d}.json", json.dumps(replica_info))
     if tier.peers.all_ok(True):  # every rank committed step: the older ones can go
         drop_older(tier.dir, step)
-    return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, replica_s, size, replica_bytes, True)
+    return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, replica_s, size, replica_bytes, True,
+                          transfer_s)
 
 
 def drop_older(directory: Path, step: int) -> None:

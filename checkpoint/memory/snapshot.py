@@ -7,7 +7,9 @@ tensor) and pickled values, back to back, with an index in front:
     MAGIC (8 bytes) | index length (8, little endian) | index (pickle) | data ...
 
 The index lists every leaf of the state dict in order: its key path, kind (tensor, bytes or a
-small Python value kept in the index itself), dtype, local shape, offset and length. A restore
+small Python value kept in the index itself), dtype, local shape, offset and length. The data
+holds the pickled components' bytes first, then every tensor back to back (FlatStager: one
+reused host buffer that is written and sent as it is). A restore
 walks the live state dict that ``TrainingState.state_dict()`` builds now, copies each tensor's
 bytes into the live local tensor and hands the dict to ``TrainingState.load_state_dict``, the
 same path a durable load ends in. Any difference in keys, shapes or dtypes is a SnapshotError:
@@ -52,56 +54,119 @@ def _leaves(obj: Any, path: Tuple = ()) -> List[Tuple[Tuple, Any]]:
     return [(path, obj)]
 
 
-def _bytes_of(leaf: Any) -> Optional[memoryview]:
-    if isinstance(leaf, torch.Tensor):
-        t = _local(leaf).detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        t = t.contiguous()
-        return memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
-    if isinstance(leaf, (bytes, bytearray)):
-        return memoryview(leaf)
-    return None
+class Staged:
+    """One snapshot, staged: the file is ``prefix`` (magic, index length, index, the pickled components'
+    bytes) followed by ``region`` (every tensor's bytes, back to back, in one reused host buffer). The
+    region is written to tmpfs and sent to the peer as it is: one large contiguous buffer, no
+    per-tensor messages, never read back from the file."""
+
+    def __init__(self, prefix: bytes, region: torch.Tensor):
+        self.prefix, self.region = prefix, region
+
+    @property
+    def size(self) -> int:
+        return len(self.prefix) + self.region.numel()
 
 
-def build_index(sd: Dict[str, Any]) -> Tuple[List[dict], List[memoryview]]:
-    """The index entries of ``sd`` (a staged, host-side state dict) and the bytes to write after it."""
-    entries, chunks, offset = [], [], 0
+def _layout(sd: Dict[str, Any]):
+    """(path, leaf, local tensor or None) of every leaf, and the signature of the tensor layout."""
+    leaves, sig = [], []
     for path, leaf in _leaves(sd):
-        data = _bytes_of(leaf)
-        if data is None:  # a float, an int, a tuple of betas ... lives in the index
-            entries.append({"path": path, "kind": "value", "value": leaf})
-            continue
-        entry = {"path": path, "offset": offset, "nbytes": len(data)}
-        if isinstance(leaf, torch.Tensor):
-            entry.update(kind="tensor", dtype=str(leaf.dtype).removeprefix("torch."),
-                         shape=tuple(_local(leaf).shape))
-        else:
-            entry.update(kind="bytes")
-        entries.append(entry)
-        chunks.append(data)
-        offset += len(data)
-    return entries, chunks
+        t = _local(leaf).detach() if isinstance(leaf, torch.Tensor) else None
+        leaves.append((path, leaf, t))
+        if t is not None:
+            sig.append((path, t.dtype, tuple(t.shape)))
+    return leaves, tuple(sig)
 
 
-def write_snapshot(path: Path, sd: Dict[str, Any], algorithm: str) -> Tuple[int, str]:
-    """Write ``sd`` to ``path`` (through ``path.tmp`` and a rename); returns (size, checksum)."""
-    entries, chunks = build_index(sd)
-    index = pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
+class FlatStager:
+    """The training thread's copy: every tensor's local bytes into one flat host buffer, reused from
+    snapshot to snapshot while the shapes stay (pinned on CUDA); at most one snapshot is in flight,
+    so the background half of the previous one is done with the buffer before it is overwritten.
+    Tensors are laid out back to back in state-dict order at fixed offsets within the region; the
+    pickled components (which change length) go in the prefix, ahead of the region."""
+
+    def __init__(self, pin_memory: bool = False):
+        self.pin_memory = pin_memory
+        self._region: Optional[torch.Tensor] = None
+        self._signature = None
+        self.rebuilds = 0  # how often the buffer was (re)allocated: 1 in a steady run
+
+    def stage(self, sd: Dict[str, Any]) -> Staged:
+        leaves, sig = _layout(sd)
+        if self._region is None or sig != self._signature:
+            total = sum(t.numel() * t.element_size() for _, _, t in leaves if t is not None)
+            self._region = None  # free the old one first
+            self._region = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin_memory)
+            self._signature = sig
+            self.rebuilds += 1
+        region = self._region
+        entries: List[dict] = []
+        extra: List[bytes] = []  # the pickled components' bytes, in the prefix after the index
+        tensors: List[Tuple[dict, torch.Tensor, int]] = []
+        offset = 0
+        for path, leaf, t in leaves:
+            if t is not None:
+                nbytes = t.numel() * t.element_size()
+                entry = {"path": path, "kind": "tensor", "nbytes": nbytes,
+                         "dtype": str(t.dtype).removeprefix("torch."), "shape": tuple(t.shape)}
+                if nbytes:
+                    src = t if t.is_contiguous() else t.contiguous()
+                    region[offset:offset + nbytes].copy_(src.reshape(-1).view(torch.uint8),
+                                                         non_blocking=self.pin_memory)
+                tensors.append((entry, t, offset))
+                offset += nbytes
+            elif isinstance(leaf, (bytes, bytearray)):
+                entry = {"path": path, "kind": "bytes", "nbytes": len(leaf)}
+                extra.append(bytes(leaf))
+            else:  # a float, an int, a tuple of betas ... lives in the index
+                entry = {"path": path, "kind": "value", "value": leaf}
+            entries.append(entry)
+        if self.pin_memory and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        # data offsets count from the end of the index: the components' bytes first, then the region
+        at = 0
+        for e in entries:
+            if e["kind"] == "bytes":
+                e["offset"], at = at, at + e["nbytes"]
+        for e, _, off in tensors:
+            e["offset"] = at + off
+        index = pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
+        return Staged(b"".join([_HEAD.pack(MAGIC, len(index)), index, *extra]), region)
+
+    def close(self) -> None:
+        self._region = None
+
+
+def write_parts(path: Path, parts, algorithm: str) -> Tuple[int, str]:
+    """Write ``parts`` (buffers) back to back to ``path`` (through ``path.tmp`` and a rename), hashing
+    each piece as it is written (one pass over the bytes); returns (size, checksum)."""
     h = hasher(algorithm)
     tmp = path.with_name(path.name + ".tmp")
     size = 0
-    with open(tmp, "wb", buffering=0) as f:
-        for part in [memoryview(_HEAD.pack(MAGIC, len(index))), memoryview(index), *chunks]:
-            for start in range(0, len(part), CHUNK):
-                piece = part[start:start + CHUNK]
-                while len(piece):
-                    n = f.write(piece)
-                    h.update(piece[:n])
-                    piece = piece[n:]
-                    size += n
+    try:
+        with open(tmp, "wb", buffering=0) as f:
+            for part in parts:
+                part = memoryview(part.numpy() if isinstance(part, torch.Tensor) else part).cast("B")
+                for start in range(0, len(part), CHUNK):
+                    piece = part[start:start + CHUNK]
+                    while len(piece):
+                        n = f.write(piece)
+                        h.update(piece[:n])
+                        piece = piece[n:]
+                        size += n
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     return size, h.hexdigest()
+
+
+def write_snapshot(path: Path, staged, algorithm: str) -> Tuple[int, str]:
+    """Write a staged snapshot (or a state dict, staged here) to ``path``; returns (size, checksum)."""
+    if not isinstance(staged, Staged):
+        staged = FlatStager().stage(staged)
+    return write_parts(path, [staged.prefix, staged.region], algorithm)
 
 
 def checksum_buffer(buf, algorithm: str) -> str:

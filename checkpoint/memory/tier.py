@@ -9,8 +9,8 @@ crash restores from its own node's copy, a lost node from its peer's replica, an
 reads storage. The durable tier keeps running at its own interval.
 
 This module is the tier's face: its schedule, the pre-flight, and a snapshot's training-thread
-half (wait for the previous snapshot, at most one in flight; copy the state into reused host
-buffers, checkpoint/state/staging.py; return to training). The parts:
+half (wait for the previous snapshot, at most one in flight; copy the state into one reused flat
+host buffer, snapshot.FlatStager; return to training). The parts:
   snapshot.py    one rank's state as one checksummed file (the format)
   commit.py      the background half: write, replicate, two-round commit, drop older steps
   transport.py   the tier's gloo group: agreements, the replica exchange, copies sent to a peer
@@ -35,9 +35,8 @@ from typing import Any, Callable, Dict, List, Optional
 from checkpoint.durable.manifest import Manifest
 from checkpoint.memory.commit import SnapshotRecord, persist
 from checkpoint.memory.restore import Restored, restore
-from checkpoint.memory.snapshot import STEP_DIR
+from checkpoint.memory.snapshot import STEP_DIR, FlatStager
 from checkpoint.memory.transport import PeerGroup, size_text
-from checkpoint.state.staging import HostStager
 
 log = logging.getLogger("trainer")
 
@@ -59,7 +58,7 @@ class MemoryTier:
         self.layout, self.config_hash, self.algorithm = dict(layout), config_hash, algorithm
         self.interval = int(mcfg.interval) if str(mcfg.interval) != "auto" else 0
         self.peers = PeerGroup(rank, world_size, self.local_world_size, int(mcfg.replicas), timeout_s)
-        self.stager = HostStager(pin_memory)
+        self.stager = FlatStager(pin_memory)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="memory-snapshot")
         self._in_flight: Optional[Future] = None
         self._finished: List[SnapshotRecord] = []
@@ -142,6 +141,7 @@ class MemoryTier:
         finally:
             self._executor.shutdown(wait=True)
             self.stager.close()
+            self.peers.close()
 
     def discard(self) -> None:
         """Delete this node's snapshots (the run finished: they would only hold memory)."""
