@@ -16,16 +16,23 @@ from pathlib import Path
 from checkpoint.memory.commit import SnapshotRecord
 from helpers.launch import load_script
 
-TOP = {"config", "state_bytes_per_rank", "floors", "throughput", "snapshots", "restore", "targets", "problems"}
+TOP = {"config", "state_bytes_per_rank", "floors", "throughput", "snapshots", "alone", "restore", "targets",
+       "problems"}
 RUNS = {"none", "durable10", "memory1", "memory5", "memory10", "none_again"}
 RUN_FIELDS = {"durable_interval", "memory_interval", "steps_measured", "wall_per_step_s", "median_wall_s",
               "max_wall_s", "median_step_s", "durable_saves", "snapshots", "durable_blocking_s", "overhead"}
 SNAPSHOT_FIELDS = {"count", "committed", "bytes", "replica_bytes", "stall_s", "first_stall_s", "waited_s", "copy_s",
                    "background_s", "replica_s", "memcpy_floor_s", "stall_over_floor", "replica_gib_s",
-                   "replica_over_gloo"}
+                   "replica_over_gloo", "floor_sum_s", "background_over_floors"}
+ALONE_FIELDS = {"bytes", "count", "stage_s", "stage_cpu_s", "background_s", "replica_s", "transfer_s", "cpu_s",
+                "floors", "floors_cpu", "floor_sum_s", "floor_cpu_sum_s", "stage_over_memcpy", "cpu_over_floors",
+                "wall_over_floors", "transfer_over_gloo", "replica_over_gloo"}
+TARGETS = {"interval10_within_3pct", "local_2x_faster_than_cold_durable", "replica_half_of_gloo",
+           "stall_1_5x_memcpy", "background_2x_floors"}
 RESTORE_FIELDS = {"step", "source", "sources", "load_s", "verify_s", "read_s", "apply_s", "total_s", "resume_took_s",
                   "to_resume_event_s", "to_first_step_s", "as_expected"}
-FLOOR_FIELDS = {"memcpy_gib_s", "memcpy_median_gib_s", "gloo_gib_s", "gloo_median_gib_s", "gloo_bytes"}
+FLOOR_FIELDS = {"memcpy_gib_s", "memcpy_median_gib_s", "gloo_gib_s", "gloo_median_gib_s", "xxh3_gib_s",
+                "tmpfs_write_gib_s", "floor_bytes"}
 
 
 def check_result(res: dict, steps: int) -> None:
@@ -47,7 +54,11 @@ def check_result(res: dict, steps: int) -> None:
         assert r["as_expected"], (name, r)
         assert 0 < r["to_resume_event_s"] <= r["to_first_step_s"]
     assert res["restore"]["peer"]["sources"] in ({"0": "local", "1": "peer"}, {"0": "peer", "1": "local"})
-    assert set(res["targets"]) == {"interval10_within_3pct", "local_2x_faster_than_cold_durable"}
+    alone = res["alone"]
+    assert set(alone) == ALONE_FIELDS and alone["count"] == res["config"]["reps"] and alone["bytes"] > 0
+    assert set(alone["floors"]) == set(alone["floors_cpu"]) == {"memcpy_s", "xxh3_s", "tmpfs_write_s", "gloo_s"}
+    assert all(v > 0 for v in alone["floors"].values()) and alone["cpu_s"] > 0 and alone["transfer_s"] > 0
+    assert set(res["targets"]) == TARGETS
     assert all(isinstance(t["met"], bool) for t in res["targets"].values())
     assert res["problems"] == []
 
