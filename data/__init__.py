@@ -1,7 +1,9 @@
 """Token data on disk, the global sample order and per-rank batches.
 
   token_file.py, token_source.py   prepared tokens on disk, cut into training windows
-  tokenizer.py, sources.py, split.py   preparation: tokenizers, corpora, the held-out split
+  tokenizer.py, sources.py, split.py   preparation: tokenizers, corpora and file formats, the held-out split
+  shard_prep.py  preparation in N processes into a folder of shards, resumable
+  foreign.py, megatron_source.py, datatrove_source.py   other engines' token files, read in place
   prepared.py    a prepared dataset's description, folder name and prepare command; DataError
   order.py, permutation.py, mixture.py   the global sample order, independent of the rank count
   batching.py    global = dp x micro x accum

@@ -53,12 +53,12 @@ def make_executor(pipeline: list, args):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", required=True, help="folder of input files (local, or any fsspec URL)")
+    parser.add_argument("--input", help="folder of input files (local, or any fsspec URL)")
     parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     parser.add_argument("--glob", default=None, help="which files of --input, e.g. '*.jsonl.zst'")
     parser.add_argument("--text-column", default="text")
-    parser.add_argument("--tokenizer", required=True, help="a local tokenizer.json (train with data.tokenizer=hf:FILE)")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--tokenizer", help="a local tokenizer.json (train with data.tokenizer=hf:FILE)")
+    parser.add_argument("--out", help="output folder: train with data.path=OUT")
     parser.add_argument("--logs", default=None,
                         help="datatrove's logs and completion markers (default OUT-logs beside OUT)")
     parser.add_argument("--executor", choices=("local", "slurm"), default="local")
@@ -68,6 +68,10 @@ def main(argv=None) -> int:
     parser.add_argument("--time", default="04:00:00", help="slurm time limit per task")
     parser.add_argument("--cpus-per-task", type=int, default=1)
     args = parser.parse_args(argv)
+    missing = [f"--{k}" for k in ("input", "tokenizer", "out") if not getattr(args, k)]
+    if missing:
+        print(f"error: {', '.join(missing)} required (see --help)", file=sys.stderr)
+        return 2
     if not Path(args.tokenizer).is_file():
         print(f"error: --tokenizer {args.tokenizer}: no such file (a local tokenizer.json)", file=sys.stderr)
         return 2
