@@ -36,7 +36,7 @@ BAD = [
     ("checkpoint.keep_every=-1", ["checkpoint.keep_every=-1", ">= 0"]),
     ("checkpoint.keep_best=-1", ["checkpoint.keep_best=-1", ">= 0"]),
     ("checkpoint.best_metric=accuracy", ["checkpoint.best_metric='accuracy'", "['loss', 'probe_loss', 'val_loss']"]),
-    ("checkpoint.async_mode=background", ["checkpoint.async_mode='background'", "['sync', 'async']"]),
+    ("checkpoint.async_mode=background", ["checkpoint.async_mode='background'", "['sync', 'async', 'async_process']"]),
     ("checkpoint.on_save_error=ignore", ["checkpoint.on_save_error='ignore'", "['stop', 'continue']"]),
     ("checkpoint.resume=latest", ["checkpoint.resume='latest'", "['auto', 'never', 'must']", "a step number"]),
     ("checkpoint.resume=/nonexistent/step_00000010",
