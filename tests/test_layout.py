@@ -28,7 +28,8 @@ PACKAGES = ("configs", "model", "data", "parallel", "training", "metrics", "chec
 # Inside checkpoint/ the same rule, one level down: what a checkpoint holds and the object-store
 # client, then the durable tier, then the memory tier and the weights in and out, then the facade
 # and the modules beside it.
-CHECKPOINT_LAYERS = {"checkpoint.state": 0, "checkpoint.s3": 0, "checkpoint.durable": 1, "checkpoint.memory": 2, "checkpoint.interop": 2,
+CHECKPOINT_LAYERS = {"checkpoint.state": 0, "checkpoint.s3": 0, "checkpoint.durable": 1, "checkpoint.memory": 2,
+                     "checkpoint.interop": 2,
                      "checkpoint": 3}
 
 

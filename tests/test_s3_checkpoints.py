@@ -23,10 +23,10 @@ from checkpoint.interop.export import load_tensors
 from checkpoint.s3.path import S3Path
 from helpers.launch import python_or_torchrun, run_train
 from helpers.processes import start, stop
-from helpers.s3_server import BUCKET, S3Server
 from metrics.records import read_metrics, step_losses
 from tools.rehearsal import faults_override
 from tools.runs import tiny_overrides
+from tools.s3_server import BUCKET, S3Server
 
 pytestmark = pytest.mark.distributed
 

@@ -4,19 +4,22 @@ The durable tier's writer and reader (checkpoint/durable/writer.py, reader.py, s
 write and read files with ``write``, ``seek`` and ``readinto``; these two classes give them that
 over S3, so a checkpoint's bytes and the segment planning are the same on a disk and in a bucket.
 A rank's data file is uploaded in parts as it is written (``LLM_S3_PART_BYTES``, default 64 MiB;
-S3 wants at least 5 MiB but for the last) and becomes visible only when the upload completes; an
-upload that fails is aborted, and one left open by a killed writer is aborted at the next start
-(checkpoint/s3/path.py ``abort_uploads``). A read asks for exactly the byte range it fills.
+S3 wants at least 5 MiB but for the last), up to IN_FLIGHT parts at once, and becomes visible
+only when the upload completes; an upload that fails is aborted, and one left open by a killed
+writer is aborted at the next start (checkpoint/s3/path.py ``abort_uploads``). A read asks for
+exactly the byte range it fills.
 """
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import List, Optional
 
 from checkpoint.s3.client import call, client
 
 DEFAULT_PART_BYTES = 64 << 20
+IN_FLIGHT = 4  # parts uploading at once per file (each its own connection)
 
 
 def part_bytes() -> int:
@@ -33,7 +36,8 @@ class MultipartWriter:
         self._buffer = bytearray()
         self._part = part_bytes()
         self._upload_id: Optional[str] = None
-        self._parts: List[dict] = []
+        self._sent: List[Future] = []  # the parts' uploads, in part order
+        self._pool: Optional[ThreadPoolExecutor] = None
         self._closed = False
         self.size = 0
 
@@ -50,13 +54,20 @@ class MultipartWriter:
         pass
 
     def _send(self, body: bytes) -> None:
-        c = client()
+        """Queue one part; at most IN_FLIGHT parts are uploading (and held in memory) at a time."""
         if self._upload_id is None:
-            self._upload_id = call(self.url, c.create_multipart_upload, Bucket=self.bucket, Key=self.key)["UploadId"]
-        number = len(self._parts) + 1
-        etag = call(self.url, c.upload_part, Bucket=self.bucket, Key=self.key, UploadId=self._upload_id,
+            self._upload_id = call(self.url, client().create_multipart_upload, Bucket=self.bucket,
+                                   Key=self.key)["UploadId"]
+            self._pool = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="s3-upload")
+        if len(self._sent) >= IN_FLIGHT:
+            self._sent[-IN_FLIGHT].result()  # raises that part's failure here
+        number = len(self._sent) + 1
+        self._sent.append(self._pool.submit(self._upload, number, body))
+
+    def _upload(self, number: int, body: bytes) -> dict:
+        etag = call(self.url, client().upload_part, Bucket=self.bucket, Key=self.key, UploadId=self._upload_id,
                     PartNumber=number, Body=body)["ETag"]
-        self._parts.append({"ETag": etag, "PartNumber": number})
+        return {"ETag": etag, "PartNumber": number}
 
     def close(self) -> None:
         if self._closed:
@@ -68,19 +79,24 @@ class MultipartWriter:
             if self._upload_id is None:
                 call(self.url, c.put_object, Bucket=self.bucket, Key=self.key, Body=bytes(self._buffer), **condition)
                 return
-            if self._buffer or not self._parts:
+            if self._buffer:
                 self._send(bytes(self._buffer))
+            parts = [f.result() for f in self._sent]
             call(self.url, c.complete_multipart_upload, Bucket=self.bucket, Key=self.key, UploadId=self._upload_id,
-                 MultipartUpload={"Parts": self._parts}, **condition)
+                 MultipartUpload={"Parts": parts}, **condition)
         except BaseException:
             self.abort()
             raise
         finally:
             self._buffer = bytearray()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
 
     def abort(self) -> None:
         """Give up: the parts uploaded so far are deleted, nothing becomes visible."""
         self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
         if self._upload_id is not None:
             try:
                 call(self.url, client().abort_multipart_upload, Bucket=self.bucket, Key=self.key,

@@ -1,5 +1,5 @@
-"""A real S3 endpoint for the tests: moto's server on 127.0.0.1 (a random free port), started and
-stopped by the test that needs it, holding its objects in memory (nothing left on disk).
+"""A real S3 endpoint for the tests and the S3 benchmark: moto's server on 127.0.0.1 (a random free
+port), started and stopped by whoever needs it, holding its objects in memory (nothing left on disk).
 
 ``env`` is what a process needs to use it (boto3's endpoint and credential variables, and small
 multipart parts so that a debug checkpoint's files are uploaded in several parts)."""
