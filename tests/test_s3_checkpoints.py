@@ -1,5 +1,5 @@
 """Checkpoints on S3 (``checkpoint.dir=s3://bucket/prefix``), against a real S3 endpoint: moto's
-server on 127.0.0.1, started and stopped here (tests/helpers/s3_server.py).
+server on 127.0.0.1, started and stopped here (tools/s3_server.py).
 
 Every run is a 2-rank torchrun job of the tiny debug model, saving every 2 steps and keeping 2,
 with multipart parts of 256 KiB, so each rank's data file is uploaded in about ten parts. The
