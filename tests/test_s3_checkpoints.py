@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from checkpoint.durable.discovery import list_checkpoints
-from checkpoint.durable.manifest import verify_checkpoint
+from checkpoint.durable.manifest import read_manifest, verify_checkpoint
 from checkpoint.interop.export import load_tensors
 from checkpoint.s3.path import S3Path
 from helpers.launch import python_or_torchrun, run_train
@@ -212,3 +212,15 @@ def test_the_server_stopped_during_a_save_fails_it_cleanly_and_training_resumes_
         verify_checkpoint(root / cid)
     _train(s3, run_dir, pydoc_data, root, "checkpoint.on_save_error=continue", steps=14, mode="sync")
     assert read_metrics(run_dir, "resume")[-1]["checkpoint_id"] == "step_00000012"
+
+
+def test_a_run_starts_from_an_s3_checkpoint_with_model_init_from(s3, saved, local, tmp_path, pydoc_data):
+    """model.init_from=s3://.../step_N: the weights (verified against their checksums) equal the same
+    checkpoint's on a local disk, so the first losses are bit for bit those of init_from the disk."""
+    runs = {}
+    for name, source in (("from-s3", saved / "step_00000006"), ("from-disk", local / "checkpoints" / "step_00000006")):
+        runs[name] = tmp_path / name
+        _train(s3, runs[name], pydoc_data, runs[name] / "checkpoints", f"model.init_from={source}", steps=2)
+    assert step_losses(runs["from-s3"]) == step_losses(runs["from-disk"])
+    record = read_manifest(runs["from-s3"] / "checkpoints" / "step_00000002").init_from
+    assert (record["path"], record["kind"]) == (f"{saved}/step_00000006", "checkpoint")

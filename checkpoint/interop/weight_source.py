@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from checkpoint.durable.layout import MANIFEST
+from checkpoint.durable.location import location
 from checkpoint.interop.hf_config import hf_shape_problems, project_shape_problems
 from model.config import ModelConfig
 
@@ -98,14 +99,19 @@ def _checkpoint(path: Path) -> WeightSource:
 
 
 def open_source(path: str | Path) -> WeightSource:
-    """The source at ``path``; SourceError says what it expected when ``path`` is none of the three."""
-    path = Path(path)
+    """The source at ``path``; SourceError says what it expected when ``path`` is none of the three.
+    A committed checkpoint may be an s3:// one (checkpoint/s3/)."""
+    path = location(path)
     try:
         if path.is_dir() and (path / MANIFEST).is_file():
             return _checkpoint(path)
+        if not isinstance(path, Path):  # an s3:// location that holds no committed checkpoint
+            raise SourceError(f"model.init_from={path}: on object storage it must be a committed checkpoint "
+                              "(step_N with manifest.json); copy a Hugging Face folder or a .safetensors file to a "
+                              "local disk first")
         if path.is_dir() and (path / "config.json").is_file():
             return _hf(path)
-        if path.is_file() and path.suffix == ".safetensors":
+        if path.is_file() and path.name.endswith(".safetensors"):
             return _export(path)
     except (OSError, ValueError, KeyError) as exc:
         if isinstance(exc, SourceError):

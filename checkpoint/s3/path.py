@@ -69,6 +69,9 @@ class S3Path:
     def parent(self) -> "S3Path":
         return S3Path(f"{SCHEME}{self.bucket}/{self.key.rsplit('/', 1)[0] if '/' in self.key else ''}")
 
+    def resolve(self) -> "S3Path":
+        return self  # already absolute: a bucket and a key
+
     def with_name(self, name: str) -> "S3Path":
         return self.parent / name
 
