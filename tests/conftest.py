@@ -16,6 +16,7 @@ pytest.register_assert_rewrite("helpers")  # helpers' asserts report their value
 # The files that take longest (seconds of one worker on the idle 2-core machine, December 2026),
 # started first so that the two workers end together rather than one waiting for the other.
 SLOWEST_FIRST = (
+    "test_s3_checkpoints.py",  # 2-rank runs against a local S3 server (measured under load: ~10 min; idle less)
     "test_memory_tier.py",  # 128 s: two torchrun agents as two nodes
     "test_rehearsal_8ranks.py",  # 111 s
     "test_train_run.py",  # 53 s: the 300-step debug experiment
@@ -29,6 +30,8 @@ SLOWEST_FIRST = (
     "test_save_errors.py",  # 31 s
     "test_parallel.py",  # 31 s
     "test_export_memory.py",  # 26 s
+    "test_async_process.py",  # writer processes start an interpreter per rank
+    "test_data_engines.py",  # datatrove's executor, megatron-core's writer
 )
 
 
