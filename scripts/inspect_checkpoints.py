@@ -3,6 +3,7 @@
   python scripts/inspect_checkpoints.py outputs/debug/checkpoints            # sizes and states
   python scripts/inspect_checkpoints.py outputs/debug/checkpoints --verify   # also checksums
   ... --keep-last 2 --keep-every 100 --keep-best 0   # tiers as retention would assign them
+  python scripts/inspect_checkpoints.py s3://bucket/run/checkpoints --verify   # on object storage
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 from checkpoint.durable.discovery import list_checkpoints, read_latest_pointer
+from checkpoint.durable.location import location
 from checkpoint.durable.manifest import CheckpointError, check_files
 from checkpoint.durable.retention import Candidate, retention_plan
 
@@ -49,7 +51,7 @@ def rows(root: Path, verify: bool, keep_last: int, keep_every: int, keep_best: i
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("root", type=Path, help="checkpoint.dir of a run")
+    p.add_argument("root", type=location, help="checkpoint.dir of a run (a folder or s3://bucket/prefix)")
     p.add_argument("--verify", action="store_true", help="check sizes and checksums against the manifests")
     p.add_argument("--keep-last", type=int, default=2)
     p.add_argument("--keep-every", type=int, default=0)

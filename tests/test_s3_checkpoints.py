@@ -21,7 +21,7 @@ from checkpoint.durable.discovery import list_checkpoints
 from checkpoint.durable.manifest import read_manifest, verify_checkpoint
 from checkpoint.interop.export import load_tensors
 from checkpoint.s3.path import S3Path
-from helpers.launch import python_or_torchrun, run_train
+from helpers.launch import load_script, python_or_torchrun, run_train
 from helpers.processes import start, stop
 from metrics.records import read_metrics, step_losses
 from tools.rehearsal import faults_override
@@ -87,6 +87,11 @@ def test_save_retention_resume_and_reshard_on_s3_equal_the_local_disk(s3, local,
         for part in ("model.", "optim."):
             a, b = load_tensors(ours, part), load_tensors(theirs, part)
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    inspect = load_script("inspect_checkpoints").rows  # the inspect script lists S3 as it lists the disk
+    ours, theirs = (inspect(r, True, KEEP, 0, 0, "loss") for r in (root, local / "checkpoints"))
+    assert [(r["checkpoint_id"], r["state"], r["tier"], r["verified"]) for r in ours] == \
+        [(r["checkpoint_id"], r["state"], r["tier"], r["verified"]) for r in theirs]
+    assert [round(r["size_mib"], 3) for r in ours] == [round(r["size_mib"], 3) for r in theirs]
     _train(s3, run_dir, pydoc_data, root, "checkpoint.resume=6")  # same layout: bitwise
     assert read_metrics(run_dir, "resume")[-1]["checkpoint_id"] == "step_00000006"
     assert _after(run_dir, 6) == _after(local, 6)

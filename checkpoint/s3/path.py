@@ -127,6 +127,12 @@ class S3Path:
             raise ValueError(f"S3Path.glob({pattern!r}): only a pattern of names directly under {self}")
         return iter([p for p in self.iterdir() if fnmatch.fnmatchcase(p.name, pattern)])
 
+    def rglob(self, pattern: str) -> Iterator["S3Path"]:
+        """Every object under this prefix, at any depth (only the pattern ``*``)."""
+        if pattern != "*":
+            raise ValueError(f"S3Path.rglob({pattern!r}): only '*'")
+        return iter([S3Path(f"{SCHEME}{self.bucket}/{k}") for k in self.keys()])
+
     def keys(self) -> List[str]:
         """Every object key under this prefix, at any depth."""
         out: List[str] = []
