@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
 from checkpoint.durable.integrity import checksum_file, fsync_dir
+from checkpoint.durable.location import location, open_read
 from checkpoint.durable.manifest import FileEntry, verify_checkpoint, write_manifest
 from checkpoint.durable.reader import RawFileReader
 from checkpoint.durable.writer import RAW
@@ -32,8 +33,9 @@ METADATA = ".metadata"
 
 
 def convert_to_dcp(src: Path, dst: Path, verify: bool = True) -> Dict:
-    """Write ``dst`` (a new directory) from the committed raw checkpoint ``src``; returns counts."""
-    src, dst = Path(src), Path(dst)
+    """Write ``dst`` (a new local directory) from the committed raw checkpoint ``src`` (a folder, or
+    s3://); returns counts."""
+    src, dst = location(src), Path(dst)
     if dst.exists():
         raise FileExistsError(f"{dst} exists; convert into a new directory")
     manifest = verify_checkpoint(src, checksums=verify)
@@ -53,7 +55,7 @@ def convert_to_dcp(src: Path, dst: Path, verify: bool = True) -> Dict:
     try:
         storage = {}
         for name, items in sorted(by_file.items()):
-            with open(src / name, "rb") as f_in, open(tmp / name, "wb") as f_out:
+            with open_read(src / name) as f_in, open(tmp / name, "wb") as f_out:
                 for index, info in sorted(items, key=lambda item: item[1].offset):
                     f_in.seek(info.offset)
                     blob = f_in.read(info.length)
