@@ -24,6 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from checkpoint.durable.location import location
 from checkpoint.interop.convert import convert_to_dcp
 from checkpoint.interop.from_hf import convert_hf_folder
 from checkpoint.interop.weight_source import SourceError
@@ -31,7 +32,8 @@ from checkpoint.interop.weight_source import SourceError
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("src", type=Path, help="a committed step_N directory, or a Hugging Face Llama folder")
+    p.add_argument("src", type=location,
+                   help="a committed step_N directory (a folder or s3://...), or a Hugging Face Llama folder")
     p.add_argument("dst", type=Path, help="the directory to create")
     p.add_argument("--to", choices=["raw", "dcp"], default="dcp",
                    help="the target format: raw (this project's fast format) or dcp (stock DCP)")

@@ -21,13 +21,14 @@ import argparse
 import resource
 from pathlib import Path
 
+from checkpoint.durable.location import location
 from checkpoint.interop.export import DTYPES, export_hf, export_safetensors
 from checkpoint.interop.safetensors_io import parse_size
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", type=Path, help="a committed step_N directory")
+    p.add_argument("checkpoint", type=location, help="a committed step_N directory (a folder or s3://...)")
     p.add_argument("out", type=Path, help="the .safetensors file (--format safetensors) or folder (--format hf)")
     p.add_argument("--format", choices=["safetensors", "hf"], default="safetensors")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")

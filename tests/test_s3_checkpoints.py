@@ -19,7 +19,7 @@ import torch
 
 from checkpoint.durable.discovery import list_checkpoints
 from checkpoint.durable.manifest import read_manifest, verify_checkpoint
-from checkpoint.interop.export import load_tensors
+from checkpoint.interop.export import export_safetensors, load_tensors
 from checkpoint.s3.path import S3Path
 from helpers.launch import load_script, python_or_torchrun, run_train
 from helpers.processes import start, stop
@@ -231,9 +231,9 @@ def test_a_run_starts_from_an_s3_checkpoint_with_model_init_from(s3, saved, loca
     assert (record["path"], record["kind"]) == (f"{saved}/step_00000006", "checkpoint")
 
 
-def test_an_s3_checkpoint_converts_to_stock_dcp_on_a_disk(s3, saved, tmp_path):
-    """scripts/convert_checkpoint.py's conversion reads the raw checkpoint from S3 and writes stock
-    DCP files locally: committed, verified, the same tensors."""
+def test_an_s3_checkpoint_converts_and_exports_to_a_disk(s3, saved, tmp_path):
+    """scripts/convert_checkpoint.py's conversion and scripts/export.py read a checkpoint from S3 and
+    write to a disk: stock DCP files (committed, verified) and a safetensors file of the same tensors."""
     from checkpoint.interop.convert import convert_to_dcp
 
     dst = tmp_path / "step_00000006"
@@ -241,3 +241,8 @@ def test_an_s3_checkpoint_converts_to_stock_dcp_on_a_disk(s3, saved, tmp_path):
     verify_checkpoint(dst)
     a, b = load_tensors(saved / "step_00000006", "model."), load_tensors(dst, "model.")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    export_safetensors(saved / "step_00000006", tmp_path / "model.safetensors")  # scripts/export.py's
+    from safetensors.torch import load_file
+
+    exported = load_file(tmp_path / "model.safetensors")
+    assert set(a) <= set(exported) and all(torch.equal(exported[k], a[k]) for k in a)

@@ -122,7 +122,7 @@ def export_safetensors(checkpoint: Path, out: Path, dtype: str = "fp32", weights
     target = DTYPES[dtype]
     specs = [TensorSpec(n, ckpt.spec(f"{weights}.{n}")[0], target) for n in names]
     meta = {"step": str(ckpt.manifest.step), "config_hash": ckpt.manifest.config_hash, "weights": weights,
-            "dtype": dtype, "source": str(Path(checkpoint).resolve()),
+            "dtype": dtype, "source": str(location(checkpoint).resolve()),
             "model": json.dumps(ckpt.manifest.config.get("model", {}))}
     out.parent.mkdir(parents=True, exist_ok=True)
     f = SafetensorsFile(out, specs, meta)
