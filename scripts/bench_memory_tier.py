@@ -3,7 +3,8 @@ on a restart, on bench_checkpoint.py's 134M-parameter state at 2 ranks, each nex
 measured in the same run.
 
   python scripts/bench_memory_tier.py --out outputs/bench_memory_tier              # 134M params, ~15-25 min
-  python scripts/bench_memory_tier.py --out /tmp/mt --dim 64 --layers 2 --vocab 320 --steps 12   # smoke
+  python scripts/bench_memory_tier.py --out /tmp/mt --dim 64 --layers 2 --vocab 320 --steps 22   # smoke
+  python scripts/bench_memory_tier.py --out /tmp/mt --floors-only   # part 3 alone, ~3 min
 
 Every run is two torchrun agents on this host playing two nodes: one worker each, c10d
 rendezvous on 127.0.0.1 (node 0 hosts the store: --rdzv-conf is_host=true/false),
@@ -23,13 +24,19 @@ async, on disk under --out.
    stall and the durable save's blocking, which happen after step_s's clock stops. Throughput is
    the mean wall time per step after --warmup steps (the stalls are every k-th step: a median
    would hide them); the median step_s (the compute, slowed by the background threads) is beside it.
-2. Snapshot stall (the training thread: wait for the previous snapshot + copy into host buffers;
-   median over the run's snapshots, rank 0's) against the memcpy floor of the same bytes
-   (bench_checkpoint.Memcpy, measured by this process right after each memory run, median).
-3. Replica bandwidth (replica_bytes / replica_s: the exchange with the peer, including receiving
-   into tmpfs and checking the checksum, while the other rank trains) against the gloo floor: two
-   processes exchanging the same byte count both ways at once over gloo on 127.0.0.1, in memory,
-   on an idle machine (--reps times, median), after the memory runs.
+2. Snapshot stall (the training thread: the probe's forward in the snapshot's manifest, waiting for
+   the previous snapshot, the copy into the staging buffer; median over the run's snapshots, rank
+   0's) against the memcpy floor of the same bytes (bench_checkpoint.Memcpy, measured by this
+   process right after each memory run, median); the background time beside the floor sum below.
+3. Replica bandwidth in training (replica_bytes / replica_s: the exchange with the peer, writing
+   the replica to tmpfs and its checksum, while the other rank trains) against the gloo floor; then
+   one snapshot on its own (floor_worker: two processes, the state shaped like a rank's, the tier's
+   own code: stage, write + checksum, exchange, commit; --reps times after one that allocates the
+   buffers, median), its wall and CPU time (the whole process: gloo's threads and the kernel
+   included), and, by the same two processes right after, the floors for the same bytes: memcpy,
+   xxh3, a tmpfs write and a gloo point-to-point exchange both ways at once, each in wall and CPU
+   seconds. Background target: the snapshot's CPU against the sum of the floors' CPU (what a loaded
+   machine inflates least); the walls are beside it.
 4. Restore, memory interval 5 and durable interval 10, one snapshot newer than the durable
    checkpoint (step 15 against step 10); each timed from the restart to the first resumed step's
    metrics row, and by the resume event's load_s (load + verification; for the memory tier its
@@ -45,8 +52,13 @@ async, on disk under --out.
    (b)-(d) restart from the same copy of the stopped job (run directory and memory restored from a
    backup on disk before each); before each the page cache is dropped and then torch and the
    trainer are imported once, so their start-up is alike and only (d)'s checkpoint is cold.
-Targets (issue 16): at memory interval 10, throughput within 3% of no checkpointing; a restore
-from local memory at least 2x faster than a cold durable load (resume load_s, (b) against (d)).
+Targets (issues 16 and 22), each printed with its verdict: at memory interval 10, throughput
+within 3% of no checkpointing (beside the none-vs-none noise); the replica at least 0.5x the gloo
+floor; the stall at most 1.5x the memcpy floor; one snapshot's background CPU at most 2x the floor
+sum (memcpy + xxh3 + tmpfs write + gloo); a restore from local memory at least 2x faster than a
+cold durable load (resume load_s, (b) against (d): both end with the same post-load verification,
+so the probe is counted once on each side). The replica and the stall are judged on the training
+run at interval 10, the snapshot on its own beside them.
 The table is printed; everything is written to --out/result.json.
 """
 
