@@ -77,10 +77,10 @@ def main() -> None:
     if a.kill_before_commit is not None:
         original_commit = saver.commit_checkpoint
 
-        def die_before_commit(uncommitted, final):
+        def die_before_commit(uncommitted, final, *rest):
             if uncommitted.name.startswith(f"step_{a.kill_before_commit:08d}"):
                 _die()
-            return original_commit(uncommitted, final)
+            return original_commit(uncommitted, final, *rest)
 
         saver.commit_checkpoint = die_before_commit
 
