@@ -172,8 +172,11 @@ def test_on_save_error_continue_trains_on_and_the_next_save_commits(tmp_path, py
 @pytest.mark.distributed
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_save_failing_on_one_rank_stops_every_rank_at_the_same_step(tmp_path, pydoc_data, mode):
+    """Each rank learns of the failure when its own background save finishes, a few steps later under
+    load; the flag is agreed at the end of a step, so every rank raises at the same one. The save of
+    step 30 waits for the one of 20 first, so with async writes the run stops within 20..30 (never 40)."""
     run_dir = tmp_path / "run"
-    args = tiny_overrides(run_dir, pydoc_data, STEPS, INTERVAL, async_mode=mode, extra=[
+    args = tiny_overrides(run_dir, pydoc_data, 40, INTERVAL, async_mode=mode, extra=[
         faults_override([{"kind": "disk_full", "phase": "checkpoint_write", "step": 20, "rank": 1}])])
     proc = run_train(args, nproc=2, check=False)
     assert proc.returncode != 0
@@ -181,7 +184,8 @@ def test_a_save_failing_on_one_rank_stops_every_rank_at_the_same_step(tmp_path, 
         assert (f"error (rank {rank}): CheckpointSaveError: checkpoint of step 20 could not be saved: the disk is full"
                 f" (ENOSPC). rank 1: [Errno 28] No space left on device (injected disk_full fault)") in proc.stderr
     last = {r["step"] for r in read_metrics(run_dir)}
-    assert max(last) == 20 if mode == "sync" else 20 <= max(last) <= 22
+    assert max(last) == 20 if mode == "sync" else 20 <= max(last) <= 30, sorted(last)[-3:]
+    assert "watchdog" not in proc.stderr.lower()  # no rank was left waiting in a collective
     assert _committed(run_dir / "checkpoints") == ["step_00000010"]
     assert not uncommitted_dir(run_dir / "checkpoints", 20).exists()
 
