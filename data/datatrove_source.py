@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from data.foreign import DATATROVE, cheap_fingerprint, foreign_meta
+from data.foreign import DATATROVE, MappedShard, cheap_fingerprint, foreign_meta
 from data.prepared import DataError
 from data.tokenizer import FileTokenizer, sha256_of
 
 
-class DatatroveShard:
+class DatatroveShard(MappedShard):
     def __init__(self, path: str | Path, tok):
         self.path = Path(path)
         meta_path, index_path = Path(f"{path}.metadata"), Path(f"{path}.index")
@@ -39,18 +39,4 @@ class DatatroveShard:
         documents = index_path.stat().st_size // 8 if index_path.is_file() else 0
         self.meta = foreign_meta(tok, DATATROVE, np.dtype(dtype).name, int(count), documents,
                                  cheap_fingerprint(self.path, meta_path), self.path)
-        self.tokens = self._map()
-
-    def _map(self) -> np.ndarray:
-        n, dtype = self.meta.num_tokens, self.meta.dtype
-        return np.memmap(self.path, dtype=dtype, mode="r") if n else np.zeros(0, dtype=dtype)
-
-    def __len__(self) -> int:
-        return self.meta.num_tokens
-
-    def __getstate__(self) -> dict:  # a dataloader worker maps the file again
-        return {"path": self.path, "meta": self.meta}
-
-    def __setstate__(self, state: dict) -> None:
-        self.path, self.meta = state["path"], state["meta"]
         self.tokens = self._map()

@@ -20,6 +20,33 @@ MEGATRON, DATATROVE = "megatron", "datatrove"
 _EDGE = 1 << 20
 
 
+class MappedShard:
+    """A foreign shard's tokens as a read-only memmap of ``token_file`` (set ``path`` and ``meta``
+    first). Pickled for a dataloader worker as its path and meta; the worker maps the file again."""
+
+    path: Path
+
+    @property
+    def token_file(self) -> Path:
+        return self.path
+
+    def _map(self):
+        import numpy as np
+
+        n, dtype = self.meta.num_tokens, self.meta.dtype
+        return np.memmap(self.token_file, dtype=dtype, mode="r") if n else np.zeros(0, dtype=dtype)
+
+    def __len__(self) -> int:
+        return self.meta.num_tokens
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "meta": self.meta}
+
+    def __setstate__(self, state: dict) -> None:
+        self.path, self.meta = state["path"], state["meta"]
+        self.tokens = self._map()
+
+
 def foreign_files(path: str | Path) -> Tuple[Optional[str], List[Path]]:
     """(kind, shards) at ``path``: Megatron prefixes or datatrove .ds files; (None, []) when neither."""
     path = Path(path)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.foreign import MEGATRON, cheap_fingerprint, foreign_meta
+from data.foreign import MEGATRON, MappedShard, cheap_fingerprint, foreign_meta
 from data.prepared import DataError
 
 log = logging.getLogger("trainer")
@@ -27,7 +27,7 @@ DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.
 _HEADER = len(MAGIC) + 8 + 1 + 8 + 8
 
 
-class MegatronShard:
+class MegatronShard(MappedShard):
     def __init__(self, prefix: str | Path, tok):
         self.path, self.tok = Path(prefix), tok
         idx, bin_ = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
@@ -63,16 +63,6 @@ class MegatronShard:
             log.warning("%s does not end with the EOD id %d of data.tokenizer: prepared without --append-eod, or with "
                         "another tokenizer; documents then run into each other", bin_, tok.eos_id)
 
-    def _map(self) -> np.ndarray:
-        n, dtype = self.meta.num_tokens, self.meta.dtype
-        return np.memmap(f"{self.path}.bin", dtype=dtype, mode="r") if n else np.zeros(0, dtype=dtype)
-
-    def __len__(self) -> int:
-        return self.meta.num_tokens
-
-    def __getstate__(self) -> dict:  # a dataloader worker maps the file again
-        return {"path": self.path, "meta": self.meta}
-
-    def __setstate__(self, state: dict) -> None:
-        self.path, self.meta = state["path"], state["meta"]
-        self.tokens = self._map()
+    @property
+    def token_file(self) -> Path:
+        return Path(f"{self.path}.bin")
