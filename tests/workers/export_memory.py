@@ -7,7 +7,7 @@
 
   python tests/workers/export_memory.py make_hf OUT PRESET [KEY=VALUE ...]   # a Hugging Face folder of that
                           # shape (config.json + one safetensors file), written tensor by tensor
-  python tests/workers/export_memory.py convert HF DST   # scripts/convert_checkpoint.py's conversion, then the
+  python tests/workers/export_memory.py convert HF DST raw|dcp  # scripts/convert_checkpoint.py's conversion, then the
                                                          # same JSON line (and the largest tensor's bytes)
 
 Peak RSS comes from /proc/self/status (VmHWM: the high-water mark of resident memory), read after
@@ -73,7 +73,7 @@ def make_hf(out: Path, preset: str, overrides: list) -> None:
     (out / "config.json").write_text(json.dumps(hf_config(cfg, "float32", 1, 0)))
 
 
-def convert(hf: Path, dst: Path) -> None:
+def convert(hf: Path, dst: Path, fmt: str) -> None:
     from checkpoint.interop.from_hf import convert_hf_folder, folder_model_config
 
     cfg = folder_model_config(hf)
@@ -81,7 +81,7 @@ def convert(hf: Path, dst: Path) -> None:
     largest = 4 * max(cfg.vocab_size * cfg.dim, cfg.dim * cfg.ffn_hidden_dim, cfg.dim * cfg.dim)
     before = status_kib("VmRSS")
     t0 = time.perf_counter()
-    info = convert_hf_folder(hf, dst, "raw")
+    info = convert_hf_folder(hf, dst, fmt)
     print(json.dumps({"rss_before": before * 1024, "peak_rss": status_kib("VmHWM") * 1024,
                       "fp32_weight_bytes": fp32_bytes, "written_bytes": info["bytes"], "largest_tensor": largest,
                       "seconds": time.perf_counter() - t0}))
@@ -104,6 +104,6 @@ if __name__ == "__main__":
     elif sys.argv[1] == "make_hf":
         make_hf(Path(sys.argv[2]), sys.argv[3], sys.argv[4:])
     elif sys.argv[1] == "convert":
-        convert(Path(sys.argv[2]), Path(sys.argv[3]))
+        convert(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])
     else:
         export(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])
