@@ -235,7 +235,8 @@ def test_apply_init_from_restarts_the_ema_and_is_skipped_after_a_resume(hf_folde
     said = apply_init_from(str(folder), state, ckpt, "fresh start", torch.device("cpu"))
     assert said.startswith(f"fresh start; weights from model.init_from={folder} (hf, hash ")
     assert ckpt.init_from == {"path": str(folder.resolve()), "kind": "hf", "hash": said.split("hash ")[1][:-1],
-                              "hf_config": json.loads((folder / "config.json").read_text())}  # for the export
+                              "hf_config": json.loads((folder / "config.json").read_text()),  # for the export
+                              "hf_generation_config": json.loads((folder / "generation_config.json").read_text())}
     embedding = hf.model.embed_tokens.weight
     assert torch.equal(model.tok_embeddings.weight, embedding)
     assert torch.equal(state.ema.shadow["tok_embeddings.weight"], embedding)  # the EMA starts from the import
