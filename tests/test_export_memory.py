@@ -13,8 +13,8 @@ docs/interop.md; this shape proves the same bound in a quarter of the disk and t
 
 The conversion: a Hugging Face folder of the same layers, 9 of them (2.1 GiB of fp32 weights), is
 converted --to raw, then --to dcp, each in its own process measured the same way. Bound: growth <=
-4 x the largest tensor + 256 MiB (0.5 GiB), a quarter of the weights. Measured (printed with -s -n 0):
-0.11 GiB with raw, 0.16 GiB with dcp.
+4 x the largest tensor + 256 MiB (0.5 GiB), a quarter of the weights. Measured in two runs (printed
+with -s -n 0): 0.11 and 0.13 GiB with raw, 0.16 and 0.11 GiB with dcp; the export 0.08 GiB.
 
 Disk, under the test's tmp dir and deleted when it passes: about 2.2 GB for the export (the
 checkpoint and the export), 4.3 GiB at the conversion's peak (the folder and one conversion; the
