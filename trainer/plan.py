@@ -373,7 +373,40 @@ def _step_lines(plan: LayoutPlan) -> list:
         f"{compiled}) + TP {t.tp_s:,.2f} s + FSDP not hidden {t.fsdp_exposed_s:,.2f} s = {t.total_s:,.2f} s "
         f"for {w.global_batch} x {w.seq_len} tokens: {t.bound}-bound; {plan.tokens_per_s_per_device:,.0f} "
         f"tokens/s per device; MFU {plan.mfu:.1%}",
+        *_margin_lines(plan),
     ]
+
+
+def _margin_lines(plan: LayoutPlan) -> list:
+    m = compute_bound_margin(plan)
+    if m is None:
+        return []
+    nic = f", or at a NIC of {m.nic_gbps:,.1f} GB/s or less" if m.nic_gbps else ""
+    if m.spare >= 0:
+        return [f"  margin: FSDP {plan.step.fsdp_s:,.2f} s hides in {plan.step.compute_s:,.2f} s of compute "
+                f"({m.spare:.1%} to spare); it shows from an achievable fraction of {m.efficiency:.3f}{nic}"]
+    return [f"  margin: FSDP {plan.step.fsdp_s:,.2f} s exceeds {plan.step.compute_s:,.2f} s of compute; compute-bound "
+            f"below an achievable fraction of {m.efficiency:.3f}"
+            + (f", or above a NIC of {m.nic_gbps:,.1f} GB/s" if m.nic_gbps else "")]
+
+
+@dataclass(frozen=True)
+class Margin:
+    """How far a compute-bound step is from exposing its FSDP traffic (negative spare: already exposed)."""
+    spare: float  # compute / FSDP time - 1
+    efficiency: float  # the achievable fraction of the peak at which compute shrinks to the FSDP time
+    nic_gbps: Optional[float]  # the NIC bandwidth at which FSDP grows to the compute time (all of it on the NIC)
+
+
+def compute_bound_margin(plan: LayoutPlan) -> Optional[Margin]:
+    """Compute time over FSDP + HSDP time, and the efficiency and NIC bandwidth at which they meet: compute
+    is proportional to 1 / efficiency, the FSDP time to 1 / bandwidth of its link. None without FSDP."""
+    t, c = plan.step, plan.comm
+    if not t.fsdp_s > 0:
+        return None
+    on_nic = {c.fsdp_link, c.hsdp_link} <= {"nic", "-"}
+    return Margin(spare=t.compute_s / t.fsdp_s - 1, efficiency=plan.device.efficiency * t.compute_s / t.fsdp_s,
+                  nic_gbps=plan.device.nic_gbps * t.fsdp_s / t.compute_s if on_nic else None)
 
 
 def checkpoint_interval_s(plan: LayoutPlan, device_mtbf_hours: Optional[float] = None,
@@ -399,8 +432,15 @@ def plan_as_dict(plan: LayoutPlan) -> Dict[str, object]:
                total_bytes_per_rank=plan.total_bytes_per_rank, device_memory_gib=plan.device.memory_gib,
                fits=plan.fits, step_s=plan.step_s, mfu=plan.mfu, compute_s=plan.compute_s,
                tokens_per_s_per_device=plan.tokens_per_s_per_device, bound=plan.step.bound,
+               **_margin_dict(plan),
                **{f"comm_{k}": v for k, v in plan.comm.__dict__.items()}, **plan.workload.__dict__)
     return out
+
+
+def _margin_dict(plan: LayoutPlan) -> Dict[str, object]:
+    m = compute_bound_margin(plan)
+    return {"margin_spare": m and m.spare, "margin_efficiency": m and m.efficiency,
+            "margin_nic_gbps": m and m.nic_gbps}
 
 
 def world_size_for(dp_replicate: int, dp_shard: int, tp: int, world_size: Optional[int]) -> int:
