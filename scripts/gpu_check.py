@@ -58,8 +58,8 @@ DRY_BUDGET_S = 1000.0  # the dry run: only a bound against a hang (it judges cod
 # Seconds per part: (on a GPU, in the dry run). A part gets no more than what is left of the budget.
 # How the GPU limits were chosen (estimates: no GPU has run this check yet): a train.py start costs
 # ~15 s (import torch, compose, the lease) plus the host-side init of its parameters (~20 ns per element
-# per thread, docs/parallelism.md). fsdp_eager: the planner's fit shape is 22 layers of 8b on an H200
-# (5.8B parameters, 0.9 s per step planned; 10 layers on an H100), so 8 steps and the probe take ~10 s
+# per thread, docs/parallelism.md). fsdp_eager: the planner's fit shape is 24 layers of 8b on an H200
+# (6.3B parameters, 1.0 s per step planned; 9 layers on an H100), so 8 steps and the probe take ~10 s
 # and the start and init most of the rest; fsdp_compile: the same plus about a minute of Inductor;
 # async_checkpoint: two starts (save, then load) of a 1.3B-parameter shape (15 GB of state) and a
 # 2 GiB disk probe; sigkill_resume: three starts of the small shape (0.5B parameters), a second round

@@ -70,7 +70,8 @@ GIB = 2**30
 DEFAULT_DEVICE_MEMORY_GIB = SYSTEMS[DEFAULT_SYSTEM].memory_gib  # H100 80 GB
 DEFAULT_DEVICE_TFLOPS = SYSTEMS[DEFAULT_SYSTEM].peak_tflops  # H100 SXM dense bf16 peak
 # Fraction of the peak a step's FLOPs run at in eager mode, and the gain of torch.compile: fitted
-# to torchtitan's published Llama 3.1 8B / 70B throughput on H100 (docs/parallelism.md, tests/test_plan.py).
+# to torchtitan's published Llama 3.1 8B / 70B throughput on H100 (docs/parallelism.md,
+# tests/test_plan_calibration.py; the 70B case only with float8's gain applied).
 DEFAULT_COMPUTE_EFFICIENCY = 0.37
 COMPILE_SPEEDUP = 6667 / 5762  # torchtitan's 8B on 8 H100s, FSDP with and without compile
 DEFAULT_RESERVE_GIB = 4.0  # CUDA context, NCCL buffers, allocator fragmentation (assumed)
