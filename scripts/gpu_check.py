@@ -1,7 +1,7 @@
 """One command for a lent GPU (at most 8 minutes on one GPU): what the trainer does there, measured.
 
   python scripts/gpu_check.py                   # on the GPU machine; prints the report folder
-  python scripts/gpu_check.py --dry-run         # on CPU: the same code paths, tiny shapes (~60 s idle)
+  python scripts/gpu_check.py --dry-run         # on CPU: the same code paths, tiny shapes (1-5 min here)
 
 Every part has its own time limit (LIMITS) inside one overall budget (--budget-s, 480 s, counted from
 the start, data preparation included) and records pass, fail or skipped with the reason, so one failure
