@@ -284,6 +284,8 @@ class CheckpointManager:
             check_lease(self.root, self.saver.attempt)  # an older attempt's writer deletes nothing
             apply_retention(self.root, c.keep_last, c.keep_every, c.keep_best, c.best_metric,
                             fault_hook=self.saver.fault_hook, keep_forensic=c.keep_forensic)
+        except OSError as exc:  # the storage did not answer: one line, not a traceback
+            log.warning("retention after step %d failed (the next commit retries): %s", step, exc)
         except Exception:  # retention must never stop training; the next commit retries
             log.exception("retention after step %d failed", step)
 

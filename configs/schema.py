@@ -147,6 +147,16 @@ class MemoryTierConfig:
 
 
 @dataclass
+class S3Config:
+    """Where an ``s3://`` checkpoint.dir (or model.init_from) lives (checkpoint/s3/client.py). null:
+    boto3's own settings (AWS_ENDPOINT_URL_S3, AWS_REGION); credentials are always boto3's."""
+
+    endpoint_url: Optional[str] = None  # an S3-compatible store: http://minio.internal:9000
+    region: Optional[str] = None  # us-east-1
+    addressing_style: str = "auto"  # auto | path (http://host/bucket/key) | virtual (http://bucket.host/key)
+
+
+@dataclass
 class CheckpointConfig:
     dir: str = "${run_dir}/checkpoints"
     # Steps between saves (0 disables periodic saves), or "auto": the Young/Daly interval from
@@ -179,6 +189,7 @@ class CheckpointConfig:
     # run exits with a message) or continue (an alarm in metrics.jsonl; the next interval tries again).
     on_save_error: str = "stop"  # stop | continue
     memory: MemoryTierConfig = field(default_factory=MemoryTierConfig)
+    s3: S3Config = field(default_factory=S3Config)
 
 
 @dataclass

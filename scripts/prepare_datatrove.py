@@ -11,16 +11,18 @@ The pipeline is datatrove's own: a reader (JsonlReader: .jsonl, .jsonl.gz, .json
 and DocumentTokenizer, which writes OUT/<task:05d>_unshuffled.ds (+ .index, + .metadata when the task
 is complete). Task ``k`` reads the input files ``k, k + tasks, ...`` in sorted order. Documents keep
 their order inside a task (shuffle_documents=False: the trainer shuffles windows itself,
-docs/data.md), and each is ended by the end-of-document token this project's FileTokenizer uses
-(tokenizer_config.json's eos_token, else the known ones), so the ids equal scripts/prepare_data.py's
-with ``--tokenizer hf:FILE`` for a tokenizer without a post-processor (a Llama 3 tokenizer.json adds
-BOS in prepare_data.py, not here). datatrove records finished tasks under ``--logs``: a relaunch
+docs/data.md). Each document is tokenized as scripts/prepare_data.py ``--tokenizer hf:FILE`` does it:
+the tokenizer.json's own post-processor first (Llama 3's puts BOS in front), then the end-of-document
+token this project's FileTokenizer uses (tokenizer_config.json's eos_token, else the known ones), so
+the ids are the same. (datatrove's DocumentTokenizer alone replaces the post-processor with one that
+only appends EOS, which drops the BOS.) datatrove records finished tasks under ``--logs``: a relaunch
 with the same arguments runs only the unfinished ones. Train with ``data.tokenizer=hf:FILE``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -34,9 +36,37 @@ def build_pipeline(input_dir: str, tokenizer: str, out: str, fmt: str = "jsonl",
 
     eos = FileTokenizer.from_file(tokenizer).eos_text  # the EOS prepare_data.py appends with hf:FILE
     reader = {"jsonl": JsonlReader, "parquet": ParquetReader}[fmt]
-    return [reader(input_dir, text_key=text_column, glob_pattern=glob),
-            DocumentTokenizer(output_folder=out, tokenizer_name_or_path=str(tokenizer), eos_token=eos,
-                              shuffle_documents=False)]
+    step = DocumentTokenizer(output_folder=out, tokenizer_name_or_path=str(tokenizer), eos_token=eos,
+                             shuffle_documents=False)
+    step.post_processor = own_then_eos(tokenizer, eos)  # used by datatrove instead of its EOS-only one
+    return [reader(input_dir, text_key=text_column, glob_pattern=glob), step]
+
+
+def own_then_eos(tokenizer: str, eos: str):
+    """The post-processor that gives prepare_data.py's ids: the tokenizer's own (BOS, if it adds one),
+    then ``eos`` appended. tokenizers applies only the first template of a Sequence of them, so the
+    EOS goes into the tokenizer's own template (Llama 3's: ``<|begin_of_text|> $A``), or a template of
+    its own when there is none."""
+    from tokenizers import Tokenizer
+
+    spec = json.loads(Tokenizer.from_file(str(tokenizer)).to_str())
+    eos_id = Tokenizer.from_file(str(tokenizer)).token_to_id(eos)
+    own = spec.get("post_processor")
+    steps = [] if own is None else own["processors"] if own["type"] == "Sequence" else [own]
+    kinds = sorted({p["type"] for p in steps} - {"ByteLevel", "TemplateProcessing"})
+    if kinds or sum(p["type"] == "TemplateProcessing" for p in steps) > 1:
+        raise ValueError(f"{tokenizer}: its post-processor ({', '.join(p['type'] for p in steps)}) is not one this "
+                         "script extends with EOS (ByteLevel and one TemplateProcessing); use scripts/prepare_data.py")
+    template = next((p for p in steps if p["type"] == "TemplateProcessing"), None)
+    if template is None:
+        template = {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+                    "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                    "special_tokens": {}}
+        steps.append(template)
+    template["single"].append({"SpecialToken": {"id": "<EOS>", "type_id": 0}})
+    template["special_tokens"]["<EOS>"] = {"id": "<EOS>", "ids": [eos_id], "tokens": [eos]}
+    spec["post_processor"] = steps[0] if len(steps) == 1 else {"type": "Sequence", "processors": steps}
+    return Tokenizer.from_str(json.dumps(spec)).post_processor
 
 
 def make_executor(pipeline: list, args):

@@ -1,8 +1,9 @@
 """Data prepared by other engines trains here in place: datatrove's tokenised output (written by
 scripts/prepare_datatrove.py: datatrove's LocalPipelineExecutor, 2 tasks on 2 processes) and
 Megatron's indexed datasets (written by megatron-core's own IndexedDatasetBuilder). Both hold the
-same token ids as this project's preparation of the same documents with the same tokenizer, give
-the same global batches at dp=1 and dp=2 and after a resume, and train to the same losses."""
+same token ids as this project's preparation of the same documents with the same tokenizer (one
+whose post-processor puts BOS in front of every document, as Llama 3's does), give the same global
+batches at dp=1 and dp=2 and after a resume, and train to the same losses."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from data.token_file import TokenFile, prepare_token_file
 from data.token_source import TokenSource
 from helpers.data import assert_same_batches, data_config, global_batches, pipeline
-from helpers.launch import ROOT, run, run_train
+from helpers.launch import ROOT, load_script, run, run_train
 from metrics.records import read_metrics
 from test_data_shards import pydoc_texts
 from test_tokenizer_file import save_tokenizer
@@ -45,7 +46,7 @@ def engines(tmp_path_factory):
     for k in range(4):
         files.append(root / "in" / f"part{k}.jsonl")
         files[-1].write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[k * 20:(k + 1) * 20]))
-    tok = save_tokenizer(root / "tok")
+    tok = save_tokenizer(root / "tok", bos=True)  # ids: BOS, the text, EOS
     spec = f"hf:{tok}"
     ours = root / "ours"  # this project's preparation, one shard per datatrove task (task k: files k, k+2)
     for k in range(TASKS):
@@ -67,6 +68,25 @@ def engines(tmp_path_factory):
     return root, spec
 
 
+@pytest.mark.parametrize("bos", [False, True])
+def test_the_datatrove_post_processor_gives_this_projects_ids(tmp_path, bos):
+    """What prepare_datatrove.py gives datatrove's tokenizer in place of its own EOS-only post-processor:
+    the tokenizer's own (BOS here when it has one), then EOS, as prepare_data.py encodes a document."""
+    from tokenizers import Tokenizer
+
+    from data.tokenizer import FileTokenizer
+    from test_tokenizer_file import BOS
+
+    path = save_tokenizer(tmp_path, bos=bos)
+    ours = FileTokenizer.from_file(path)
+    theirs = Tokenizer.from_file(str(path))
+    theirs.post_processor = load_script("prepare_datatrove").own_then_eos(path, ours.eos_text)
+    for text in pydoc_texts()[:5]:
+        want = ours.encode(text) + [ours.eos_id]
+        assert theirs.encode(text).ids == want
+        assert (want[0] == ours._tok.token_to_id(BOS)) == bos
+
+
 def test_token_ids_equal_this_projects_preparation(engines):
     root, spec = engines
     ours = TokenSource(root / "ours", 64, spec)
@@ -76,6 +96,7 @@ def test_token_ids_equal_this_projects_preparation(engines):
         for a, b in zip(theirs.shards, ours.shards):
             np.testing.assert_array_equal(a.tokens, b.tokens, err_msg=f"{kind} shard {a.path}")
             assert a.meta.num_documents == b.meta.num_documents
+            assert a.tokens[0] == 2  # BOS (<doc>): every document starts with it
         assert theirs.tokenizer == ours.tokenizer == ("hf", 300, 1)
     assert (root / "datatrove-logs" / "completions").is_dir()  # datatrove's own per-task markers
     assert len(list((root / "datatrove-logs" / "completions").iterdir())) == TASKS

@@ -26,11 +26,12 @@ EOS = "</doc>"
 BOS = "<doc>"  # id 2
 
 
-def save_tokenizer(folder, vocab_size: int = 300, eos: str = EOS, config: bool = True):
-    """A byte-level BPE trained on a few pydoc topics, saved as FOLDER/tokenizer.json."""
+def save_tokenizer(folder, vocab_size: int = 300, eos: str = EOS, config: bool = True, bos: bool = False):
+    """A byte-level BPE trained on a few pydoc topics, saved as FOLDER/tokenizer.json. ``bos``: with
+    Llama 3's kind of post-processor (byte-level, then a template that puts BOS in front of every text)."""
     from pydoc_data.topics import topics
 
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -38,6 +39,11 @@ def save_tokenizer(folder, vocab_size: int = 300, eos: str = EOS, config: bool =
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", eos, BOS], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([topics[k] for k in sorted(topics)[:40]], trainer=trainer)
+    if bos:
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B:1",
+                                          special_tokens=[(BOS, tok.token_to_id(BOS))])])
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     if config:

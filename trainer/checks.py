@@ -23,6 +23,7 @@ import parallel.checks
 import recovery.checks
 import training.checks
 from checkpoint.interop.model_shape import fill_model_shape
+from checkpoint.s3.client import configure_from, setting_problems
 from configs.bounds import bound_problems
 from configs.checks import ConfigError, Problems
 from configs.schema import numeric_values, unknown_key_problems
@@ -61,8 +62,11 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
             raise
     problems += [b for b in bounds if not _named(b.split("=")[0], problems)]  # the packages' words first
     if files:
+        store_ok = not any(p.startswith("checkpoint.s3.") for p in problems)
+        if store_ok:
+            configure_from(cfg)  # the probes of an s3:// checkpoint.dir or init_from ask the configured store
         problems += data.checks.file_problems(cfg)
-        problems += checkpoint.checks.file_problems(cfg)
+        problems += checkpoint.checks.file_problems(cfg) if store_ok else []
         if not cfg.dry_run:
             problems += folder_problems(cfg)
             problems += device_problems(cfg)
@@ -78,6 +82,8 @@ def _section_problems(cfg: DictConfig, problems: Problems, world_size: int | Non
     training.checks.config_problems(cfg, problems)
     parallel.checks.config_problems(cfg, problems, world_size)
     checkpoint.checks.config_problems(cfg, problems)
+    s3 = cfg.checkpoint.s3
+    problems += setting_problems(s3.endpoint_url, s3.region, s3.addressing_style)
     recovery.checks.config_problems(cfg, problems)
     metrics.checks.config_problems(cfg, problems)
 

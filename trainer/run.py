@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from checkpoint.durable.lease import Heartbeat
 from checkpoint.interop.init_from import apply_init_from
 from checkpoint.manager import CheckpointManager
+from checkpoint.s3.client import configure_from
 from checkpoint.state.training_state import TrainingState
 from data.batching import make_batch_plan
 from data.setup import build_data_pipeline
@@ -84,6 +85,7 @@ def run(cfg: DictConfig, overrides: List[str]) -> None:
 
 
 def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
+    configure_from(cfg)  # checkpoint.s3: the object store an s3:// checkpoint.dir or init_from is on
     world = init_distributed(cfg.parallel.device, cfg.parallel.collective_timeout_s, cfg.parallel.force_fsdp)
     shutdown.add(90, "the process group", shutdown_distributed)
     setup_logging(cfg.logging.level, world.rank)

@@ -72,8 +72,12 @@ def _bytes(n: Optional[int]) -> str:
 
 
 def describe_save_failure(step: int, root: Path, staging: Path, errors: Iterable[str], errno_: Optional[int],
-                          expected_bytes: Optional[int], newest_committed: Optional[str]) -> str:
-    """The message: which save, where, why (per rank), free bytes, checkpoint size, what to do."""
+                          expected_bytes: Optional[int], newest_committed: Optional[str],
+                          removed: Optional[bool] = True, listed: bool = True) -> str:
+    """The message: which save, where, why (per rank), free bytes, checkpoint size, what to do.
+    ``removed``: whether this process removed the uncommitted directory (None: another rank's job);
+    ``listed``: whether the committed checkpoints could be listed (a store that stopped answering
+    answers neither)."""
     root = location(root)
     try:
         free: Optional[int] = free_bytes(root)
@@ -82,13 +86,17 @@ def describe_save_failure(step: int, root: Path, staging: Path, errors: Iterable
     reason, fix = _REASONS.get(errno_, ("the storage refused the write", "check the file system"))
     if on_object_store(root) and errno_ not in _REASONS:
         reason, fix = ("the object store failed or did not answer",
-                       "check the endpoint (AWS_ENDPOINT_URL_S3), the credentials and the bucket")
+                       "check the endpoint (checkpoint.s3.endpoint_url, else AWS_ENDPOINT_URL_S3), the credentials "
+                       "and the bucket")
     errors = list(errors)
     detail = "; ".join(errors[:4]) + (f"; and {len(errors) - 4} more" if len(errors) > 4 else "")
     kept = (f"the newest committed checkpoint, {newest_committed}, is intact" if newest_committed
-            else "there is no committed checkpoint yet")
+            else "there is no committed checkpoint yet" if listed
+            else "the committed checkpoints could not be listed, the storage did not answer; none was written to")
+    gone = {True: "removed", None: "removed by rank 0, or at the next start",
+            False: "not removed, the storage did not answer: the next start removes it"}[removed]
     return (f"checkpoint of step {step} could not be saved: {reason}. {detail}.\n"
-            f"  directory: {staging} (removed; nothing committed was touched: {kept})\n"
+            f"  directory: {staging} ({gone}; nothing committed was touched: {kept})\n"
             f"  free in {root}: {_bytes(free)}; one checkpoint of this run: {_bytes(expected_bytes)}; while a "
             "save is written the directory holds checkpoint.keep_last + 1 of them\n"
             f"  what to do: {fix}, or lower checkpoint.keep_last; then relaunch: the run resumes from the newest "

@@ -283,18 +283,22 @@ class CheckpointSaver:
         code = storage_errno(exc)
         if code is None:
             return exc
+        removed = None  # the coordinator's job
         if self.is_coordinator:
             try:
                 remove_tree(staging)
+                removed = True
+            except FileNotFoundError:  # never created
+                removed = True
             except OSError:
-                pass  # removed at the next start
+                removed = False  # removed at the next start
         try:
-            newest = latest_committed(self.root)
+            newest, listed = latest_committed(self.root), True
         except OSError:  # the storage that failed the save may not answer a listing either
-            newest = None
+            newest, listed = None, False
         errors = [f"rank {r}: {e}" for r, e in rank_errors(exc, self.rank)]
         message = describe_save_failure(step, self.root, staging, errors, code, self.expected_bytes,
-                                        newest.checkpoint_id if newest else None)
+                                        newest.checkpoint_id if newest else None, removed, listed)
         err = CheckpointSaveError(message, step, code)
         err.__cause__ = exc
         return err

@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 import io
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Iterator, List
 
 from checkpoint.s3.client import call, client
 from checkpoint.s3.streams import MultipartWriter, RangedReader
@@ -94,7 +94,12 @@ class S3Path:
             return False
 
     def is_dir(self) -> bool:
-        listed = call(str(self), client().list_objects_v2, Bucket=self.bucket, Prefix=self._prefix, MaxKeys=1)
+        """An object lies under this prefix (or it is an existing bucket); False in a missing bucket,
+        as pathlib answers for a missing folder (the pre-flight's mkdir names the bucket)."""
+        try:
+            listed = call(str(self), client().list_objects_v2, Bucket=self.bucket, Prefix=self._prefix, MaxKeys=1)
+        except FileNotFoundError:  # NoSuchBucket
+            return False
         return listed.get("KeyCount", 0) > 0 or (not self.key and self._bucket_exists())
 
     def _bucket_exists(self) -> bool:
@@ -199,15 +204,12 @@ class S3Path:
             call(str(self), c.copy_object, Bucket=target.bucket, Key=target._prefix + key[len(self._prefix):],
                  CopySource={"Bucket": self.bucket, "Key": key})
 
-    def abort_uploads(self, older_than: Optional[float] = None) -> List[str]:
+    def abort_uploads(self) -> List[str]:
         """Abort the multipart uploads left open under this prefix (a killed writer's parts, which
-        the store keeps and bills until aborted); with ``older_than`` (a time), only those begun
-        before it. Returns their keys."""
+        the store keeps and bills until aborted). Returns their keys."""
         c, aborted = client(), []
         listed = call(str(self), c.list_multipart_uploads, Bucket=self.bucket, Prefix=self._prefix)
         for up in listed.get("Uploads", []):
-            if older_than is not None and up["Initiated"].timestamp() >= older_than:
-                continue
             call(str(self), c.abort_multipart_upload, Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"])
             aborted.append(up["Key"])
         return aborted
