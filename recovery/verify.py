@@ -34,8 +34,8 @@ from typing import Callable, Optional
 from checkpoint.durable.discovery import list_committed
 from checkpoint.durable.location import location
 from checkpoint.durable.manifest import ConfigMismatch, Manifest
+from checkpoint.durable.reads import read_on_rank0
 from checkpoint.state.fingerprint import config_hash, hashed_config
-from parallel import collectives
 from training.schedule import lr_at
 
 log = logging.getLogger("trainer")
@@ -144,9 +144,10 @@ class ResumeVerifier:
             step = parse(location(path).name)[0]
         except (TypeError, IndexError):
             return
-        newer = collectives.decided_on_rank0(  # one listing, the same count on every rank
+        rc = self.cfg.recovery
+        newer = read_on_rank0(  # one listing, the same count on every rank
             lambda: [f"{c.checkpoint_id} ({c.bad or 'failed'})" for c in list_committed(self.root, include_bad=True)
-                     if c.step > step])
+                     if c.step > step], f"checkpoint.dir={self.root}", rc.read_retries, rc.read_retry_backoff_s)
         limit = self.cfg.recovery.max_fallbacks
         if len(newer) > limit:
             tried = ", ".join(newer)

@@ -50,8 +50,28 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
     shape from model.init_from (checkpoint/interop/model_shape.py): the model keys it leaves unset are
     filled in ``cfg`` itself, after a weights-only checkpoint.resume became model.init_from
     (checkpoint/checks.py)."""
+    fill_from_files(cfg)
+    problems = value_problems(cfg, world_size)
+    if files:
+        problems += data.checks.file_problems(cfg)
+        problems += checkpoint.checks.file_problems(cfg)
+        if not cfg.dry_run:
+            problems += folder_problems(cfg)
+            problems += device_problems(cfg)
+    refuse(problems)
+    return checkpoint.checks.config_warnings(cfg)
+
+
+def fill_from_files(cfg: DictConfig) -> None:
+    """The config changes the weights make: a weights-only checkpoint.resume becomes model.init_from,
+    then model=hf takes its shape from the weights (both read files; under torchrun rank 0 makes them,
+    trainer/startup.py)."""
     checkpoint.checks.weights_only_resume(cfg)
     fill_model_shape(cfg)
+
+
+def value_problems(cfg: DictConfig, world_size: int | None) -> List[str]:
+    """Every problem of the values alone (no file is read): the same on every rank."""
     problems = Problems(unknown_key_problems(cfg))
     bounds = bound_problems(numeric_values(cfg))
     try:
@@ -60,15 +80,13 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
         if not bounds:
             raise
     problems += [b for b in bounds if not _named(b.split("=")[0], problems)]  # the packages' words first
-    if files:
-        problems += data.checks.file_problems(cfg)
-        problems += checkpoint.checks.file_problems(cfg)
-        if not cfg.dry_run:
-            problems += folder_problems(cfg)
-            problems += device_problems(cfg)
+    return list(problems)
+
+
+def refuse(problems: List[str]) -> None:
+    """Raise the one ConfigError that lists ``problems`` (none: nothing)."""
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
-    return checkpoint.checks.config_warnings(cfg)
 
 
 def _section_problems(cfg: DictConfig, problems: Problems, world_size: int | None) -> None:

@@ -24,7 +24,7 @@ from checkpoint.durable.layout import (
     parse,
 )
 from checkpoint.durable.location import location, on_object_store, remove_tree
-from checkpoint.durable.manifest import CheckpointError, Manifest, read_manifest
+from checkpoint.durable.manifest import CheckpointError, CheckpointUnreadable, Manifest, read_manifest
 
 log = logging.getLogger("trainer")
 
@@ -41,7 +41,10 @@ class CheckpointInfo:
 
 
 def list_checkpoints(root: Path) -> List[CheckpointInfo]:
-    """Every checkpoint-like directory (committed or not), newest step first."""
+    """Every checkpoint-like directory (committed or not), newest step first. A manifest that does not
+    parse makes its directory uncommitted; one the storage failed to deliver raises CheckpointUnreadable
+    (and a listing that failed, its OSError): a checkpoint left out for an I/O error would send the
+    resume to an older one (callers that decide for every rank read again: checkpoint/durable/reads.py)."""
     root = location(root)
     out = []
     if not root.is_dir():
@@ -56,6 +59,8 @@ def list_checkpoints(root: Path) -> List[CheckpointInfo]:
         if committed:
             try:
                 manifest = read_manifest(d)
+            except CheckpointUnreadable:
+                raise
             except CheckpointError as exc:
                 log.warning("%s", exc)
                 committed = False

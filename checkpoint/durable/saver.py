@@ -290,7 +290,7 @@ class CheckpointSaver:
                 pass  # removed at the next start
         try:
             newest = latest_committed(self.root)
-        except OSError:  # the storage that failed the save may not answer a listing either
+        except (OSError, CheckpointError):  # the storage that failed the save may not answer a listing either
             newest = None
         errors = [f"rank {r}: {e}" for r, e in rank_errors(exc, self.rank)]
         message = describe_save_failure(step, self.root, staging, errors, code, self.expected_bytes,
