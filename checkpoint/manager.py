@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -42,6 +43,7 @@ from parallel import collectives
 log = logging.getLogger("trainer")
 
 AUTO_MEASURE_STEPS = 5  # checkpoint.interval=auto: the first save, which measures the cost
+RETENTION_POLL_S = 5.0  # a rollback's wait for retention: the longest any rank sits in one collective
 
 # A post-load check (recovery): returns None when the loaded state is good, else the reason.
 VerifyHook = Callable[[Manifest, Path], Optional[str]]
@@ -150,9 +152,13 @@ class CheckpointManager:
         self.saver.wait()
         self._report()
 
-    def wait_for_retention(self) -> None:
-        """Until the retention queued so far is done: a rollback must not choose a directory it renames."""
-        self._housekeeping.submit(lambda: None).result()
+    def wait_for_retention(self, poll_s: float = RETENTION_POLL_S) -> None:
+        """Until the retention queued so far is done (rank 0 runs it; it may be deleting terabytes): a
+        rollback must not choose a directory it renames. Every rank waits, agreeing every ``poll_s``
+        whether rank 0 is still at it, so no rank sits in a collective longer than that."""
+        done = self._housekeeping.submit(lambda: None)
+        while collectives.any_rank(not futures.wait([done], timeout=poll_s).done):
+            pass
 
     @property
     def writing(self) -> Optional[Tuple[int, Callable[[], bool]]]:

@@ -99,6 +99,9 @@ class Manifest:
     # How probe_loss was computed (recovery/probe.py PROBE_METHOD): compared bitwise only with a
     # probe computed the same way; None in manifests written before the method was recorded.
     probe_method: Optional[str] = None
+    # Where the probe ran (recovery/probe.py kernel_identity: device, torch, CUDA/cuDNN, deterministic):
+    # bitwise only against the same; None in manifests written before it was recorded.
+    probe_kernels: Optional[Dict] = None
 
     @property
     def total_bytes(self) -> int:
