@@ -62,10 +62,13 @@ def dry_run(cfg: DictConfig) -> None:
     print(format_plan(plan_from_config(cfg, int(os.environ.get("WORLD_SIZE", 0)) or None)))
 
 
-def _prints() -> bool:
-    """Whether this process prints the config checks' block: under torchrun the first rank of each node
-    (LOCAL_RANK 0; the files are checked on each node), else the one process."""
-    return os.environ.get("LOCAL_RANK", "0") == "0"
+def _prints(exc: BaseException) -> bool:
+    """Whether this process prints ``exc``'s block. A refusal every rank agreed on (trainer/startup.py
+    marks it ``agreed``): rank 0 alone. A config refused before the process group (the device, checked on
+    each host): the first rank of each node. Any other error: the rank that met it."""
+    if getattr(exc, "agreed", False):
+        return os.environ.get("RANK", "0") == "0"
+    return os.environ.get("LOCAL_RANK", "0") == "0" or not isinstance(exc, ConfigError)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
@@ -73,8 +76,8 @@ def main(cfg: DictConfig) -> None:
     global _composed
     _composed = True
     try:
-        for warning in validate_config(cfg, world_size_of(cfg), files=True):
-            if _prints():
+        if cfg.check_only or cfg.dry_run:  # one process, no process group: every check here
+            for warning in validate_config(cfg, world_size_of(cfg), files=True):
                 print(f"warning: {warning}", file=sys.stderr)
         if cfg.check_only:
             print("configuration accepted", file=sys.stderr)
@@ -82,10 +85,10 @@ def main(cfg: DictConfig) -> None:
         if cfg.dry_run:
             dry_run(cfg)
             return
-        run(cfg, list(HydraConfig.get().overrides.task))
+        run(cfg, list(HydraConfig.get().overrides.task))  # checks the launch first (trainer/startup.py)
     except USER_ERRORS as exc:
-        rank = os.environ.get("RANK")
-        if _prints() or not isinstance(exc, ConfigError):  # a refused config: the same block on every rank
+        rank = None if getattr(exc, "agreed", False) else os.environ.get("RANK")  # agreed: every rank's
+        if _prints(exc):
             print(f"\nerror{f' (rank {rank})' if rank else ''}: {type(exc).__name__}: {exc}\n", file=sys.stderr)
         else:  # the agent stops every rank once one exits: leave the printing rank time to print
             time.sleep(SILENT_RANK_WAIT_S)

@@ -77,8 +77,8 @@ def weights_only_resume(cfg) -> Optional[str]:
         return None
     try:
         components = json.loads(manifest.read_text()).get("components") or []
-    except (OSError, ValueError):
-        return None  # the resume reports an unreadable checkpoint
+    except ValueError:
+        return None  # the resume reports a damaged checkpoint; an OSError is read again (trainer/startup.py)
     if components != ["model"]:
         return None
     if cfg.model.init_from and _place(cfg.model.init_from) != _place(resume):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -24,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from checkpoint.durable.integrity import default_algorithm
-from checkpoint.durable.lease import LiveOwner, check_lease, take_lease
+from checkpoint.durable.lease import check_lease
 from checkpoint.durable.loader import load_checkpoint
 from checkpoint.durable.location import free_bytes, location
 from checkpoint.durable.manifest import LOAD_ERRORS, CheckpointError, Manifest, VerificationFailed, read_manifest
@@ -42,6 +43,7 @@ from parallel import collectives
 log = logging.getLogger("trainer")
 
 AUTO_MEASURE_STEPS = 5  # checkpoint.interval=auto: the first save, which measures the cost
+RETENTION_POLL_S = 5.0  # a rollback's wait for retention: the longest any rank sits in one collective
 
 # A post-load check (recovery): returns None when the loaded state is good, else the reason.
 VerifyHook = Callable[[Manifest, Path], Optional[str]]
@@ -110,33 +112,22 @@ class CheckpointManager:
         self.interval = int(steps)
 
     # -- before step 1 -------------------------------------------------------------------
-    def preflight(self) -> None:
-        """Before resume: take this attempt's lease on checkpoint.dir (checkpoint/durable/lease.py), so an
-        older attempt's writers can no longer commit there; then check the directory has room
-        for the saves to come (checkpoint/durable/preflight.py), and the memory tier's root. Each
-        rank checks, and all agree: one rank short of room stops (or disables the tier on) all."""
-        lease = [None, None]  # (attempt, why it could not be taken)
-        if self.rank == 0:
-            try:
-                self.root.mkdir(parents=True, exist_ok=True)
-                lease[0] = take_lease(self.root, self.ckpt_cfg.lease_timeout_s, self.ckpt_cfg.take_over)
-            except LiveOwner as exc:  # another run is live there: refused on every rank, nothing written
-                lease[1] = exc
-            except OSError as exc:
-                lease[1] = (f"checkpoint.dir={self.root} is not writable by this process: {exc}. Make it writable, "
-                            "or point checkpoint.dir at a writable volume")
-        lease = collectives.broadcast_object(lease)
-        if lease[1] is not None:
-            raise lease[1] if isinstance(lease[1], LiveOwner) else PreflightError(lease[1])
-        self.saver.attempt = lease[0]
-        log.info("checkpoint.dir %s: this is attempt %d", self.root, lease[0])
+    def preflight(self, attempt: int) -> None:
+        """Before resume, with this attempt's lease on checkpoint.dir taken (trainer/startup.py
+        claim_lease, before anything was built): check the directory has room for the saves to come
+        (checkpoint/durable/preflight.py), and the memory tier's root. Each rank checks, and all
+        agree: one rank short of room stops (or disables the tier on) all."""
+        self.saver.attempt = attempt  # a writer of an older attempt stops before it commits
+        log.info("checkpoint.dir %s: this is attempt %d", self.root, attempt)
         estimate = expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None)
         self.saver.expected_bytes = estimate
         problem = None  # every rank checks its own access; all stop if one cannot write
         if self.enabled:
+            rc = self.cfg.recovery
             try:
+                held = held_once(self.root, estimate, rc.read_retries, rc.read_retry_backoff_s)  # rank 0 lists
                 room = preflight_checkpoint_dir(self.root, estimate, self.ckpt_cfg.keep_last, self.rank,
-                                                self.ckpt_cfg.on_save_error == "stop", held_once(self.root, estimate))
+                                                self.ckpt_cfg.on_save_error == "stop", held)
                 self.saver.expected_bytes = room.checkpoint_bytes
             except PreflightError as exc:
                 problem = str(exc)
@@ -161,9 +152,13 @@ class CheckpointManager:
         self.saver.wait()
         self._report()
 
-    def wait_for_retention(self) -> None:
-        """Until the retention queued so far is done: a rollback must not choose a directory it renames."""
-        self._housekeeping.submit(lambda: None).result()
+    def wait_for_retention(self, poll_s: float = RETENTION_POLL_S) -> None:
+        """Until the retention queued so far is done (rank 0 runs it; it may be deleting terabytes): a
+        rollback must not choose a directory it renames. Every rank waits, agreeing every ``poll_s``
+        whether rank 0 is still at it, so no rank sits in a collective longer than that."""
+        done = self._housekeeping.submit(lambda: None)
+        while collectives.any_rank(not futures.wait([done], timeout=poll_s).done):
+            pass
 
     @property
     def writing(self) -> Optional[Tuple[int, Callable[[], bool]]]:

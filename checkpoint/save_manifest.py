@@ -71,5 +71,6 @@ class ManifestBuilder:
             world_size=self.world_size, layout=dict(self.layout), init_from=self.init_from,
             global_batch_size=gbs, loss=loss, probe_loss=probe_loss, checksum_algorithm=None,
             probe_method=getattr(self.probe, "method", None) if probe_loss is not None else None,
+            probe_kernels=getattr(self.probe, "kernels", None) if probe_loss is not None else None,
             components=s.components(),
             val_loss=self._eval[1] if self._eval is not None and self._eval[0] == step else None)

@@ -247,7 +247,7 @@ class RecoveryConfig:
     preemption_grace_s: float = 120.0
     # Verified resume (recovery/verify.py): probe loss, LR and step checks, fallback.
     verify: bool = True
-    probe_rtol_reshard: float = 1e-4  # probe loss tolerance after a change of layout (same layout: bitwise)
+    probe_rtol_reshard: float = 1e-4  # probe loss tolerance across layouts, devices or kernels (else bitwise)
     max_fallbacks: int = 3  # older checkpoints tried after a failed verification, then stop
     read_retries: int = 3  # a checkpoint the storage failed to deliver (EIO, ESTALE) is loaded again ...
     read_retry_backoff_s: float = 2.0  # ... after 2, 4, 8 s; then skipped for this attempt, never marked BAD

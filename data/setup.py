@@ -20,17 +20,22 @@ log = logging.getLogger("trainer")
 
 
 def prepare_if_missing(data_cfg, world) -> None:
-    """Build ``data.path`` from ``data.sources`` on first use, when asked to."""
+    """Build ``data.path`` from ``data.sources`` on first use, when asked to.
+
+    One process per node builds it if that node does not see it yet (the output is deterministic and
+    renamed into place atomically, so nodes sharing a file system may race harmlessly). Every rank
+    then waits at one barrier, whatever it saw: whether a rank enters a collective is decided by the
+    config alone, never by what one rank found on disk (a node that looked after another had finished
+    would skip the barrier and pair its next collective with its peers' barrier)."""
+    if not data_cfg.prepare_if_missing or data_cfg.mixture:
+        return
     path = Path(data_cfg.path)
-    if data_cfg.prepare_if_missing and not data_cfg.mixture and not is_prepared(path):
-        # One process per node builds it (the output is deterministic and renamed into
-        # place atomically, so nodes sharing a file system may race harmlessly).
-        if world.local_rank == 0:
-            log.info("preparing %s from %s (tokenizer %s, validation fraction %g)", path, list(data_cfg.sources),
-                     data_cfg.tokenizer, data_cfg.validation_fraction)
-            prepare_token_file(path, list(data_cfg.sources), data_cfg.tokenizer, data_cfg.bpe_vocab_size,
-                               validation_fraction=data_cfg.validation_fraction)
-        collectives.barrier()
+    if world.local_rank == 0 and not is_prepared(path):
+        log.info("preparing %s from %s (tokenizer %s, validation fraction %g)", path, list(data_cfg.sources),
+                 data_cfg.tokenizer, data_cfg.validation_fraction)
+        prepare_token_file(path, list(data_cfg.sources), data_cfg.tokenizer, data_cfg.bpe_vocab_size,
+                           validation_fraction=data_cfg.validation_fraction)
+    collectives.barrier()
 
 
 def open_sources(data_cfg, seq_len: int) -> Tuple[List[TokenSource], List[float]]:

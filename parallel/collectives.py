@@ -14,7 +14,7 @@ Each helper checks that the group's backend takes the tensor's device before sen
 (``check_device``): a CPU tensor on an NCCL group fails here with the group and the fix, not as
 "No backend type associated with device type cpu" deep inside a 512-rank job. gloo takes every
 device, so CPU tests cannot see that rule; tests/test_collectives.py checks it with stand-in
-groups, and tests/test_layout.py fails on any torch.distributed collective called elsewhere.
+groups, and fails on any torch.distributed collective called elsewhere.
 
 Agreement: a choice that decides which collectives a rank runs next (load this checkpoint or that
 one, roll back or go on, save at this step) must be the same on every rank, or the ranks pair

@@ -1,4 +1,4 @@
-"""Recovery: detect failures in seconds, resume provably, rehearse it all.
+"""Recovery: detect failures within the configured timeouts, resume provably, rehearse it all.
 
   watchdog.py    heartbeat per phase, stacks + JSON record, abort (the launcher restarts)
   stragglers.py  per-rank step times gathered every N steps; the slow rank is named

@@ -17,20 +17,22 @@ recovery/guards),
 ``node_loss`` (the node goes down: SIGKILL to the launcher that started this process, torchrun's
 agent, then to this process; its node-local memory is the test's to delete), ``slow`` (this rank
 is ``delay_s`` slower at the phase each time it matches, a throttled GPU or a slow disk: no
-marker, it fires at every matching step), ``read_error`` (reading a checkpoint's data file
-fails with ``OSError(EIO)``, as a flaky parallel file system does, at ``checkpoint_read``; with
-``times=-1`` every read fails). ``times`` fires a fault at that many matches (-1: all), after
-passing over the first ``skip`` matches (a step replayed after a rollback matches again).
-Phases: the watchdog's (``step``, ``data_wait``, ...) plus the
+marker, it fires at every matching step), ``read_error`` (reading a checkpoint's data file, at
+``checkpoint_read``, or its manifest.json, at ``manifest_read``, fails with ``OSError(EIO)``, as a
+flaky parallel file system does; with ``times=-1`` every read fails). ``times`` fires a fault at
+that many matches (-1: all), after passing over the first ``skip`` matches (a step replayed after
+a rollback matches again). Phases: the watchdog's (``step``, ``data_wait``, ...) plus the
 checkpoint's internal ones (``checkpoint_snapshot``, ``checkpoint_write``,
 ``checkpoint_commit``, ``checkpoint_retention``, ``checkpoint_committed``,
-``checkpoint_load``, ``checkpoint_read``). ``step=-1`` matches any step; ``rank=-1`` every rank. The valid values
-are in configs/constants.py; a fault is a ``FaultConfig`` (configs/schema.py), checked by
+``checkpoint_load``, ``checkpoint_read``, ``manifest_read``). ``step=-1`` matches any step;
+``rank=-1`` every rank. The valid values are in configs/constants.py; a fault is a
+``FaultConfig`` (configs/schema.py), checked by
 ``fault_problems`` (recovery/checks.py) at start-up.
 
-One injector per process, owned by recovery/runtime.py, is the only way faults fire: the
-loop's phases, the checkpoint saver's phases (its ``fault_hook``) and the post-load check all
-call its ``maybe_inject``.
+One injector per process (made by trainer/run.py, driven by recovery/runtime.py) is the only way
+faults fire: the loop's phases, the checkpoint saver's phases (its ``fault_hook``), the post-load
+check and every manifest read (``set_manifest_read_fault`` in checkpoint/durable/manifest.py) call
+its ``maybe_inject``.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from pathlib import Path
 from typing import Iterable, List, Optional
 
 from checkpoint.durable.layout import MANIFEST
-from configs.constants import CORRUPTIONS, DISK_FULL_PHASES, FAULT_KINDS, FAULT_PHASES
+from configs.constants import CORRUPTIONS, DISK_FULL_PHASES, FAULT_KINDS, FAULT_PHASES, READ_ERROR_PHASES
 from configs.schema import FaultConfig
 
 log = logging.getLogger("trainer")
@@ -83,9 +85,9 @@ def fault_problems(fault, key: str = "recovery.faults") -> list:
         out.append(f"{key}.bit={fault.bit} must be in [0, 32) (an fp32 word)")
     if kind == "node_loss" and phase not in ("step", "data_wait"):
         out.append(f"{key}: node_loss takes the node down between steps: use phase step or data_wait (not {phase!r})")
-    if kind == "read_error" and phase != "checkpoint_read":
-        out.append(f"{key}: read_error fails a read of a checkpoint's data file: use phase=checkpoint_read "
-                   f"(not {phase!r})")
+    if kind == "read_error" and phase not in READ_ERROR_PHASES:
+        out.append(f"{key}: read_error fails a read of a checkpoint's data file (phase=checkpoint_read) or of its "
+                   f"manifest (phase=manifest_read), not at {phase!r}")
     if fault.skip < 0:
         out.append(f"{key}.skip={fault.skip} must be >= 0 (matches passed over before it fires)")
     if fault.times == 0 or fault.times < -1:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 
@@ -31,6 +31,21 @@ PROBE_SEQUENCES = 4
 PROBE_METHOD = "per-sequence-float64-sum"
 
 
+def kernel_identity(device: torch.device) -> Dict[str, object]:
+    """What decides which kernels compute the probe here, stored beside the probe loss in every manifest:
+    the device (its name on CUDA, the CPU's vector capability otherwise), torch and its CUDA/cuDNN
+    builds, and the deterministic-algorithms flag. A resume compares the probe bitwise only where this
+    is identical (and the layout is the same); elsewhere within recovery.probe_rtol_reshard."""
+    cuda = device.type == "cuda"
+    return {
+        "device": torch.cuda.get_device_name(device) if cuda else f"cpu {torch.backends.cpu.get_cpu_capability()}",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if cuda else None,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+    }
+
+
 class Probe:
     """Call it for the probe loss of the current weights (every rank calls it: collectives inside)."""
 
@@ -38,6 +53,7 @@ class Probe:
 
     def __init__(self, model: torch.nn.Module, batch, device: torch.device, autocast=None,
                  loss_parallel: bool = False, weights_version: Optional[Callable[[], int]] = None):
+        self.kernels = kernel_identity(device)  # rank 0's goes into the manifest
         self.model, self.batch, self.device = model, batch, device
         self.autocast, self.loss_parallel = autocast, loss_parallel
         self.weights_version = weights_version  # None: never cached

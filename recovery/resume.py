@@ -39,6 +39,7 @@ from checkpoint.durable.manifest import (
     Manifest,
     VerificationFailed,
 )
+from checkpoint.durable.reads import read_on_rank0
 from checkpoint.manager import CheckpointManager, VerifyHook
 from checkpoint.memory.snapshot import STEP_DIR
 from parallel import collectives
@@ -46,9 +47,12 @@ from parallel import collectives
 log = logging.getLogger("trainer")
 
 
-def _agreed_path(decide: Callable[[], Optional[Path]]) -> Optional[Path]:
-    """``decide`` on rank 0; every rank gets its path (or None, or its CheckpointError)."""
-    return collectives.decided_on_rank0(decide, errors=(CheckpointError,))
+def _agreed_path(ckpt: CheckpointManager, decide: Callable[[], Optional[Path]]) -> Optional[Path]:
+    """``decide`` on rank 0, read again while the storage fails (recovery.read_retries); every rank
+    gets its path (or None, or its CheckpointError: CheckpointUnreadable once the retries are spent)."""
+    rc = ckpt.cfg.recovery
+    return read_on_rank0(decide, f"checkpoint.dir={ckpt.root}", rc.read_retries, rc.read_retry_backoff_s,
+                         errors=(CheckpointError,))
 
 
 def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
@@ -105,7 +109,7 @@ def load_with_fallback(ckpt: CheckpointManager, first: Callable[[], Optional[Pat
     loads the same one, and every rank gets the same error from a load (checkpoint/durable/
     loader.py), so all take the same path. Returns (manifest, path, skipped checkpoint ids), or
     None when ``first()`` picks nothing."""
-    path = _agreed_path(first)
+    path = _agreed_path(ckpt, first)
     if path is None:
         return None
     skipped: List[str] = []
@@ -133,7 +137,7 @@ def load_with_fallback(ckpt: CheckpointManager, first: Callable[[], Optional[Pat
             skipped.append(path.name)
             problem = exc
         failed = path
-        path = _agreed_path(lambda: next_after(failed))
+        path = _agreed_path(ckpt, lambda: next_after(failed))
         if path is None:
             raise CheckpointError(f"no usable checkpoint left in {ckpt.root} after {skipped}: {problem}") from problem
         log.warning("falling back from %s to %s: %s", failed.name, path.name, problem)
@@ -168,7 +172,7 @@ def _resume_from_memory(ckpt: CheckpointManager, verify: Optional[VerifyHook]) -
     durable tier (nothing usable, or the snapshot failed and was forgotten)."""
     t0 = time.perf_counter()
     memory = ckpt.memory
-    newest = _agreed_path(lambda: getattr(latest_committed(ckpt.root), "path", None))
+    newest = _agreed_path(ckpt, lambda: getattr(latest_committed(ckpt.root), "path", None))
     restored = memory.restore(ckpt.state, newer_than=parse(newest.name)[0] if newest is not None else 0,
                               allow_config_change=ckpt.ckpt_cfg.allow_config_change)
     if restored is None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from checkpoint.durable.location import location
+from checkpoint.durable.reads import read_on_rank0
 from checkpoint.durable.saver import SaveRecord
 from parallel import collectives
 from recovery.faults import FaultInjector
@@ -82,8 +83,9 @@ class RecoveryRuntime:
         """checkpoint.resume with post-load verification, bounded fallback, elastic batch log."""
         self.beat("checkpoint_load", state.step)
         if str(self.cfg.checkpoint.resume) == "auto":  # one listing, on rank 0; its verdict on every rank
-            root = location(self.cfg.checkpoint.dir)
-            collectives.decided_on_rank0(lambda: refuse_all_bad(root), errors=(RecoveryError,))
+            root, rc = location(self.cfg.checkpoint.dir), self.cfg.recovery
+            read_on_rank0(lambda: refuse_all_bad(root), f"checkpoint.dir={root}", rc.read_retries,
+                          rc.read_retry_backoff_s, errors=(RecoveryError,))
         verifier = None
         if self.cfg.recovery.verify:
             verifier = ResumeVerifier(self.cfg, state, probe, {k: getattr(dims, k) for k in

@@ -8,8 +8,9 @@ After the load, three facts are checked against the manifest:
   LR        the optimizer's LR equals the schedule's LR at that step (a restored scheduler
             with another schedule, or a stale param group, fails here);
   probe     a forward pass on the stored probe batch reproduces the stored probe loss:
-            bitwise at the same layout, within ``probe_rtol_reshard`` after resharding
-            (a different reduction order changes the last bits).
+            bitwise at the same layout on the same device and kernels (the manifest's
+            ``probe_kernels``), within ``probe_rtol_reshard`` after resharding or on another
+            device, torch, CUDA or cuDNN (a different reduction order changes the last bits).
 
 Only a failure that means the bytes are wrong is returned as a reason, for which the checkpoint
 manager marks the checkpoint BAD and falls back to the previous committed one: the restored
@@ -34,8 +35,8 @@ from typing import Callable, Optional
 from checkpoint.durable.discovery import list_committed
 from checkpoint.durable.location import location
 from checkpoint.durable.manifest import ConfigMismatch, Manifest
+from checkpoint.durable.reads import read_on_rank0
 from checkpoint.state.fingerprint import config_hash, hashed_config
-from parallel import collectives
 from training.schedule import lr_at
 
 log = logging.getLogger("trainer")
@@ -97,9 +98,11 @@ class ResumeVerifier:
                 f"{manifest.step}. The LR is rebuilt from the config at load (training/schedule.py:apply_config); "
                 "a mismatch means that did not happen. The checkpoint is not marked bad.")
         same_layout = manifest.world_size == self.world_size and dict(manifest.layout) == self.layout
-        # bitwise only for a probe computed the same way (a checkpoint from before recovery/probe.py's
-        # method changed is compared as across layouts)
-        same_probe = same_layout and manifest.probe_method == getattr(self.probe, "method", None)
+        # bitwise only for a probe computed the same way, on the same kind of device with the same kernels
+        # (recovery/probe.py kernel_identity); otherwise within probe_rtol_reshard, as across layouts
+        same_kernels = manifest.probe_kernels is not None and manifest.probe_kernels == getattr(
+            self.probe, "kernels", None)
+        same_probe = same_layout and same_kernels and manifest.probe_method == getattr(self.probe, "method", None)
         config_changed = manifest.config_hash != self.config_hash
         probe_now = None
         if manifest.probe_loss is not None and self.probe is not None:
@@ -121,7 +124,8 @@ class ResumeVerifier:
         log.info("post-load verification of %s passed: step %d, LR %.6e = schedule, probe loss %r %s stored",
                  path.name, manifest.step, lr_now, probe_now,
                  "(not compared: config changed)" if config_changed else "== (bitwise)" if same_probe
-                 else "~= (resharded)" if not same_layout else "~= (stored by an earlier probe method)")
+                 else "~= (resharded)" if not same_layout else "~= (other device or kernels)" if not same_kernels
+                 else "~= (stored by an earlier probe method)")
         return None
 
     def _check_global_batch(self, manifest: Manifest) -> None:
@@ -144,9 +148,10 @@ class ResumeVerifier:
             step = parse(location(path).name)[0]
         except (TypeError, IndexError):
             return
-        newer = collectives.decided_on_rank0(  # one listing, the same count on every rank
+        rc = self.cfg.recovery
+        newer = read_on_rank0(  # one listing, the same count on every rank
             lambda: [f"{c.checkpoint_id} ({c.bad or 'failed'})" for c in list_committed(self.root, include_bad=True)
-                     if c.step > step])
+                     if c.step > step], f"checkpoint.dir={self.root}", rc.read_retries, rc.read_retry_backoff_s)
         limit = self.cfg.recovery.max_fallbacks
         if len(newer) > limit:
             tried = ", ".join(newer)

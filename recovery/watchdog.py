@@ -1,4 +1,5 @@
-"""Heartbeat watchdog: a hung rank is detected in seconds and its process aborted.
+"""Heartbeat watchdog: a hung rank is detected once its phase's timeout passes (recovery.timeouts:
+120 s for a step by default, 600 s for the first) and its process aborted.
 
 A stuck collective on a healthy-looking rank is the failure that costs clusters the most
 time: NCCL's own timeout is 10-30 minutes. The training loop calls ``beat(phase, step)``

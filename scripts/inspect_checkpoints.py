@@ -32,10 +32,12 @@ def rows(root: Path, verify: bool, keep_last: int, keep_every: int, keep_best: i
         if not c.committed:
             state, verified, tier = "uncommitted", "-", "-"
         else:
-            state = "bad" if c.bad else "committed"
+            state = "bad" if c.bad else "unreadable" if c.unreadable else "committed"
             tier = ",".join(plan.get(c.step, [])) or ("-" if c.bad else "delete-next")
             verified = "-"
-            if verify:
+            if verify and c.manifest is None:
+                verified = f"FAILED: {c.unreadable}"
+            elif verify:
                 try:
                     problems = check_files(c.path, c.manifest)
                 except CheckpointError as exc:

@@ -1,7 +1,8 @@
 """A checkpoint is marked BAD only for proven damage. Storage that fails to deliver (EIO from a
 parallel file system during a restart storm) is retried, then skipped for this attempt without a
 mark, so the next start loads the newest checkpoint again. Real processes at 2 and 4 ranks, the
-EIO on the last rank only: every rank must take the same path."""
+EIO on the last rank only (a data file) or on rank 0 only (a manifest): every rank must take the
+same path."""
 
 from __future__ import annotations
 
@@ -50,10 +51,17 @@ def _marks(run_dir):
 
 
 def test_one_read_error_is_retried_and_the_resume_is_exact(runs, pydoc_data):
+    """EIO once on rank 0's first read of step 8's manifest (a listing at start-up), and once on the last
+    rank's read of a data file: neither changes the path, and the resume loads step 8, exactly."""
     run_dir, nproc = _copy(runs, "eio-once"), runs[2]
     eio = {"kind": "read_error", "phase": "checkpoint_read", "step": SAVED, "rank": nproc - 1}
-    proc = run_train(_overrides(run_dir, pydoc_data, nproc, [eio]), nproc=nproc, timeout=BOUND_S)
+    eio_manifest = {"kind": "read_error", "phase": "manifest_read", "step": SAVED, "rank": 0}
+    proc = run_train(_overrides(run_dir, pydoc_data, nproc, [eio, eio_manifest]), nproc=nproc, timeout=BOUND_S)
     assert "the storage did not deliver" in proc.stderr and "injected read_error" in proc.stderr
+    assert sorted(p.name for p in (run_dir / "faults").glob("*read_error*")) == sorted(
+        [f"fired-0-read_error-checkpoint_read-step{SAVED}-rank{nproc - 1}-on-rank{nproc - 1}",
+         f"fired-0-read_error-manifest_read-step{SAVED}-rank0-on-rank0"])  # both fired, once
+    assert f"step_{SAVED:08d}/manifest.json: [Errno 5]" in proc.stderr, proc.stderr[-3000:]
     [resumed] = read_metrics(run_dir, "resume")
     assert resumed["checkpoint_id"] == f"step_{SAVED:08d}" and resumed["skipped"] == []
     assert _marks(run_dir) == []
@@ -62,14 +70,18 @@ def test_one_read_error_is_retried_and_the_resume_is_exact(runs, pydoc_data):
 
 
 def test_a_checkpoint_that_never_reads_is_skipped_for_this_attempt_only(runs, pydoc_data):
+    """Every read of step 8 fails: at 2 ranks a data file's on the last rank, at 4 ranks the manifest's on
+    rank 0 (listed as committed, not left out: the resume tries it and says why it skipped it)."""
     run_dir, nproc = _copy(runs, "eio-always"), runs[2]
-    eio = {"kind": "read_error", "phase": "checkpoint_read", "step": SAVED, "rank": nproc - 1, "times": -1}
+    where = {"phase": "checkpoint_read", "rank": nproc - 1} if nproc == 2 else {"phase": "manifest_read", "rank": 0}
+    eio = {"kind": "read_error", "step": SAVED, "times": -1, **where}
     kill = {"kind": "sigkill", "phase": "step", "step": 6, "rank": 0}  # ends this attempt before it saves again
     proc = run_train(_overrides(run_dir, pydoc_data, nproc, [eio, kill], extra=["recovery.read_retries=2"]),
                      nproc=nproc, timeout=BOUND_S, check=False)
     assert proc.returncode != 0
     [unreadable] = read_metrics(run_dir, "checkpoint_unreadable")
-    assert unreadable["checkpoint_id"] == f"step_{SAVED:08d}" and f"rank {nproc - 1}" in unreadable["problem"]
+    assert unreadable["checkpoint_id"] == f"step_{SAVED:08d}", unreadable
+    assert (f"rank {nproc - 1}" if nproc == 2 else "manifest.json: [Errno 5]") in unreadable["problem"], unreadable
     [fell_back] = read_metrics(run_dir, "resume")
     assert fell_back["checkpoint_id"] == "step_00000004", fell_back
     assert _marks(run_dir) == []  # an I/O error proves nothing about the bytes

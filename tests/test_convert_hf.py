@@ -24,7 +24,7 @@ from checkpoint.durable.manifest import verify_checkpoint
 from checkpoint.interop.export import load_tensors
 from checkpoint.interop.hf_config import GENERATION_IDS, OWNED_FIELDS, hf_name, rotary_heads
 from checkpoint.interop.hf_weights import from_hf_rows
-from helpers.launch import ROOT, run, run_train
+from helpers.launch import ROOT, run, run_train, subprocess_env, torchrun, worker
 from metrics.records import read_metrics
 from model.config import ModelConfig
 from test_interop_import import export_hf, folder_tensors, hf_random_model, import_with
@@ -113,15 +113,23 @@ def test_runs_from_the_folder_and_from_its_conversion_start_alike_and_export_con
     """model=hf with model.init_from=FOLDER (model.max_seq_len lowered to 64 from the folder's 128), and with
     checkpoint.resume=CONVERTED (weights only: it starts the run like model.init_from): the same first
     loss, bit for bit (the rotary tables' rows do not depend on max_seq_len); the exports give config.json
-    back, max_position_embeddings too, and generation_config.json."""
+    back, max_position_embeddings too, and generation_config.json. Both runs at 2 ranks, rank 1 unable to
+    read any manifest.json, config.json or .metadata (tests/workers/rank_read_errors.py): rank 0 reads them
+    and decides for both (the weights-only switch, the shape, the source and its hash), so both ranks take
+    the same path, and rank 1 never tries to read them."""
     src, _ = folder
     convert(src, tmp_path / "converted", "raw")
     losses = {}
+    unreadable = {"READ_ERROR_RANK": "1", "READ_ERROR_NAMES": "manifest.json,config.json,.metadata"}
     for name, source in (("folder", {"model.init_from": str(src), "model.max_seq_len": 64}),
                          ("converted", {"checkpoint.resume": str(tmp_path / "converted")})):
         extra = {"model": "hf", **source, "checkpoint.interval": 1, "optim.warmup_steps": 0}
-        proc = run_train(debug_overrides(tmp_path / name, pydoc_data, steps=1, extra=extra))
-        assert "resume: fresh start" in proc.stderr
+        proc = run(torchrun(2, worker("rank_read_errors"), *debug_overrides(tmp_path / name, pydoc_data, steps=1,
+                                                                          extra=extra)),
+                   env=subprocess_env(unreadable), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        assert "resume: fresh start" in proc.stderr and "weights from model.init_from=" in proc.stderr
+        assert "rank_read_errors: rank 1 refused 0 reads" in proc.stderr, proc.stderr[-3000:]
         losses[name] = read_metrics(tmp_path / name)[0]["loss"]
     assert losses["folder"] == losses["converted"], losses
     # A restart takes the shape from its own checkpoint: the folder may be gone by then.

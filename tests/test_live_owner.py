@@ -73,6 +73,17 @@ def test_a_gone_owner_is_taken_over_at_once(tmp_path, monkeypatch, how):
         zombie.wait()
 
 
+def test_a_record_being_written_is_a_live_owner(tmp_path):
+    """A launch at the same moment reads the record another has just created (O_EXCL) but not yet
+    written: that owner is live (its age says so), not absent."""
+    record = _record(tmp_path, 1)
+    record.write_text("")
+    assert "attempt 1" in live_owner(tmp_path, timeout_s=60)
+    with pytest.raises(LiveOwner):
+        take_lease(tmp_path, timeout_s=60)
+    assert current_attempt(tmp_path) == 1
+
+
 def test_the_heartbeat_keeps_the_lease_live_and_releases_it(tmp_path):
     attempt = take_lease(tmp_path, timeout_s=60)
     record = tmp_path / ATTEMPTS / f"attempt_{attempt:06d}"
@@ -95,35 +106,37 @@ def _losses(run_dir):
 
 @pytest.mark.distributed
 def test_launches_into_a_live_run_are_refused_and_it_finishes_as_if_alone(tmp_path, pydoc_data):
-    """The same command 2 s later, then one with another seed: both exit 2 naming the owner and write
-    nothing; the first run finishes with the losses of a lone run, bitwise, and its own config.yaml."""
+    """Two launches of the same command at the same moment (timed from their start: neither holds the
+    lease when the other is checked): one takes it and runs, the other exits 2 naming it, before it
+    builds or writes anything. Then one with another seed while the first runs: refused too. The run
+    finishes with the losses of a lone run, bitwise, and its own config.yaml."""
     live, lone = tmp_path / "live", tmp_path / "lone"
     base = tiny_overrides(live, pydoc_data, 40, 10, async_mode="async")
-    log_path = tmp_path / "live.log"
-    with open(log_path, "w") as log:
-        first = start([sys.executable, str(ROOT / "train.py"), *base, _slow(0.25)], log, warm=True)
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    with open(logs[0], "w") as a, open(logs[1], "w") as b:
+        twins = [start([sys.executable, str(ROOT / "train.py"), *base, _slow(0.25)], log, warm=True) for log in (a, b)]
         try:
-            record = live / "checkpoints" / ATTEMPTS / "attempt_000001"
-            while not record.exists() and first.poll() is None:
+            deadline = time.monotonic() + 300
+            while all(t.poll() is None for t in twins) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            time.sleep(2.0)
-            config_before = (live / "config.yaml").read_bytes() if (live / "config.yaml").exists() else None
-            same = run_train(base, check=False)
+            lost = next(i for i, t in enumerate(twins) if t.poll() is not None)  # the first to end
+            first = twins[1 - lost]
             other_seed = run_train([*base, "seed=7"], check=False)
             still_running = first.poll() is None
-            assert first.wait(timeout=300) == 0, log_path.read_text()[-3000:]
+            assert first.wait(timeout=300) == 0, logs[1 - lost].read_text()[-3000:]
         finally:
-            stop(first)
+            for t in twins:
+                stop(t)
     assert still_running, "the first run ended before the second launch: the test proves nothing; slow it down"
-    for refused in (same, other_seed):
-        assert refused.returncode == 2, refused.stderr[-3000:]
-        assert "is in use by a live run: attempt 1 (pid" in refused.stderr and "Traceback" not in refused.stderr
+    twin = logs[lost].read_text()
+    assert twins[lost].returncode == 2, twin[-3000:]
+    for refused in (twin, other_seed.stderr):
+        assert "is in use by a live run: attempt 1 (pid" in refused and "Traceback" not in refused, refused[-3000:]
+        assert "data source" not in refused and "this is attempt" not in refused  # nothing was built
     assert sorted(p.name for p in (live / "checkpoints" / ATTEMPTS).iterdir()) == [
         "attempt_000001", f"attempt_000001{RELEASED}"]  # no second attempt was ever taken
-    if config_before is not None:
-        assert (live / "config.yaml").read_bytes() == config_before
     assert "seed: 1234" in (live / "config.yaml").read_text()
-    assert "StaleWriter" not in log_path.read_text()
+    assert "StaleWriter" not in logs[1 - lost].read_text()
     run_train(tiny_overrides(lone, pydoc_data, 40, 10, async_mode="async"))
     assert _losses(live) == _losses(lone) and len(_losses(live)) == 40
     assert {r.get("attempt") for r in read_metrics(live)} == {1}  # every step row names its attempt

@@ -51,16 +51,8 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
     shape from model.init_from (checkpoint/interop/model_shape.py): the model keys it leaves unset are
     filled in ``cfg`` itself, after a weights-only checkpoint.resume became model.init_from
     (checkpoint/checks.py)."""
-    checkpoint.checks.weights_only_resume(cfg)
-    fill_model_shape(cfg)
-    problems = Problems(unknown_key_problems(cfg))
-    bounds = bound_problems(numeric_values(cfg))
-    try:
-        _section_problems(cfg, problems, world_size)
-    except (ArithmeticError, TypeError, ValueError):  # a value out of bounds broke a check that reads it
-        if not bounds:
-            raise
-    problems += [b for b in bounds if not _named(b.split("=")[0], problems)]  # the packages' words first
+    fill_from_files(cfg)
+    problems = value_problems(cfg, world_size)
     if files:
         store_ok = not any(p.startswith("checkpoint.s3.") for p in problems)
         if store_ok:
@@ -70,9 +62,35 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
         if not cfg.dry_run:
             problems += folder_problems(cfg)
             problems += device_problems(cfg)
+    refuse(problems)
+    return checkpoint.checks.config_warnings(cfg)
+
+
+def fill_from_files(cfg: DictConfig) -> None:
+    """The config changes the weights make: a weights-only checkpoint.resume becomes model.init_from,
+    then model=hf takes its shape from the weights (both read files; under torchrun rank 0 makes them,
+    trainer/startup.py)."""
+    checkpoint.checks.weights_only_resume(cfg)
+    fill_model_shape(cfg)
+
+
+def value_problems(cfg: DictConfig, world_size: int | None) -> List[str]:
+    """Every problem of the values alone (no file is read): the same on every rank."""
+    problems = Problems(unknown_key_problems(cfg))
+    bounds = bound_problems(numeric_values(cfg))
+    try:
+        _section_problems(cfg, problems, world_size)
+    except (ArithmeticError, TypeError, ValueError):  # a value out of bounds broke a check that reads it
+        if not bounds:
+            raise
+    problems += [b for b in bounds if not _named(b.split("=")[0], problems)]  # the packages' words first
+    return list(problems)
+
+
+def refuse(problems: List[str]) -> None:
+    """Raise the one ConfigError that lists ``problems`` (none: nothing)."""
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
-    return checkpoint.checks.config_warnings(cfg)
 
 
 def _section_problems(cfg: DictConfig, problems: Problems, world_size: int | None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Callable, List
@@ -17,10 +18,13 @@ import torch
 from omegaconf import DictConfig
 
 from checkpoint.durable.lease import Heartbeat
+from checkpoint.durable.location import location
+from checkpoint.durable.manifest import set_manifest_read_fault, step_of
 from checkpoint.interop.init_from import apply_init_from
 from checkpoint.manager import CheckpointManager
 from checkpoint.s3.client import configure_from
 from checkpoint.state.training_state import TrainingState
+from configs.checks import ConfigError
 from data.batching import make_batch_plan
 from data.setup import build_data_pipeline
 from metrics.logger import MetricsLogger, memory_gib, setup_logging
@@ -37,6 +41,7 @@ from recovery.guards import RollbackRequested
 from recovery.guards.guard import build_guards
 from recovery.probe import make_probe
 from recovery.runtime import RecoveryRuntime
+from trainer.startup import check_device, check_launch, claim_lease, launched_alone
 from training.ema import EMA
 from training.evaluate import build_evaluator
 from training.grad_stats import GradStats
@@ -78,7 +83,8 @@ def run(cfg: DictConfig, overrides: List[str]) -> None:
     try:
         _run(cfg, overrides, shutdown)
     except BaseException as exc:
-        log.error("run stopped by %s; shutting down", type(exc).__name__)
+        if not isinstance(exc, ConfigError) and not getattr(exc, "agreed", False):  # a refused launch never ran
+            log.error("run stopped by %s; shutting down", type(exc).__name__)
         shutdown.close(exc)
         raise
     shutdown.close(None)
@@ -86,10 +92,25 @@ def run(cfg: DictConfig, overrides: List[str]) -> None:
 
 def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     configure_from(cfg)  # checkpoint.s3: the object store an s3:// checkpoint.dir or init_from is on
+    # The launch's checks (trainer/startup.py): a lone process checks everything first; under torchrun
+    # the shared files are read on rank 0 once the process group exists, and every rank agrees.
+    warnings = check_launch(cfg, 1) if launched_alone() else check_device(cfg)
     world = init_distributed(cfg.parallel.device, cfg.parallel.collective_timeout_s, cfg.parallel.force_fsdp)
     shutdown.add(90, "the process group", shutdown_distributed)
     setup_logging(cfg.logging.level, world.rank)
+    if not launched_alone():
+        warnings = check_launch(cfg, world.world_size)
+    if world.is_main:
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+    attempt = claim_lease(cfg)  # before anything is built or written: a launch that lost it stops here
+    if world.is_main:
+        heartbeat = Heartbeat(location(cfg.checkpoint.dir), attempt, cfg.checkpoint.lease_timeout_s)
+        shutdown.add(15, "the lease heartbeat", heartbeat.stop)  # after the writer: a save in flight beats too
     run_dir = Path(cfg.run_dir)
+    injector = FaultInjector(cfg.recovery.faults, run_dir, world.rank)  # recovery.faults; none by default
+    set_manifest_read_fault(lambda path: injector.maybe_inject("manifest_read", step_of(path), path=path))
+    shutdown.add(95, "the manifest read fault", lambda: set_manifest_read_fault(None))
 
     dims = resolve_parallel_dims(cfg.parallel.dp_replicate, cfg.parallel.dp_shard, cfg.parallel.tp, world.world_size,
                                  cfg.parallel.force_fsdp)
@@ -118,18 +139,14 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, optim_config=cfg.optim,
                           rank=world.rank, world_size=world.world_size)  # everything a checkpoint holds
     probe.weights_version = lambda: state.weights_version  # the probe runs once per set of weights
-    injector = FaultInjector(cfg.recovery.faults, run_dir, world.rank)  # recovery.faults; none by default
     ckpt = CheckpointManager(cfg, state, rank=world.rank, world_size=world.world_size, dims=dims,
                              device=world.device, metrics=metrics, fault_hook=injector.maybe_inject, probe=probe)
     shutdown.add(10, "the checkpoint writer", ckpt.close)
     rt = RecoveryRuntime(cfg, run_dir, world, ckpt, guards, injector)  # watchdog, preemption signals
     shutdown.add(0, "the watchdog's shutdown phase", lambda: rt.beat("shutdown", state.step))  # saves may take a while
     shutdown.add(80, "the watchdog", rt.close)
-    ckpt.preflight()  # takes the attempt lease (refused while another run owns checkpoint.dir)
-    metrics.attempt = ckpt.saver.attempt  # metrics.jsonl rows name it from now on (metrics/records.py)
-    if world.is_main:
-        heartbeat = Heartbeat(ckpt.root, ckpt.saver.attempt, cfg.checkpoint.lease_timeout_s)
-        shutdown.add(15, "the lease heartbeat", heartbeat.stop)  # after the writer: a save in flight beats too
+    ckpt.preflight(attempt)  # room for the saves to come, on every rank
+    metrics.attempt = attempt  # metrics.jsonl rows name it from now on (metrics/records.py)
     resumed = rt.resume(state, probe, dims, plan)  # verified, with bounded fallback
     resumed = apply_init_from(mcfg.init_from, state, ckpt, resumed, world.device)  # pretrained weights, step 0 only
     if world.is_main:  # the launch is accepted (the resume included): now it may say what it runs

@@ -14,4 +14,5 @@
   retention.py    keep_last / keep_every / keep_best as a pure function, applied off-thread
   preflight.py    directory, write permission and room for keep_last + 1 checkpoints before step 1
   loader.py       the verified (while reading), resharding load into a TrainingState
+  reads.py        reads that decide for every rank: on rank 0, again while the storage fails, agreed
 """

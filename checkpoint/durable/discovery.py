@@ -24,7 +24,7 @@ from checkpoint.durable.layout import (
     parse,
 )
 from checkpoint.durable.location import location, on_object_store, remove_tree
-from checkpoint.durable.manifest import CheckpointError, Manifest, read_manifest
+from checkpoint.durable.manifest import CheckpointError, CheckpointUnreadable, Manifest, read_manifest
 
 log = logging.getLogger("trainer")
 
@@ -38,10 +38,16 @@ class CheckpointInfo:
     bad: Optional[str]  # why recovery marked it unusable, or None
     manifest: Optional[Manifest]
     superseded: Optional[str] = None  # why it belongs to an abandoned trajectory (a rollback), or None
+    unreadable: Optional[str] = None  # committed, but the storage did not deliver its manifest this time
 
 
 def list_checkpoints(root: Path) -> List[CheckpointInfo]:
-    """Every checkpoint-like directory (committed or not), newest step first."""
+    """Every checkpoint-like directory (committed or not), newest step first. A manifest that does not
+    parse makes its directory uncommitted. One the storage failed to deliver (EIO, ESTALE) leaves it
+    committed (its manifest is there), with ``manifest`` None and the reason in ``unreadable``: left
+    out, the resume would pick an older checkpoint without a word; kept, loading it reads the manifest
+    again and skips it for this attempt if it still fails (recovery/resume.py). A listing that fails
+    raises its OSError (callers deciding for every rank read again: checkpoint/durable/reads.py)."""
     root = location(root)
     out = []
     if not root.is_dir():
@@ -52,17 +58,20 @@ def list_checkpoints(root: Path) -> List[CheckpointInfo]:
             continue
         step, suffix = parsed
         committed = suffix == "" and (d / MANIFEST).is_file()
-        manifest = None
+        manifest, unreadable = None, None
         if committed:
             try:
                 manifest = read_manifest(d)
+            except CheckpointUnreadable as exc:
+                log.warning("%s (listed as committed; loading it reads it again)", exc)
+                unreadable = str(exc)
             except CheckpointError as exc:
                 log.warning("%s", exc)
                 committed = False
         bad = (d / BAD_MARKER).read_text().strip() or "marked bad" if (d / BAD_MARKER).exists() else None
         gone = (d / SUPERSEDED_MARKER).read_text().strip() or "superseded" if (d / SUPERSEDED_MARKER).exists() \
             else None
-        out.append(CheckpointInfo(d.name, d, step, committed, bad, manifest, gone))
+        out.append(CheckpointInfo(d.name, d, step, committed, bad, manifest, gone, unreadable))
     return sorted(out, key=lambda c: (c.step, c.committed), reverse=True)
 
 

@@ -112,11 +112,14 @@ def live_owner(root: Path, timeout_s: float) -> Optional[str]:
     path = _record_path(root, owner)
     try:
         age = time.time() - path.stat().st_mtime
-        rec = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except OSError:
         return None
     if path.with_name(path.name + RELEASED).exists() or age >= timeout_s:
         return None
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):  # created a moment ago and not yet written (a launch at the same moment
+        rec = {}  # took it): live while its age says so
     if rec.get("host") == socket.gethostname() and _pid_gone(int(rec.get("pid", 0))):
         return None  # died on this host: no need to wait for the timeout
     run_id = job_id()

@@ -62,7 +62,8 @@ def _agree(path: Path, found: Tuple[List[str], List[str]], what: str) -> None:
         raise CheckpointUnreadable(f"{path} could not be read{what}: {'; '.join(seen_unreadable)}")
 
 
-def _read_metadata(reader: "RawFileReader") -> Metadata:
+def read_metadata(reader: "RawFileReader") -> Metadata:
+    """``.metadata`` of a checkpoint: CheckpointUnreadable for an I/O error, CheckpointError if it does not load."""
     try:
         return reader.read_metadata()
     except OSError as exc:
@@ -109,7 +110,7 @@ def load_checkpoint(state: TrainingState, path: Path, *, seed: int, verify: bool
                         inspect_files(path, manifest, sorted(data), checksums=False))
         _agree(path, (first[0] + sizes[0], first[1] + sizes[1]), "")
     reader = RawFileReader(path, algorithm=manifest.checksum_algorithm, threads=threads, fault=fault)
-    reader._metadata = collectives.decided_on_rank0(lambda: _read_metadata(reader), errors=LOAD_ERRORS)
+    reader._metadata = collectives.decided_on_rank0(lambda: read_metadata(reader), errors=LOAD_ERRORS)
     meta = reader.read_metadata()
     if verify and _all_raw(meta):
         reader.verify = data  # checksummed while reading

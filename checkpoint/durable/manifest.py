@@ -12,10 +12,10 @@ import json
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from checkpoint.durable.integrity import atomic_write_text, checksum_file
-from checkpoint.durable.layout import MANIFEST
+from checkpoint.durable.layout import MANIFEST, parse
 from checkpoint.durable.location import location
 
 FORMAT_VERSION = 1
@@ -38,6 +38,22 @@ class CheckpointUnreadable(CheckpointError):
 class VerificationFailed(CheckpointError):
     """Loaded, but the post-load check (the probe loss) disagrees with the manifest: damage only
     if a second load disagrees again (one faulty device, or a kernel choice, is not the bytes)."""
+
+
+# An OSError that a second read would answer the same way: not the storage failing.
+LASTING = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError)
+
+
+def storage_failure(exc: BaseException) -> Optional[BaseException]:
+    """The storage failure behind ``exc`` (itself, or what it was raised from): a CheckpointUnreadable
+    or an OSError other than a lasting answer; None when ``exc`` is about something else."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, CheckpointUnreadable) or (isinstance(exc, OSError) and not isinstance(exc, LASTING)):
+            return exc
+        exc = exc.__cause__
+    return None
 
 
 # Ordered for decided_on_rank0 and agreement: a subclass before its base.
@@ -84,6 +100,9 @@ class Manifest:
     # How probe_loss was computed (recovery/probe.py PROBE_METHOD): compared bitwise only with a
     # probe computed the same way; None in manifests written before the method was recorded.
     probe_method: Optional[str] = None
+    # Where the probe ran (recovery/probe.py kernel_identity: device, torch, CUDA/cuDNN, deterministic):
+    # bitwise only against the same; None in manifests written before it was recorded.
+    probe_kernels: Optional[Dict] = None
 
     @property
     def total_bytes(self) -> int:
@@ -104,11 +123,29 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
     atomic_write_text(location(directory) / MANIFEST, manifest.to_json())
 
 
+_read_fault: Optional[Callable[[Path], None]] = None  # recovery.faults' manifest_read point
+
+
+def set_manifest_read_fault(hook: Optional[Callable[[Path], None]]) -> None:
+    """``hook(path)`` runs before every read of a manifest in this process (trainer/run.py passes the
+    run's fault injector; None removes it); an OSError it raises is the read's."""
+    global _read_fault
+    _read_fault = hook
+
+
+def step_of(manifest_path: Path) -> int:
+    """The step of the checkpoint a manifest belongs to (-1 if its directory is not a step_N)."""
+    parsed = parse(Path(str(manifest_path)).parent.name)
+    return parsed[0] if parsed else -1
+
+
 def read_manifest(directory: Path, reread_delay_s: float = REREAD_DELAY_S) -> Manifest:
     """The manifest of a committed checkpoint. An I/O error raises CheckpointUnreadable; a manifest
     missing twice, ``reread_delay_s`` apart, or that does not parse, CheckpointError."""
     path = location(directory) / MANIFEST
     try:
+        if _read_fault is not None:
+            _read_fault(path)
         if not path.is_file():
             time.sleep(reread_delay_s)  # an attribute cache may be behind the commit
             if not path.is_file():

@@ -23,7 +23,8 @@ import torch
 
 from checkpoint.durable.discovery import list_checkpoints, list_committed
 from checkpoint.durable.location import free_bytes, location, on_object_store, open_write
-from parallel import collectives
+from checkpoint.durable.manifest import CheckpointUnreadable
+from checkpoint.durable.reads import READ_RETRIES, READ_RETRY_BACKOFF_S, read_on_rank0
 
 log = logging.getLogger("trainer")
 
@@ -94,11 +95,13 @@ def held_in(root: Path, estimate_bytes: int) -> Held:
     return Held(size, source, len(committed), leftover_bytes(root))
 
 
-def held_once(root: Path, estimate_bytes: int) -> Held:
-    """``held_in`` read on rank 0 and given to every rank (a collective: every rank calls it)."""
+def held_once(root: Path, estimate_bytes: int, retries: int = READ_RETRIES,
+              backoff_s: float = READ_RETRY_BACKOFF_S) -> Held:
+    """``held_in`` read on rank 0 (again while the storage fails) and given to every rank (a
+    collective: every rank calls it)."""
     try:
-        return collectives.decided_on_rank0(lambda: held_in(root, estimate_bytes), errors=(OSError,))
-    except OSError as exc:  # raised on every rank alike
+        return read_on_rank0(lambda: held_in(root, estimate_bytes), f"checkpoint.dir={root}", retries, backoff_s)
+    except (OSError, CheckpointUnreadable) as exc:  # raised on every rank alike
         raise PreflightError(f"checkpoint.dir={root} cannot be listed: {exc}") from exc
 
 

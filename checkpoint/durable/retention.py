@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Sequence
 from checkpoint.durable.integrity import fsync_dir
 from checkpoint.durable.layout import DELETING, MANIFEST, REPLACED, parse
 from checkpoint.durable.location import location, on_object_store, remove_tree
+from checkpoint.durable.manifest import CheckpointUnreadable
 
 log = logging.getLogger("trainer")
 
@@ -96,6 +97,9 @@ def apply_retention(root: Path, keep_last: int, keep_every: int, keep_best: int,
     from checkpoint.durable.discovery import list_checkpoints, list_committed
 
     committed = list_committed(root)
+    unread = [c.unreadable for c in committed if c.manifest is None]
+    if unread:  # its tier and verified flag are unknown: delete nothing on a guess (the next commit retries)
+        raise CheckpointUnreadable(f"retention needs every manifest; the storage did not deliver: {'; '.join(unread)}")
     cands = [Candidate(c.step, getattr(c.manifest, best_metric, None), c.manifest.verified) for c in committed]
     plan = retention_plan(cands, keep_last, keep_every, keep_best)
     deleted = []

@@ -294,7 +294,7 @@ class CheckpointSaver:
                 removed = False  # removed at the next start
         try:
             newest, listed = latest_committed(self.root), True
-        except OSError:  # the storage that failed the save may not answer a listing either
+        except (OSError, CheckpointError):  # the storage that failed the save may not answer a listing either
             newest, listed = None, False
         errors = [f"rank {r}: {e}" for r, e in rank_errors(exc, self.rank)]
         message = describe_save_failure(step, self.root, staging, errors, code, self.expected_bytes,

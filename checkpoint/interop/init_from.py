@@ -21,7 +21,7 @@ import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -30,17 +30,19 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from checkpoint.durable.integrity import checksum_file, default_algorithm
-from checkpoint.durable.loader import verification_shares
-from checkpoint.durable.manifest import CheckpointError, check_files, read_manifest
+from checkpoint.durable.loader import read_metadata, verification_shares
+from checkpoint.durable.manifest import CheckpointError, check_files, read_manifest, storage_failure
 from checkpoint.durable.reader import RawFileReader
+from checkpoint.durable.reads import read_on_rank0
 from checkpoint.durable.writer import RAW
 from checkpoint.interop.hf_config import hf_name, rotary_heads
 from checkpoint.interop.safetensors_io import SafetensorsReader, source_tensors
-from checkpoint.interop.weight_source import WeightSource, open_source, source_problems
+from checkpoint.interop.weight_source import SourceError, WeightSource, open_source, source_problems
 from model.config import ModelConfig
 from parallel import collectives
 
 log = logging.getLogger("trainer")
+T = TypeVar("T")
 
 
 def _dist() -> bool:
@@ -51,22 +53,34 @@ def _rank_world() -> tuple:
     return (dist.get_rank(), dist.get_world_size()) if _dist() else (0, 1)
 
 
+def _on_rank0(read: Callable[[], T], what: str) -> T:
+    """``read()`` on rank 0 (again while the storage fails), its answer on every rank; a failure is
+    the same CheckpointError on every rank (checkpoint/durable/reads.py)."""
+    return read_on_rank0(read, f"model.init_from={what}", errors=(CheckpointError,))
+
+
 def source_hash(source: WeightSource) -> str:
-    """A content hash of the source: a checkpoint's manifest (it holds every file's checksum), or
-    the checksums of the safetensors files (rank r checksums files r, r + world, ...) and config.json."""
+    """A content hash of the source: a checkpoint's manifest (it holds every file's checksum; read on
+    rank 0), or the checksums of the safetensors files (rank r checksums files r, r + world, ...) and
+    config.json. A rank that cannot read its share stops every rank with the same error."""
     if source.kind == "checkpoint":
-        return hashlib.sha256((source.path / "manifest.json").read_bytes()).hexdigest()[:16]
+        return _on_rank0(lambda: hashlib.sha256((source.path / "manifest.json").read_bytes()).hexdigest()[:16],
+                         str(source.path))
     rank, world = _rank_world()
     algorithm = default_algorithm()
-    mine = {str(f.name): (f.stat().st_size, checksum_file(f, algorithm)) for f in source.files[rank::world]}
-    parts: List[Dict] = [mine]
-    if _dist():
-        parts = collectives.all_gather_object(mine)
+    try:
+        mine = {str(f.name): (f.stat().st_size, checksum_file(f, algorithm)) for f in source.files[rank::world]}
+    except OSError as exc:
+        mine = f"rank {rank}: {exc}"
+    parts = collectives.all_gather_object(mine)
+    failed = [p for p in parts if isinstance(p, str)]
+    if failed:
+        raise CheckpointError(f"model.init_from={source.path}: its files could not be checksummed: {'; '.join(failed)}")
     digest = hashlib.sha256(algorithm.encode())
     for name, (size, checksum) in sorted(kv for part in parts for kv in part.items()):
         digest.update(f"{name} {size} {checksum}\n".encode())
     if source.kind == "hf":
-        digest.update((source.path / "config.json").read_bytes())
+        digest.update(_on_rank0(lambda: (source.path / "config.json").read_bytes(), str(source.path)))
     return digest.hexdigest()[:16]
 
 
@@ -89,13 +103,14 @@ def _safetensors_reader(source: WeightSource, keys: List[str], cfg: ModelConfig)
 def _checkpoint_reader(path: Path, device: torch.device) -> RawFileReader:
     """A reader that checksums this rank's share of the data files while it streams them (raw
     format), or after checking them up front (stock DCP format, which deserialises)."""
-    manifest = read_manifest(path)
+    manifest = _on_rank0(lambda: read_manifest(path), str(path))  # one reader of the small files
     rank, world = _rank_world()
     others, data = verification_shares(manifest, rank, world)
     checksums = manifest.checksum_algorithm is not None
     problems = check_files(path, manifest, others, checksums=checksums) + \
         check_files(path, manifest, sorted(data), checksums=False)
     reader = RawFileReader(path, algorithm=manifest.checksum_algorithm)
+    reader._metadata = _on_rank0(lambda: read_metadata(reader), str(path))
     meta = reader.read_metadata()
     raw = all(list(info.transform_descriptors or ()) == [RAW] for idx, info in meta.storage_data.items()
               if isinstance(meta.state_dict_metadata[idx.fqn], TensorStorageMetadata))
@@ -138,7 +153,22 @@ def _checkpoint_hf_config(source: WeightSource) -> Optional[Dict]:
     """The config.json a checkpoint's weights were imported with (its manifest's init_from), if any."""
     if source.kind != "checkpoint":
         return None
-    return (read_manifest(source.path).init_from or {}).get("hf_config")
+    return _on_rank0(lambda: (read_manifest(source.path).init_from or {}).get("hf_config"), str(source.path))
+
+
+def _open_on_rank0(cfg: ModelConfig, init_from: str) -> WeightSource:
+    """The source, opened and checked against the model on rank 0; every rank gets it (or the same error)."""
+    def open_checked() -> WeightSource:
+        problems = source_problems(cfg, init_from)
+        if problems:
+            raise CheckpointError(f"model.init_from={init_from} does not fit the model: " + "; ".join(problems))
+        try:
+            return open_source(init_from)
+        except SourceError as exc:
+            if storage_failure(exc) is not None:
+                raise
+            raise CheckpointError(str(exc)) from exc
+    return _on_rank0(open_checked, init_from)
 
 
 def apply_init_from(init_from: Optional[str], state, ckpt, resumed: str, device: torch.device) -> str:
@@ -150,10 +180,7 @@ def apply_init_from(init_from: Optional[str], state, ckpt, resumed: str, device:
         log.warning("model.init_from=%s ignored: this run resumed from a checkpoint (step %d), whose weights win",
                     init_from, state.step)
         return f"{resumed}; model.init_from ignored (resumed: the checkpoint's weights win)"
-    problems = source_problems(state.model.cfg, init_from)
-    if problems:
-        raise CheckpointError(f"model.init_from={init_from} does not fit the model: " + "; ".join(problems))
-    source = open_source(init_from)
+    source = _open_on_rank0(state.model.cfg, init_from)
     t0 = time.perf_counter()
     read = load_initial_weights(state.model, source, device)
     state.weights_version += 1

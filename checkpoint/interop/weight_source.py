@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Tuple
 
 from checkpoint.durable.layout import MANIFEST
 from checkpoint.durable.location import location
+from checkpoint.durable.manifest import storage_failure
 from checkpoint.interop.hf_config import hf_shape_problems, project_shape_problems
 from model.config import ModelConfig
 
@@ -135,6 +136,8 @@ def source_problems(cfg: ModelConfig, path: str | Path) -> List[str]:
     try:
         source = open_source(path)
     except SourceError as exc:
+        if storage_failure(exc) is not None:  # the storage failed (EIO, ESTALE): read again, not a verdict
+            raise
         return [str(exc)]
     where = str(source.path)
     if source.kind == "hf":

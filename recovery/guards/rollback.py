@@ -66,7 +66,8 @@ def roll_back(request: RollbackRequested, guards, ckpt, data, cfg, rollbacks_don
     ckpt.wait_for_retention()  # ... and retention must not be renaming the one we choose
 
     def target(below: Optional[int] = None) -> Optional[Path]:
-        found = [RollbackCandidate(c.step, c.manifest.verified, str(c.path)) for c in list_committed(ckpt.root)
+        found = [RollbackCandidate(c.step, c.manifest is not None and c.manifest.verified, str(c.path))
+                 for c in list_committed(ckpt.root)  # a manifest not read this time: not known to be verified
                  if below is None or c.step < below]  # below: older than one that failed (BAD or unreadable)
         chosen = choose_rollback_target(found, request.step, gcfg.rollback_min_age_steps,
                                         cfg.checkpoint.keep_every, gcfg.rollback_prefer_permanent)

@@ -1,0 +1,56 @@
+"""Reads of shared storage that decide what every rank does next: made once, on rank 0, retried
+when the storage fails, and the answer (or the same error) given to every rank.
+
+A listing of checkpoint.dir, a manifest, the lease's record or model.init_from's small files
+decide which collectives the ranks run next (load this checkpoint or that one, start from those
+weights or not). Read on every rank, one rank's EIO or stale handle would send it another way
+than its peers, and 512 ranks would read the same files. So rank 0 reads and decides
+(``parallel/collectives.py`` ``decided_on_rank0``). The storage failing (an ``OSError`` such as
+EIO, ESTALE or a timeout, an S3 endpoint that failed, a manifest that did not read) proves
+nothing about what is stored: rank 0 reads again ``retries`` times after ``backoff_s``,
+doubling, and then every rank raises the same ``CheckpointUnreadable`` (the run could not go
+on: exit 1, and the next attempt reads again). Answers that do not change on a second look (a
+missing file, a permission refused) are not retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Tuple, Type, TypeVar
+
+from checkpoint.durable.manifest import CheckpointUnreadable, storage_failure
+from parallel import collectives
+
+log = logging.getLogger("trainer")
+
+T = TypeVar("T")
+READ_RETRIES, READ_RETRY_BACKOFF_S = 3, 2.0  # recovery.read_retries and read_retry_backoff_s's defaults
+def retried(read: Callable[[], T], what: str, retries: int = READ_RETRIES,
+            backoff_s: float = READ_RETRY_BACKOFF_S) -> T:
+    """``read()``; after a storage failure, again ``retries`` times (backoff doubling), then
+    CheckpointUnreadable naming ``what``. Other exceptions propagate at once."""
+    tries = 0
+    while True:
+        try:
+            return read()
+        except Exception as exc:
+            failure = storage_failure(exc)
+            if failure is None:
+                raise
+            if tries >= retries:
+                raise CheckpointUnreadable(f"{what} could not be read after {retries} retries: {failure}") from exc
+            wait = backoff_s * 2 ** tries
+            tries += 1
+            log.warning("%s: the storage did not deliver (%s); reading again in %.1f s (retry %d of %d)",
+                        what, failure, wait, tries, retries)
+            time.sleep(wait)
+
+
+def read_on_rank0(read: Callable[[], T], what: str, retries: int = READ_RETRIES,
+                  backoff_s: float = READ_RETRY_BACKOFF_S, errors: Tuple[Type[Exception], ...] = ()) -> T:
+    """``read()`` on rank 0, retried (``retried``), its answer on every rank. CheckpointUnreadable, the
+    ``errors`` types and a lasting OSError it raises are raised on every rank alike (a collective:
+    every rank calls it)."""
+    return collectives.decided_on_rank0(lambda: retried(read, what, retries, backoff_s),
+                                        errors=(CheckpointUnreadable, *errors, OSError))
