@@ -93,7 +93,7 @@ _composed = None
 
 @contextmanager
 def manager(cfg, state, fault_hook=None):
-    """A CheckpointManager of one process, run as trainer/run.py runs it: pre-flight (the lease), its
+    """A CheckpointManager of one process, run as trainer/run.py runs it: the lease, pre-flight, its
     heartbeat, and on leaving the save's and retention's end and the lease released."""
     from types import SimpleNamespace
 
@@ -101,11 +101,12 @@ def manager(cfg, state, fault_hook=None):
 
     from checkpoint.durable.lease import Heartbeat
     from checkpoint.manager import CheckpointManager
+    from trainer.startup import claim_lease
 
     dims = SimpleNamespace(dp_replicate=1, dp_shard=1, tp=1)
     mgr = CheckpointManager(cfg, state, rank=0, world_size=1, dims=dims, device=torch.device("cpu"),
                             fault_hook=fault_hook)
-    mgr.preflight()
+    mgr.preflight(claim_lease(cfg))
     beat = Heartbeat(mgr.root, mgr.saver.attempt, cfg.checkpoint.lease_timeout_s)
     try:
         yield mgr
