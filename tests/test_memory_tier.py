@@ -168,10 +168,10 @@ def test_a_snapshot_restores_every_leaf_bitwise_and_refuses_another_model(tmp_pa
         apply_snapshot(_tiny_state(0), torch.frombuffer(damaged, dtype=torch.uint8))
 
 
-def _probed_run(tmp_path):
+def _probed_run(tmp_path, durable_interval: int = 0):
     """A world-1 run's pieces in this process: the debug model, its optimizer and schedule, a probe
     that counts its forwards, a checkpoint manager whose memory tier snapshots every 2 steps (the
-    durable tier off)."""
+    durable tier every ``durable_interval`` steps, off by default)."""
     from types import SimpleNamespace
 
     from hydra import compose, initialize_config_dir
@@ -187,7 +187,8 @@ def _probed_run(tmp_path):
     register()
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
-            "+experiment=debug", f"output_root={tmp_path}", "run_name=probe-count", "checkpoint.interval=0",
+            "+experiment=debug", f"output_root={tmp_path}", "run_name=probe-count",
+            f"checkpoint.interval={durable_interval}", "recovery.guards.shadow_interval=2",
             "checkpoint.memory.interval=2", f"checkpoint.memory.root={tmp_path / 'shm'}",
             "checkpoint.memory.replicas=0"])
     model = build_model(model_config(cfg), seed=0)
@@ -267,6 +268,34 @@ def test_a_snapshot_runs_no_probe_and_its_restore_checks_every_applied_byte(tmp_
             else "model.tok_embeddings.weight"
         assert name in str(failed.value)
         assert forwards == [] and not list((tmp_path / "shm").glob("step_*"))  # refused and forgotten
+    finally:
+        ckpt.close()
+
+
+def test_a_step_where_a_save_a_snapshot_and_the_shadow_check_fall_due_runs_the_probe_once(tmp_path):
+    """In the loop's order: the guards' shadow check after the update, then the durable save and
+    the memory snapshot of the same step: one probe forward for all (the snapshot runs none), and
+    the durable manifest holds the value the shadow check saw."""
+    from checkpoint.durable.manifest import read_manifest
+    from recovery.guards import TrainingGuards
+    from recovery.probe import PROBE_METHOD, PROBE_SEQUENCES
+
+    cfg, state, probe, forwards, ckpt, train_step = _probed_run(tmp_path, durable_interval=2)
+    seen = []
+    guards = TrainingGuards(cfg.recovery.guards, state.model, torch.device("cpu"), tmp_path / "run", 0,
+                            shadow_loss=lambda: seen.append(probe()) or seen[-1])
+    try:
+        ckpt.preflight()
+        train_step()
+        train_step()
+        assert ckpt.due(2) and ckpt.memory.due(2) and cfg.recovery.guards.shadow_interval == 2
+        guards.after_update(2)  # the shadow check
+        ckpt.after_step(2, 5.0)  # the durable save and the snapshot
+        ckpt.wait()
+        ckpt.memory.wait()
+        assert len(seen) == 1 and len(forwards) == PROBE_SEQUENCES  # one probe, one sequence at a time
+        manifest = read_manifest(ckpt.root / "step_00000002")
+        assert manifest.probe_loss == seen[0] and manifest.probe_method == PROBE_METHOD
     finally:
         ckpt.close()
 
