@@ -41,6 +41,7 @@ class Probe:
         self.model, self.batch, self.device = model, batch, device
         self.autocast, self.loss_parallel = autocast, loss_parallel
         self.weights_version = weights_version  # None: never cached
+        self.tokens = int((batch[1] != IGNORE_INDEX).sum())  # fixed: counted once, not at every call
         self._key: Optional[int] = None
         self._value = float("nan")
         self.last_seconds = 0.0  # the time of the last computation (0 when the cached value served)
@@ -51,7 +52,7 @@ class Probe:
             self.last_seconds = 0.0
             return self._value
         start = time.perf_counter()
-        self._value = probe_loss(self.model, self.batch, self.device, self.autocast, self.loss_parallel)
+        self._value = probe_loss(self.model, self.batch, self.device, self.autocast, self.loss_parallel, self.tokens)
         self._key = key
         self.last_seconds = time.perf_counter() - start
         return self._value
@@ -67,10 +68,12 @@ def make_probe(model: torch.nn.Module, data, device: torch.device, autocast=None
 
 @torch.no_grad()
 def probe_loss(model: torch.nn.Module, batch, device: torch.device, autocast=None,
-               loss_parallel: bool = False) -> float:
+               loss_parallel: bool = False, tokens: Optional[int] = None) -> float:
     """Mean token loss of ``batch`` in eval mode (no dropout, no RNG drawn), one sequence at a time,
-    the token losses summed in float64; every rank calls it."""
-    tokens = int((batch[1] != IGNORE_INDEX).sum())
+    the token losses summed in float64; every rank calls it. ``tokens``: the batch's target count,
+    if known; one host read of the summed loss is then its only sync."""
+    if tokens is None:
+        tokens = int((batch[1] != IGNORE_INDEX).sum())
     return float(probe_token_loss_sum(model, batch, device, autocast, loss_parallel)) / tokens
 
 
