@@ -188,7 +188,8 @@ class LayoutPlan:
 
     @property
     def probe_s(self) -> float:
-        """The probe forward every save (either tier) runs first on the training thread."""
+        """The probe forward every durable save runs first on the training thread (a memory
+        snapshot runs none: its restore compares bytes, checkpoint/memory/restore.py)."""
         w, d = self.workload, self.device
         forward = PROBE_SEQUENCES * w.seq_len * self.model_flops_per_token / 3 / self.dims.tp
         speedup = COMPILE_SPEEDUP if w.compile else 1.0
