@@ -57,6 +57,10 @@ class ParallelConfig:
     grad_sync_every_micro_batch: bool = True  # false: reduce-scatter once per step (holds full grads)
     activation_checkpoint: str = "none"  # none | full | selective (per block)
     compile: bool = False  # torch.compile each block
+    # FSDP2 (fully_shard on a size-1 mesh) even with one data-parallel rank, which otherwise runs unwrapped:
+    # scripts/gpu_check.py runs FSDP2's mixed-precision path on one GPU this way. A world of 1 then starts a
+    # process group of one rank.
+    force_fsdp: bool = False
     loss_parallel: bool = False  # tp>1: cross entropy on vocabulary-sharded logits
 
 

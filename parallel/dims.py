@@ -19,6 +19,7 @@ class ParallelDims:
     dp_shard: int  # FSDP2 ranks: parameters, gradients and optimizer state sharded
     tp: int  # tensor-parallel ranks: every matmul split, same data on each
     world_size: int
+    force_fsdp: bool = False  # parallel.force_fsdp: FSDP2 even with one data-parallel rank (a size-1 mesh)
 
     @property
     def dp(self) -> int:
@@ -27,8 +28,8 @@ class ParallelDims:
 
     @property
     def fsdp_enabled(self) -> bool:
-        """FSDP2 wraps the model whenever there is more than one data-parallel rank."""
-        return self.dp > 1
+        """FSDP2 wraps the model whenever there is more than one data-parallel rank, or when forced."""
+        return self.dp > 1 or self.force_fsdp
 
     @property
     def hsdp_enabled(self) -> bool:
@@ -59,7 +60,8 @@ def _layouts(world_size: int, dp_replicate: int, tp: int) -> List[str]:
     return [f"dp_replicate={r} dp_shard={s} tp={t}" for _, r, s, t in sorted(out)[:4]]
 
 
-def resolve_parallel_dims(dp_replicate: int, dp_shard: int, tp: int, world_size: int) -> ParallelDims:
+def resolve_parallel_dims(dp_replicate: int, dp_shard: int, tp: int, world_size: int,
+                          force_fsdp: bool = False) -> ParallelDims:
     """Fill dp_shard=-1 from the world size; stop with the numbers and alternatives otherwise."""
     if dp_replicate < 1 or tp < 1 or (dp_shard < 1 and dp_shard != -1):
         raise ValueError(
@@ -81,7 +83,7 @@ def resolve_parallel_dims(dp_replicate: int, dp_shard: int, tp: int, world_size:
             f"{dp_replicate * dp_shard * tp} ranks, but the world size is {world_size}. Valid layouts: "
             + "; ".join(_layouts(world_size, dp_replicate, tp))
         )
-    return ParallelDims(dp_replicate, dp_shard, tp, world_size)
+    return ParallelDims(dp_replicate, dp_shard, tp, world_size, force_fsdp)
 
 
 def check_tensor_parallel_fits(mcfg, tp: int, seq_len: int) -> None:

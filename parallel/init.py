@@ -82,19 +82,22 @@ def die_with_launcher(environ=os.environ) -> bool:
     return True
 
 
-def init_distributed(device_choice: str, timeout_s: float) -> WorldInfo:
-    """Join the process group torchrun set up (or run alone when launched by plain python)."""
+def init_distributed(device_choice: str, timeout_s: float, group_of_one: bool = False) -> WorldInfo:
+    """Join the process group torchrun set up (or run alone when launched by plain python). With
+    ``group_of_one`` (parallel.force_fsdp) a world of one rank gets a process group too, on an in-memory
+    store: FSDP2's mesh needs one."""
     die_with_launcher()
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     device = pick_device(device_choice, local_rank)
-    if world_size > 1 and not dist.is_initialized():
+    if (world_size > 1 or group_of_one) and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=timeout_s)
+        store = _restart_store(rank, world_size, timeout) if world_size > 1 else \
+            {"store": dist.HashStore(), "rank": 0, "world_size": 1}
         dist.init_process_group(
-            backend=backend, timeout=timeout, device_id=device if device.type == "cuda" else None,
-            **_restart_store(rank, world_size, timeout),
+            backend=backend, timeout=timeout, device_id=device if device.type == "cuda" else None, **store,
         )
         collectives.init_control_group(timeout_s)  # NCCL takes no CPU tensor: control values go to gloo
     return WorldInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)

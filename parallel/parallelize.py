@@ -67,7 +67,7 @@ def parallelize_model(model: nn.Module, dims: ParallelDims, parallel_cfg, device
     apply_activation_checkpointing(model, parallel_cfg.activation_checkpoint)
     if parallel_cfg.compile:
         apply_compile(model)
-    if dims.world_size == 1:
+    if dims.world_size == 1 and not dims.fsdp_enabled:  # one process, unwrapped (unless parallel.force_fsdp)
         return Parallelized(dp_rank=0, dp_group=None)
     mesh, dp_mesh = build_mesh(dims, device)
     if dims.tp_enabled:

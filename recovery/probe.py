@@ -4,14 +4,15 @@ After a resume, recomputing it on the loaded weights proves the weights are the 
 (bitwise at the same layout). The batch is the first PROBE_SEQUENCES samples of the global
 sample order (global samples 0..3): independent of the world layout and the micro-batch size.
 
-It must stay cheap at 70B (it runs at every save of either tier, for the shadow guard and at
-every resume): one sequence at a time, and with ``loss_parallel`` the cross entropy on the
-vocabulary-sharded logits, so the full logits (4 x 8192 x 128256 at 70B: 8.4 GB in bf16, twice
-that in fp32) never exist on one device. Its largest tensor is one sequence's logits of this
-rank's vocabulary shard, in fp32 (tests/test_probe.py). The value is cached for the weights it
-was computed on (``weights_version``: the training state's counter, which every optimizer step
-and every load advances; tensors' own version counters do not see FSDP2's updates of its
-shards), so a step where both tiers save and the shadow check runs computes it once.
+It must stay cheap at 70B (it runs at every durable save, for the shadow guard and at every
+durable resume; a memory snapshot runs none: checkpoint/memory/restore.py compares its bytes):
+one sequence at a time, and with ``loss_parallel`` the cross entropy on the vocabulary-sharded
+logits, so the full logits (4 x 8192 x 128256 at 70B: 8.4 GB in bf16, twice that in fp32) never
+exist on one device. Its largest tensor is one sequence's logits of this rank's vocabulary shard,
+in fp32 (tests/test_probe.py). The value is cached for the weights it was computed on
+(``weights_version``: the training state's counter, which every optimizer step and every load
+advances; tensors' own version counters do not see FSDP2's updates of its shards), so a step where
+a durable save is due and the shadow check runs computes it once.
 """
 
 from __future__ import annotations

@@ -3,14 +3,18 @@
 For each model (1B, 8B, 70B: parameters from configs/model/), aggregate storage bandwidth
 and checkpoint interval, the table gives
 
-  sync overhead    C_sync / (T + C_sync), C_sync = full state / storage bandwidth
-  async overhead   C_snap / (T + C_snap), C_snap = per-device shard / host copy bandwidth;
+  sync overhead    C_sync / (T + C_sync), C_sync = probe + full state / storage bandwidth
+  async overhead   C_snap / (T + C_snap), C_snap = probe + per-device shard / host copy bandwidth;
                    "n/a" when the background write (full state / bandwidth) is longer than T
                    (a save would wait for the previous one)
   lost/failure     T/2 + R (sync), T/2 + W + R (async): expected progress a failure costs
 
 plus the Young/Daly interval T* = sqrt(2 M C) for both, with M = device MTBF / devices.
 The state is parameters + AdamW moments in fp32 (12 bytes per parameter, --bytes-per-param).
+Every durable save first runs the probe (recovery/probe.py: a forward of 4 sequences of
+--seq-len tokens; a memory snapshot runs none, its restore compares bytes); the save's cost is the
+planner's (trainer/plan.py ``save_cost``, the numbers scripts/plan.py prints) with the state fully
+sharded over the devices and each model at its tp degree (PROBE_TP).
 
 A second table: goodput (useful time / wall time) at 1k, 10k and 100k devices (--scales) with
 the durable tier alone (async saves at T* async; a failure restarts with R plus the storage
@@ -34,6 +38,7 @@ from omegaconf import OmegaConf
 
 from model.config import ModelConfig
 from model.counting import count_params
+from parallel.dims import resolve_parallel_dims
 from recovery.interval import (
     DEFAULT_DEVICE_MTBF_HOURS,
     choose_interval_steps,
@@ -42,22 +47,39 @@ from recovery.interval import (
     young_daly_interval_s,
 )
 from tools.simulate import TwoTier, memory_interval, simulate_two_tier
+from trainer.plan import DEFAULT_HOST_COPY_GBPS, Device, SaveCost, save_cost
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("1b", "8b", "70b")
+# The tp degree each model's probe runs under: TP 8 inside a node at 70B (the 70b recipe, and torchtitan's
+# published 70B run), FSDP alone below (torchtitan's 8B runs); a model not listed runs at tp 1.
+PROBE_TP = {"1b": 1, "8b": 1, "70b": 8}
+
+
+def model_config(name: str) -> ModelConfig:
+    return ModelConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "model" / f"{name}.yaml")))
 
 
 def model_params(name: str) -> int:
-    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "model" / f"{name}.yaml"))
-    return count_params(ModelConfig(**cfg)).total
+    return count_params(model_config(name)).total
 
 
-def costs(params: int, bytes_per_param: float, storage_gbps: float, devices: int, host_copy_gbps: float):
-    """(state bytes, sync blocking C, async blocking C_snap, background write W) in seconds."""
-    state = params * bytes_per_param
-    write = state / (storage_gbps * 1e9)
-    snapshot = state / devices / (host_copy_gbps * 1e9)
-    return state, write, snapshot, write
+def save(name: str, devices: int, storage_gbps: float, args) -> SaveCost:
+    """The planner's cost of one save of ``name`` on ``devices`` devices (its state sharded evenly over
+    them), with the planner's default device (H100: peak, achievable fraction, NVLink and NIC)."""
+    mcfg = model_config(name)
+    dims = resolve_parallel_dims(1, -1, PROBE_TP.get(name, 1), devices)
+    total = count_params(mcfg).total
+    return save_cost(mcfg, dims, math.ceil(total / devices), total, args.seq_len, Device(), args.host_copy_gbps,
+                     storage_gbps, bytes_per_param=args.bytes_per_param)
+
+
+def costs(name: str, storage_gbps: float, devices: int, args):
+    """(state bytes, sync blocking C, async blocking C_snap, background write W) in seconds: a sync save
+    blocks for the probe and the write, an async one for the probe and the host copy."""
+    cost = save(name, devices, storage_gbps, args)
+    state = model_params(name) * args.bytes_per_param
+    return state, cost.probe_s + cost.write_s, cost.blocking_s, cost.write_s
 
 
 def overhead(interval_s: float, blocking_s: float) -> float:
@@ -70,7 +92,7 @@ def table(args) -> list:
     for name in args.models:
         params = model_params(name)
         for bw in args.storage_gbps:
-            state, c_sync, c_snap, write = costs(params, args.bytes_per_param, bw, args.devices, args.host_copy_gbps)
+            state, c_sync, c_snap, write = costs(name, bw, args.devices, args)
             t_sync, t_async = young_daly_interval_s(mtbf, c_sync), max(young_daly_interval_s(mtbf, c_snap), write)
             for label, t in [(f"{m:g} min", m * 60) for m in args.intervals_min] + [("T* sync", t_sync),
                                                                                       ("T* async", t_async)]:
@@ -88,7 +110,7 @@ def print_table(rows, args) -> None:
     mtbf = cluster_mtbf_s(args.device_mtbf_hours, args.devices)
     print(f"{args.devices} devices, device MTBF {args.device_mtbf_hours:,.0f} h -> cluster MTBF {mtbf / 3600:.2f} h; "
           f"restart R={args.restart_s:.0f} s; host copy {args.host_copy_gbps:g} GB/s per device; "
-          f"{args.bytes_per_param:g} bytes/param")
+          f"{args.bytes_per_param:g} bytes/param; every save first runs the probe ({_probe_note(args)})")
     head = (f"{'model':>5} {'state GB':>9} {'storage':>8} {'C sync':>8} {'C snap':>7} {'interval':>9} "
             f"{'T (s)':>8} {'sync ovh':>9} {'async ovh':>9} {'lost sync':>10} {'lost async':>10}")
     print(head)
@@ -104,6 +126,11 @@ def print_table(rows, args) -> None:
         print(f"{r['model']:>5} {r['state_gb']:>9.1f} {r['storage_gbps']:>5g}GB/s {r['c_sync']:>7.1f}s "
               f"{r['c_snap']:>6.2f}s {r['interval']:>9} {r['interval_s']:>8.0f} {pct(r['sync_overhead']):>9} "
               f"{pct(r['async_overhead']):>9} {secs(r['lost_sync_s']):>10} {secs(r['lost_async_s']):>10}")
+
+
+def _probe_note(args) -> str:
+    tps = ", ".join(f"{m} tp {PROBE_TP.get(m, 1)}" for m in args.models)
+    return f"4 x {args.seq_len} tokens of forward; {tps}; the planner's H100 defaults"
 
 
 # -- two tiers: durable storage, and host memory with a peer replica ----------------------------------
@@ -154,16 +181,19 @@ def goodput(policy: TwoTier, mtbf_s: float, double_loss_p: float | None = None) 
     return k * t / wall * max(0.0, 1.0 - p * extra / mtbf_s)
 
 
-def policies(params: int, devices: int, bw: float, args) -> tuple:
-    """(durable-only, two-tier) policies of a model on ``devices`` devices at storage bandwidth ``bw``."""
+def policies(name: str, devices: int, bw: float, args) -> tuple:
+    """(durable-only, two-tier) policies of a model on ``devices`` devices at storage bandwidth ``bw``. A
+    memory snapshot runs no probe (checkpoint/memory/restore.py compares the restored bytes instead): its
+    default stall is the host copy alone; a durable save written from a snapshot still runs the probe."""
     mtbf = cluster_mtbf_s(args.device_mtbf_hours, devices)
-    state, _, c_snap, write = costs(params, args.bytes_per_param, bw, devices, args.host_copy_gbps)
+    state, _, c_snap, write = costs(name, bw, devices, args)
+    snapshot = save(name, devices, bw, args).snapshot_s
     nodes = math.ceil(devices / args.devices_per_node)
     durable = TwoTier(restart_s=args.restart_s, durable_interval_s=max(young_daly_interval_s(mtbf, c_snap), write),
                       durable_blocking_s=c_snap, durable_write_s=write, durable_reload_s=state / (bw * 1e9),
                       nodes=nodes)
-    stall = c_snap if args.memory_stall_s is None else args.memory_stall_s
-    restore = 2 * c_snap if args.memory_restore_s is None else args.memory_restore_s
+    stall = snapshot if args.memory_stall_s is None else args.memory_stall_s
+    restore = 2 * snapshot if args.memory_restore_s is None else args.memory_restore_s
     steps = args.memory_interval
     if steps == "auto":  # the copy to the peer (about a restore's transfer) must land before the next snapshot
         steps = choose_interval_steps(args.step_s, stall, restore, mtbf).steps
@@ -189,11 +219,10 @@ def lost_per_failure_s(policy: TwoTier, mtbf_s: float) -> float:
 def two_tier_table(args) -> list:
     rows = []
     for name in args.models:
-        params = model_params(name)
         for bw in args.storage_gbps:
             for devices in args.scales:
                 mtbf = cluster_mtbf_s(args.device_mtbf_hours, devices)
-                durable, two = policies(params, devices, bw, args)
+                durable, two = policies(name, devices, bw, args)
                 row = dict(model=name, storage_gbps=bw, devices=devices, nodes=two.nodes, mtbf_s=mtbf,
                            durable=durable, two=two, p_both=double_loss_probability(two, mtbf),
                            lost_durable_s=lost_per_failure_s(durable, mtbf), lost_two_s=lost_per_failure_s(two, mtbf),
@@ -240,10 +269,9 @@ def plot(rows, args, out: Path) -> list:
     written = []
     grid = [60 * m for m in (1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240)]
     for name in args.models:
-        params = model_params(name)
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
         for bw in args.storage_gbps:
-            _, c_sync, c_snap, write = costs(params, args.bytes_per_param, bw, args.devices, args.host_copy_gbps)
+            _, c_sync, c_snap, write = costs(name, bw, args.devices, args)
             total_sync = [100 * (overhead(t, c_sync) + work_lost_per_failure_s(t, args.restart_s) / mtbf) for t in grid]
             total_async = [100 * (overhead(t, c_snap) + work_lost_per_failure_s(t, args.restart_s, write) / mtbf)
                            if write <= t else float("nan") for t in grid]
@@ -270,7 +298,7 @@ def bad_options(args) -> list:
     out = []
     positive = dict(devices=args.devices, devices_per_node=args.devices_per_node, step_s=args.step_s,
                     trials=args.trials, device_mtbf_hours=args.device_mtbf_hours, host_copy_gbps=args.host_copy_gbps,
-                    bytes_per_param=args.bytes_per_param)
+                    bytes_per_param=args.bytes_per_param, seq_len=args.seq_len)
     for name, value in positive.items():
         if not (math.isfinite(value) and value > 0):
             out.append(f"--{name.replace('_', '-')}={value}: must be positive")
@@ -280,6 +308,9 @@ def bad_options(args) -> list:
             out.append(f"--{name.replace('_', '-')}={value}: must be a non-negative number of seconds")
     out += [f"--scales {n}: a device count must be >= 1" for n in args.scales if n < 1]
     out += [f"--storage-gbps {bw}: must be positive" for bw in args.storage_gbps if not bw > 0]
+    for devices in ([args.devices] if args.devices > 0 else []) + [n for n in args.scales if n >= 1]:
+        out += [f"--devices/--scales {devices}: not a multiple of {m}'s tp {PROBE_TP[m]} (PROBE_TP)"
+                for m in args.models if m in PROBE_TP and devices % PROBE_TP[m]]
     return out
 
 
@@ -291,7 +322,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--intervals-min", type=float, nargs="+", default=[5, 15, 30, 60])
     p.add_argument("--devices", type=int, default=1024)
     p.add_argument("--device-mtbf-hours", type=float, default=DEFAULT_DEVICE_MTBF_HOURS)
-    p.add_argument("--host-copy-gbps", type=float, default=10.0, help="device-to-host staging bandwidth per device")
+    p.add_argument("--host-copy-gbps", type=float, default=DEFAULT_HOST_COPY_GBPS,
+                   help="device-to-host staging bandwidth per device (the planner's default)")
+    p.add_argument("--seq-len", type=int, default=8192, help="tokens per sequence of the probe (4 sequences)")
     p.add_argument("--restart-s", type=float, default=300.0,
                    help="recovery time R (measured MTTR); the two-tier table adds the state read to it")
     p.add_argument("--bytes-per-param", type=float, default=12.0)
@@ -304,7 +337,7 @@ def parser() -> argparse.ArgumentParser:
     two.add_argument("--memory-interval", type=memory_interval, default="auto",
                      help="steps between memory snapshots, or auto (Young/Daly on the snapshot stall)")
     two.add_argument("--memory-stall-s", type=float, default=None,
-                     help="measured memory snapshot stall (default: per-device shard / --host-copy-gbps)")
+                     help="measured memory snapshot stall (default: the per-device shard / --host-copy-gbps)")
     two.add_argument("--memory-restore-s", type=float, default=None,
                      help="measured memory/peer restore time (default: twice the shard copy: peer, then device)")
     two.add_argument("--simulate", action="store_true", help="add the Monte Carlo of tools/simulate.py")

@@ -124,24 +124,33 @@ def test_inputs_that_cannot_work_are_named(tmp_path, pydoc_data):
 
 @pytest.mark.distributed  # a script process
 def test_the_script_on_a_hf_folder_equals_transformers_greedy_generate(tmp_path):
-    """A transformers Llama with llama3 rotary scaling and a tokenizer.json (the byte tokenizer's, EOS 256;
-    eos_token_id [256, 7] in config.json): scripts/generate.py --temperature 0 prints what transformers'
-    generate(do_sample=False) gives on the same folder, decoded by the same tokenizer."""
-    from tokenizers import Tokenizer
-    from transformers import LlamaForCausalLM
+    """A transformers Llama with llama3 rotary scaling, saved in shards with model.safetensors.index.json (as
+    published 8B and 70B folders are), and a tokenizer.json that puts a BOS before the text as Llama 3's
+    does (the byte tokenizer's ids, EOS 256, BOS 257 added by its post-processor; eos_token_id [256, 7] in
+    config.json): scripts/generate.py --temperature 0 prints what transformers' generate(do_sample=False)
+    gives on the same folder from the ids AutoTokenizer gives, decoded by the same tokenizer."""
+    from tokenizers import processors
+    from transformers import AutoTokenizer, LlamaForCausalLM
 
     from data.tokenizer import byte_tokenizer_json
     from test_interop_import import hf_random_model
     from test_llama3_rope import SCALED, SCALING
 
-    folder = tmp_path / "hf"
-    cfg = ModelConfig(**{**vars(SCALED), "vocab_size": 257})  # the tokenizer's ids: argmax over the same set
-    hf_random_model(folder, cfg, seed=6, rope_scaling=dict(SCALING), eos_token_id=[256, 7], bos_token_id=None)
-    byte_tokenizer_json().save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
-    prompt, new = "The rotary embedding of Llama 3.1", 60  # 33 + 60 positions: past the original 32
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    ids = torch.tensor([tok.encode(prompt).ids])
+    folder, bos = tmp_path / "hf", "<|begin_of_text|>"
+    cfg = ModelConfig(**{**vars(SCALED), "vocab_size": 258})  # the tokenizer's ids: argmax over the same set
+    hf_random_model(folder, cfg, seed=6, max_shard_size="400KB", rope_scaling=dict(SCALING), eos_token_id=[256, 7],
+                    bos_token_id=257)
+    assert (folder / "model.safetensors.index.json").is_file()
+    tok = byte_tokenizer_json()
+    tok.add_special_tokens([bos])
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, 257)])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": "<|endoftext|>"}))
+    prompt, new = "The rotary embedding of Llama 3.1", 60  # 1 + 33 + 60 positions: past the original 32
+    reference = AutoTokenizer.from_pretrained(folder)
+    ids = reference(prompt, return_tensors="pt").input_ids
+    assert ids[0, 0].item() == 257 and ids.shape[1] == 1 + len(prompt)  # BOS, then a byte each
     model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=new, do_sample=False, pad_token_id=256)[0].tolist()
@@ -149,4 +158,5 @@ def test_the_script_on_a_hf_folder_equals_transformers_greedy_generate(tmp_path)
                 "--temperature", "0", "--max-new-tokens", str(new)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(out) > ids.shape[1] + 10  # it generated, not stopped at once
-    assert proc.stdout.rstrip("\n") == tok.decode(out)
+    assert proc.stdout.rstrip("\n") == reference.decode(out, skip_special_tokens=True,
+                                                         clean_up_tokenization_spaces=False)

@@ -39,9 +39,11 @@ LAYOUTS = {"1": (1, []), "dp_shard2": (2, ["dp_shard=2"]), "tp2": (2, ["tp=2"]),
 SHARE = {"1": 1.0, "dp_shard2": 0.5, "tp2": 0.5, "dp_shard2_tp2": 0.25}  # of the source's bytes, per rank
 
 
-def hf_random_model(out: Path, cfg: ModelConfig = DEBUG, dtype=torch.float32, seed: int = 0, **extra):
+def hf_random_model(out: Path, cfg: ModelConfig = DEBUG, dtype=torch.float32, seed: int = 0,
+                    max_shard_size: int | str = "50GB", **extra):
     """A transformers Llama of ``cfg``'s shape with every tensor random, saved with save_pretrained
-    (``extra``: more LlamaConfig fields, e.g. rope_scaling)."""
+    (``extra``: more LlamaConfig fields, e.g. rope_scaling; a ``max_shard_size`` below the model's
+    size writes shards and model.safetensors.index.json, as every published 8B and 70B folder has)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     hf_cfg = LlamaConfig(hidden_size=cfg.dim, intermediate_size=cfg.ffn_hidden_dim, num_hidden_layers=cfg.n_layers,
@@ -54,8 +56,17 @@ def hf_random_model(out: Path, cfg: ModelConfig = DEBUG, dtype=torch.float32, se
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else 0.05 * torch.randn_like(p))
-    model.to(dtype).save_pretrained(out)
+    model.to(dtype).save_pretrained(out, max_shard_size=max_shard_size)
     return model.float().eval()
+
+
+def folder_tensors(folder: Path) -> dict:
+    """Every tensor of a Hugging Face folder, from model.safetensors or from each shard its index lists."""
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        return load_file(folder / "model.safetensors")
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    return {name: t for shard in shards for name, t in load_file(folder / shard).items()}
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +235,8 @@ def test_apply_init_from_restarts_the_ema_and_is_skipped_after_a_resume(hf_folde
     said = apply_init_from(str(folder), state, ckpt, "fresh start", torch.device("cpu"))
     assert said.startswith(f"fresh start; weights from model.init_from={folder} (hf, hash ")
     assert ckpt.init_from == {"path": str(folder.resolve()), "kind": "hf", "hash": said.split("hash ")[1][:-1],
-                              "hf_config": json.loads((folder / "config.json").read_text())}  # for the export
+                              "hf_config": json.loads((folder / "config.json").read_text()),  # for the export
+                              "hf_generation_config": json.loads((folder / "generation_config.json").read_text())}
     embedding = hf.model.embed_tokens.weight
     assert torch.equal(model.tok_embeddings.weight, embedding)
     assert torch.equal(state.ema.shadow["tok_embeddings.weight"], embedding)  # the EMA starts from the import

@@ -2,18 +2,23 @@
 
 - The inverse frequencies of the published Llama 3.1 8B config (its config.json values written
   here, no download) are bitwise the ones transformers computes, and a few are pinned as numbers.
-- A random LlamaForCausalLM with llama3 rope scaling, saved by save_pretrained, imported with
-  ``model=hf`` (no model.* override) at 1 process and tp 2: its logits equal HF's within 1e-5 x
-  max |logit| at a sequence length below original_max_position_embeddings and one above it.
+- A random LlamaForCausalLM with llama3 rope scaling, saved by save_pretrained in shards (with
+  model.safetensors.index.json, as published 8B and 70B folders are), imported with ``model=hf``
+  (no model.* override) at 1 process and tp 2: its logits equal HF's within 1e-5 x max |logit| at a
+  sequence length below original_max_position_embeddings and one above it.
+- The rotary tables' rows do not depend on model.max_seq_len (so an export keeps the folder's
+  max_position_embeddings when a run trains at fewer positions).
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
 from model.config import ModelConfig
-from model.rope import inv_frequencies
+from model.rope import inv_frequencies, rope_tables
 from test_interop_import import hf_random_model, import_with
 
 # meta-llama/Llama-3.1-8B config.json (the fields that decide the rotary embedding)
@@ -53,6 +58,14 @@ def test_small_model_covers_all_three_bands():
     assert kept.any() and divided.any() and (~kept & ~divided).any(), (plain, scaled)
 
 
+def test_rotary_tables_do_not_depend_on_max_seq_len():
+    """Row p is cos/sin(p x the inverse frequencies), which take no max_seq_len: a run at fewer positions
+    computes the published model's rotary embedding at each of them."""
+    short, full = rope_tables(SCALED.head_dim, 64, 10000.0, scaling=SCALING), \
+        rope_tables(SCALED.head_dim, 128, 10000.0, scaling=SCALING)
+    assert torch.equal(short[0], full[0][:64]) and torch.equal(short[1], full[1][:64])
+
+
 def test_bad_rope_scaling_is_named():
     with pytest.raises(ValueError, match="rope_type='yarn'; model/rope.py implements 'llama3'"):
         ModelConfig(rope_scaling={"rope_type": "yarn", "factor": 4.0}).validate()
@@ -63,7 +76,9 @@ def test_bad_rope_scaling_is_named():
 @pytest.fixture(scope="module")
 def scaled_folder(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf-llama3-rope") / "llama"
-    model = hf_random_model(out, SCALED, seed=3, rope_scaling=dict(SCALING))  # transformers adds to it
+    # transformers adds to rope_scaling; 400 kB shards: 5 files and an index for 1.8 MB of weights
+    model = hf_random_model(out, SCALED, seed=3, max_shard_size="400KB", rope_scaling=dict(SCALING))
+    assert len(set(json.loads((out / "model.safetensors.index.json").read_text())["weight_map"].values())) >= 3
     return out, model
 
 

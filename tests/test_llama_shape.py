@@ -4,7 +4,7 @@ The published config.json values are written here (no download): each preset mus
 that shape (hf_shape_problems empty, the rotary scaling and max positions equal, the published
 parameter count), ``model=hf`` must fill every model key from such a config.json (the same
 ModelConfig as the preset), a model.* given on the command line that disagrees stops with the
-key named, and train.py's dry run plans the folder's model.
+key named, and scripts/plan.py and train.py's dry run plan the folder's model.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from checkpoint.interop.hf_config import hf_shape_problems
 from configs.checks import ConfigError
 from configs.schema import register
-from helpers.launch import ROOT, run_train
+from helpers.launch import ROOT, load_script, run_train
 from model.config import model_config
 from model.counting import count_params
 from trainer.checks import validate_config
@@ -102,6 +102,21 @@ def test_model_overrides_that_disagree_with_the_folder_are_named(tmp_path):
     with pytest.raises(ConfigError, match="model=hf takes the shape from the weights it starts from; add "
                                           "model.init_from=PATH"):
         validate_config(compose_cfg("model=hf"), 1)
+
+
+def test_plan_script_plans_the_folders_shape(tmp_path, capsys):
+    """scripts/plan.py model=hf model.init_from=FOLDER (its main in this process): the plan of the preset
+    with the folder's shape, number for number."""
+    folder = config_only_folder(tmp_path / "l32", PUBLISHED["llama3_2_1b"][0])
+    layout = ["parallel.dp_shard=4", "parallel.tp=2", "training.seq_len=8192", "training.global_batch_size=8",
+              "training.micro_batch_size=1", "--json"]
+    plans = {}
+    for name, model in (("folder", ["model=hf", f"model.init_from={folder}"]), ("preset", ["model=llama3_2_1b"])):
+        assert load_script("plan").main([*model, *layout]) == 0
+        plans[name] = json.loads(capsys.readouterr().out)
+    assert plans["folder"]["params_total"] == PUBLISHED["llama3_2_1b"][1]
+    assert plans["folder"].pop("model") == "hf" and plans["preset"].pop("model") == "llama3_2_1b"
+    assert plans["folder"] == plans["preset"]
 
 
 @pytest.mark.distributed

@@ -30,7 +30,7 @@ def scripted(failures, policy=RING):
 def test_formula_matches_the_simulator_and_the_memory_tier_pays_off(devices):
     """70B at 10 GB/s with the planner's defaults (restart 300 s, 8 devices/node, stall from the host copy)."""
     args = plan.parser().parse_args(["--models", "70b", "--storage-gbps", "10", "--step-s", "2"])
-    durable, two = plan.policies(plan.model_params("70b"), devices, 10.0, args)
+    durable, two = plan.policies("70b", devices, 10.0, args)
     mtbf = cluster_mtbf_s(args.device_mtbf_hours, devices)
     sims = [simulate_two_tier(policy, mtbf, trials=5, seed=3) for policy in (durable, two)]
     for policy, sim in zip((durable, two), sims):
@@ -103,12 +103,17 @@ def test_double_loss_probability_matches_independent_node_failures():
 
 def test_double_loss_probability_does_not_grow_with_scale():
     """P(both copies) ~ 2 x window x devices per node / device MTBF, whatever the device count: the rate of
-    double losses grows with the cluster only because failures do."""
+    double losses grows with the cluster only because failures do. To second order the window is stretched
+    by the failures inside it (W' = M (e^(w/M) - 1) ~ w (1 + w / 2M)): 8% at 100k devices (M = 30 min),
+    where the window is mostly the 300 s restart (a snapshot, the host copy alone, every 1 s step)."""
     args = plan.parser().parse_args(["--models", "8b"])
     for devices in (1000, 10_000, 100_000):
-        _, two = plan.policies(plan.model_params("8b"), devices, 10.0, args)
-        p = plan.double_loss_probability(two, cluster_mtbf_s(args.device_mtbf_hours, devices))
-        assert p == pytest.approx(2 * two.window_s * 8 / (args.device_mtbf_hours * 3600), rel=0.1)
+        _, two = plan.policies("8b", devices, 10.0, args)
+        mtbf = cluster_mtbf_s(args.device_mtbf_hours, devices)
+        p = plan.double_loss_probability(two, mtbf)
+        first_order = 2 * two.window_s * 8 / (args.device_mtbf_hours * 3600)
+        assert p == pytest.approx(first_order * (1 + two.window_s / (2 * mtbf)), rel=0.02)
+        assert p == pytest.approx(first_order, rel=0.15)
 
 
 def test_plan_prints_the_two_tier_table(capsys):
@@ -117,7 +122,7 @@ def test_plan_prints_the_two_tier_table(capsys):
     assert "Two tiers: goodput" in out and "model outputs" in out
     args = plan.parser().parse_args(["--models", "1b", "--storage-gbps", "1"])
     for devices in (1000, 10_000, 100_000):
-        durable, two = plan.policies(plan.model_params("1b"), devices, 1.0, args)
+        durable, two = plan.policies("1b", devices, 1.0, args)
         mtbf = cluster_mtbf_s(args.device_mtbf_hours, devices)
         row = next(line for line in out.splitlines() if line.split()[:3] == ["1b", "1GB/s", str(devices)])
         assert f"{plan.goodput(durable, mtbf):.4f} {plan.goodput(two, mtbf):.4f}" in " ".join(row.split())

@@ -9,7 +9,8 @@ volume / bus bandwidth of the link the group crosses.
                            forward, again before its backward when reshard_after_forward; a
                            reduce-scatter of the gradients in reduce_dtype after each backward
                            (once per step with grad_sync_every_micro_batch=false)
-  HSDP (dp_replicate)      an all-reduce of the sharded gradients wherever they are reduce-scattered
+  HSDP (dp_replicate)      an all-reduce of the sharded gradients across replicas, once per step: the
+                           trainer defers it to the last micro-batch (parallel/fsdp.py set_grad_sync)
   TP + sequence parallel   per block, an all-gather of the activations before attention and before
                            the FFN and a reduce-scatter after each: 4 in forward, the same 4 in
                            backward, and in backward again what checkpointing recomputes (selective:
@@ -53,10 +54,12 @@ class System:
 
 # NVLink 4 is 450 GB/s each way per GPU; NCCL reaches about 80% of it on large all-gathers and
 # reduce-scatters. One 400 Gb/s NIC per GPU is 50 GB/s; about 90% of it is usable. Assumed, not
-# measured here (no GPU has run this trainer).
+# measured here (no GPU has run this trainer). Memory: an H200 reports 143,771 MiB (nvidia-smi
+# memory.total; its "141 GB" is that in GiB, rounded); an H100 80GB reports 81,559 MiB (79.6 GiB),
+# planned as 80 GiB (the 4 GiB reserve covers the difference).
 SYSTEMS = {
     "h100": System("h100", nvlink_gbps=360.0, nic_gbps=45.0, gpus_per_node=8, memory_gib=80.0, peak_tflops=989.0),
-    "h200": System("h200", nvlink_gbps=360.0, nic_gbps=45.0, gpus_per_node=8, memory_gib=141e9 / 2**30,
+    "h200": System("h200", nvlink_gbps=360.0, nic_gbps=45.0, gpus_per_node=8, memory_gib=143771 / 1024,
                    peak_tflops=989.0),
 }
 DEFAULT_SYSTEM = "h100"
@@ -130,7 +133,7 @@ def communication(mcfg: ModelConfig, dims: ParallelDims, params_per_rank: int, r
     fsdp = dims.fsdp_enabled and n > 1
     all_gather = micro * gathers * (n - 1) * params_per_rank * param_b if fsdp else 0
     reduce_scatter = syncs * (n - 1) * params_per_rank * reduce_b if fsdp else 0
-    all_reduce = syncs * 2 * (r - 1) * params_per_rank * reduce_b // r if r > 1 else 0
+    all_reduce = 2 * (r - 1) * params_per_rank * reduce_b // r if r > 1 else 0  # once per step
     activation = recipe.micro_batch * recipe.seq_len * mcfg.dim * recipe.compute_bytes
     count = mcfg.n_layers * TP_COLLECTIVES_PER_BLOCK[recipe.activation_checkpoint] + TP_COLLECTIVES_OUTSIDE_BLOCKS
     logits = 0 if recipe.loss_parallel else recipe.micro_batch * recipe.seq_len * mcfg.vocab_size * recipe.compute_bytes

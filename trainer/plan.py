@@ -70,7 +70,8 @@ GIB = 2**30
 DEFAULT_DEVICE_MEMORY_GIB = SYSTEMS[DEFAULT_SYSTEM].memory_gib  # H100 80 GB
 DEFAULT_DEVICE_TFLOPS = SYSTEMS[DEFAULT_SYSTEM].peak_tflops  # H100 SXM dense bf16 peak
 # Fraction of the peak a step's FLOPs run at in eager mode, and the gain of torch.compile: fitted
-# to torchtitan's published Llama 3.1 8B / 70B throughput on H100 (docs/parallelism.md, tests/test_plan.py).
+# to torchtitan's published Llama 3.1 8B / 70B throughput on H100 (docs/parallelism.md,
+# tests/test_plan_calibration.py; the 70B case only with float8's gain applied).
 DEFAULT_COMPUTE_EFFICIENCY = 0.37
 COMPILE_SPEEDUP = 6667 / 5762  # torchtitan's 8B on 8 H100s, FSDP with and without compile
 DEFAULT_RESERVE_GIB = 4.0  # CUDA context, NCCL buffers, allocator fragmentation (assumed)
@@ -182,29 +183,60 @@ class LayoutPlan:
         return self.model_flops_per_token * tokens / (self.step_s * self.device.tflops * 1e12)
 
     @property
+    def save(self) -> "SaveCost":
+        """What one save costs each rank (save_cost: the same arithmetic scripts/plan_checkpointing.py uses)."""
+        w = self.workload
+        return save_cost(self.mcfg, self.dims, self.params_per_rank, self.params_total, w.seq_len, self.device,
+                         self.host_copy_gbps, self.storage_gbps, w.param_dtype, w.compute_bytes, w.compile)
+
+    @property
     def snapshot_s(self) -> float:
-        """Blocking part of an async save: copy the local state to host memory."""
-        return self.checkpoint_bytes_per_rank / (self.host_copy_gbps * GB)
+        return self.save.snapshot_s
 
     @property
     def probe_s(self) -> float:
         """The probe forward every durable save runs first on the training thread (a memory
         snapshot runs none: its restore compares bytes, checkpoint/memory/restore.py)."""
-        w, d = self.workload, self.device
-        forward = PROBE_SEQUENCES * w.seq_len * self.model_flops_per_token / 3 / self.dims.tp
-        speedup = COMPILE_SPEEDUP if w.compile else 1.0
-        return probe_seconds(self.mcfg, self.dims, self.params_per_rank, PROBE_SEQUENCES, w.seq_len, forward,
-                             d.tflops * 1e12 * d.efficiency * speedup, w.param_dtype, w.compute_bytes, d.system)
+        return self.save.probe_s
 
     @property
     def blocking_s(self) -> float:
-        """What a save stalls training for: the probe, then the host copy."""
-        return self.probe_s + self.snapshot_s
+        return self.save.blocking_s
 
     @property
     def write_s(self) -> float:
-        """Background part: the whole checkpoint through the file system."""
-        return self.checkpoint_bytes_total / (self.storage_gbps * GB)
+        return self.save.write_s
+
+
+@dataclass(frozen=True)
+class SaveCost:
+    """One durable save, per rank: the probe forward (recovery/probe.py, run first on the training thread)
+    and the copy of the rank's state to host memory block training; the write runs behind. A memory
+    snapshot blocks for the copy alone (``snapshot_s``): it runs no probe (checkpoint/memory/restore.py)."""
+    probe_s: float
+    snapshot_s: float  # the rank's checkpoint bytes over its host-copy bandwidth
+    write_s: float  # the whole checkpoint through the storage system's aggregate bandwidth
+
+    @property
+    def blocking_s(self) -> float:
+        return self.probe_s + self.snapshot_s
+
+
+def save_cost(mcfg: ModelConfig, dims: ParallelDims, params_per_rank: int, params_total: int, seq_len: int,
+              device: Device, host_copy_gbps: float = DEFAULT_HOST_COPY_GBPS,
+              storage_gbps: float = DEFAULT_STORAGE_GBPS, param_dtype: str = "bf16", compute_bytes: int = 2,
+              compile_: bool = False, bytes_per_param: float = FP32_BYTES + ADAMW_STATE_BYTES) -> SaveCost:
+    """The probe: PROBE_SEQUENCES x seq_len tokens of forward (a third of the training FLOPs per token, a tp
+    shard of them per rank) at the device's achievable rate, with the FSDP all-gather and TP collectives of
+    comm_model.probe_seconds; then the snapshot (params_per_rank x bytes_per_param to host memory). The
+    write is params_total x bytes_per_param at the aggregate storage bandwidth."""
+    forward = PROBE_SEQUENCES * seq_len * flops_per_token(mcfg, seq_len) / 3 / dims.tp
+    speedup = COMPILE_SPEEDUP if compile_ else 1.0
+    probe = probe_seconds(mcfg, dims, params_per_rank, PROBE_SEQUENCES, seq_len, forward,
+                          device.tflops * 1e12 * device.efficiency * speedup, param_dtype, compute_bytes,
+                          device.system)
+    return SaveCost(probe_s=probe, snapshot_s=params_per_rank * bytes_per_param / (host_copy_gbps * GB),
+                    write_s=params_total * bytes_per_param / (storage_gbps * GB))
 
 
 def local_param_numels(mcfg: ModelConfig, dims: ParallelDims, seq_len: int, parallel_cfg=None) -> Dict[str, int]:
@@ -229,11 +261,15 @@ def fsdp_buffer_bytes(mcfg: ModelConfig, dims: ParallelDims, workload: Workload)
     """FSDP2's unsharded memory at the busiest moment: the current and the prefetched unit
     gathered in param_dtype, and one unit's full gradients before the reduce-scatter. Without
     reshard_after_forward every unit stays gathered from its forward to its backward: at the
-    start of the backward, the whole model (its tp shard) is in memory in param_dtype."""
+    start of the backward, the whole model (its tp shard) is in memory in param_dtype. With
+    grad_sync_every_micro_batch=false and more than one micro-batch, every unit keeps its unsharded
+    gradients (in reduce_dtype: FSDP2 accumulates them there) until the last micro-batch's reduce-scatter."""
     if not dims.fsdp_enabled:
         return 0
     unit = max(count_params(mcfg).per_layer, mcfg.vocab_size * mcfg.dim) // dims.tp
     grads = unit * DTYPE_BYTES[workload.reduce_dtype]
+    if not workload.grad_sync_every_micro_batch and workload.global_batch > workload.micro_batch * dims.dp:
+        grads = count_params(mcfg).total // dims.tp * DTYPE_BYTES[workload.reduce_dtype]
     if not workload.reshard_after_forward:
         return count_params(mcfg).total // dims.tp * DTYPE_BYTES[workload.param_dtype] + grads
     return unit * 2 * DTYPE_BYTES[workload.param_dtype] + grads
@@ -341,7 +377,40 @@ def _step_lines(plan: LayoutPlan) -> list:
         f"{compiled}) + TP {t.tp_s:,.2f} s + FSDP not hidden {t.fsdp_exposed_s:,.2f} s = {t.total_s:,.2f} s "
         f"for {w.global_batch} x {w.seq_len} tokens: {t.bound}-bound; {plan.tokens_per_s_per_device:,.0f} "
         f"tokens/s per device; MFU {plan.mfu:.1%}",
+        *_margin_lines(plan),
     ]
+
+
+def _margin_lines(plan: LayoutPlan) -> list:
+    m = compute_bound_margin(plan)
+    if m is None:
+        return []
+    nic = f", or at a NIC of {m.nic_gbps:,.1f} GB/s or less" if m.nic_gbps else ""
+    if m.spare >= 0:
+        return [f"  margin: FSDP {plan.step.fsdp_s:,.2f} s hides in {plan.step.compute_s:,.2f} s of compute "
+                f"({m.spare:.1%} to spare); it shows from an achievable fraction of {m.efficiency:.3f}{nic}"]
+    return [f"  margin: FSDP {plan.step.fsdp_s:,.2f} s exceeds {plan.step.compute_s:,.2f} s of compute; compute-bound "
+            f"below an achievable fraction of {m.efficiency:.3f}"
+            + (f", or above a NIC of {m.nic_gbps:,.1f} GB/s" if m.nic_gbps else "")]
+
+
+@dataclass(frozen=True)
+class Margin:
+    """How far a compute-bound step is from exposing its FSDP traffic (negative spare: already exposed)."""
+    spare: float  # compute / FSDP time - 1
+    efficiency: float  # the achievable fraction of the peak at which compute shrinks to the FSDP time
+    nic_gbps: Optional[float]  # the NIC bandwidth at which FSDP grows to the compute time (all of it on the NIC)
+
+
+def compute_bound_margin(plan: LayoutPlan) -> Optional[Margin]:
+    """Compute time over FSDP + HSDP time, and the efficiency and NIC bandwidth at which they meet: compute
+    is proportional to 1 / efficiency, the FSDP time to 1 / bandwidth of its link. None without FSDP."""
+    t, c = plan.step, plan.comm
+    if not t.fsdp_s > 0:
+        return None
+    on_nic = {c.fsdp_link, c.hsdp_link} <= {"nic", "-"}
+    return Margin(spare=t.compute_s / t.fsdp_s - 1, efficiency=plan.device.efficiency * t.compute_s / t.fsdp_s,
+                  nic_gbps=plan.device.nic_gbps * t.fsdp_s / t.compute_s if on_nic else None)
 
 
 def checkpoint_interval_s(plan: LayoutPlan, device_mtbf_hours: Optional[float] = None,
@@ -367,8 +436,15 @@ def plan_as_dict(plan: LayoutPlan) -> Dict[str, object]:
                total_bytes_per_rank=plan.total_bytes_per_rank, device_memory_gib=plan.device.memory_gib,
                fits=plan.fits, step_s=plan.step_s, mfu=plan.mfu, compute_s=plan.compute_s,
                tokens_per_s_per_device=plan.tokens_per_s_per_device, bound=plan.step.bound,
+               **_margin_dict(plan),
                **{f"comm_{k}": v for k, v in plan.comm.__dict__.items()}, **plan.workload.__dict__)
     return out
+
+
+def _margin_dict(plan: LayoutPlan) -> Dict[str, object]:
+    m = compute_bound_margin(plan)
+    return {"margin_spare": m and m.spare, "margin_efficiency": m and m.efficiency,
+            "margin_nic_gbps": m and m.nic_gbps}
 
 
 def world_size_for(dp_replicate: int, dp_shard: int, tp: int, world_size: Optional[int]) -> int:
@@ -389,11 +465,14 @@ def plan_from_config(cfg, world_size: Optional[int] = None, host_copy_gbps: floa
     p, t = cfg.parallel, cfg.training
     mcfg = ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))
     world = world_size_for(p.dp_replicate, p.dp_shard, p.tp, world_size)
-    dims = resolve_parallel_dims(p.dp_replicate, p.dp_shard, p.tp, world)
+    dims = resolve_parallel_dims(p.dp_replicate, p.dp_shard, p.tp, world, p.force_fsdp)
     check_tensor_parallel_fits(mcfg, dims.tp, t.seq_len)
+    # Without FSDP2 (one data-parallel rank, parallel.force_fsdp off) nothing casts the parameters:
+    # param_dtype and reduce_dtype have no effect, and autocast computes on bf16 copies of fp32 weights.
+    param_dtype, reduce_dtype = (p.param_dtype, p.reduce_dtype) if dims.fsdp_enabled else ("fp32", "fp32")
     workload = Workload(seq_len=t.seq_len, micro_batch=t.micro_batch_size, global_batch=t.global_batch_size,
                         activation_checkpoint=p.activation_checkpoint, loss_parallel=p.loss_parallel,
-                        mixed_precision=t.mixed_precision, param_dtype=p.param_dtype, reduce_dtype=p.reduce_dtype,
+                        mixed_precision=t.mixed_precision, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                         reshard_after_forward=p.reshard_after_forward,
                         grad_sync_every_micro_batch=p.grad_sync_every_micro_batch, compile=p.compile)
     return plan_layout(mcfg, dims, t.seq_len, p, host_copy_gbps, storage_gbps, workload, device)

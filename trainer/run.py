@@ -84,12 +84,13 @@ def run(cfg: DictConfig, overrides: List[str]) -> None:
 
 
 def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
-    world = init_distributed(cfg.parallel.device, cfg.parallel.collective_timeout_s)
+    world = init_distributed(cfg.parallel.device, cfg.parallel.collective_timeout_s, cfg.parallel.force_fsdp)
     shutdown.add(90, "the process group", shutdown_distributed)
     setup_logging(cfg.logging.level, world.rank)
     run_dir = Path(cfg.run_dir)
 
-    dims = resolve_parallel_dims(cfg.parallel.dp_replicate, cfg.parallel.dp_shard, cfg.parallel.tp, world.world_size)
+    dims = resolve_parallel_dims(cfg.parallel.dp_replicate, cfg.parallel.dp_shard, cfg.parallel.tp, world.world_size,
+                                 cfg.parallel.force_fsdp)
     plan = make_batch_plan(cfg.training.global_batch_size, cfg.training.micro_batch_size, dims.dp)
     mcfg = model_config(cfg)
 
@@ -134,10 +135,11 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     start_step = state.step
     tokens_per_step = plan.global_batch_size * cfg.training.seq_len
     log.info(
-        "run %s | world %d = dp_replicate %d x dp_shard %d x tp %d | device %s | %s parameters | "
+        "run %s | world %d = dp_replicate %d x dp_shard %d x tp %d%s | device %s | %s parameters | "
         "global batch %d seq = %d x micro %d x accum %d | %d tokens/step | seq_len %d | seed %d | "
         "data %s | run dir %s | resume: %s",
-        cfg.run_name, world.world_size, dims.dp_replicate, dims.dp_shard, dims.tp, world.device,
+        cfg.run_name, world.world_size, dims.dp_replicate, dims.dp_shard, dims.tp,
+        " (FSDP2 on a size-1 mesh: parallel.force_fsdp)" if dims.fsdp_enabled and dims.dp == 1 else "", world.device,
         f"{count_params(mcfg).total:,}", plan.global_batch_size, dims.dp, plan.micro_batch_size,
         plan.grad_accum_steps, tokens_per_step, cfg.training.seq_len, cfg.seed,
         data.order.fingerprint[:12], run_dir, resumed,

@@ -70,7 +70,8 @@ class Manifest:
     checksum_algorithm: Optional[str]
     files: Dict[str, FileEntry] = field(default_factory=dict)
     components: List[str] = field(default_factory=list)  # model, optim, scheduler, rng, ...
-    # model.init_from of the run these weights descend from: {path, kind, hash[, hf_config]} (interop/init_from.py)
+    # model.init_from of the run these weights descend from: {path, kind, hash[, hf_config, hf_generation_config]}
+    # (interop/init_from.py)
     init_from: Optional[Dict] = None
     format_version: int = FORMAT_VERSION
     # False when a guard (recovery/guards) raised an alarm since the previous save: the state

@@ -11,7 +11,8 @@ is converting), never the model.
 Two exports:
   safetensors  one file, this project's names, the model config in its metadata;
   hf           a Hugging Face Llama folder that ``LlamaForCausalLM.from_pretrained`` loads:
-               config.json, generation_config.json, safetensors shards of at most
+               config.json, generation_config.json (those the weights were imported with come
+               back: hf_config.py), safetensors shards of at most
                max_shard_size (model.safetensors.index.json when there are several), HF
                names with the rotary row order of q/k (checkpoint/interop/hf_config.py), and the
                tokenizer files of the data the run trained on.
@@ -34,7 +35,7 @@ from checkpoint.durable.location import location, open_read
 from checkpoint.durable.manifest import Manifest, read_manifest, verify_checkpoint
 from checkpoint.durable.reader import RawFileReader
 from checkpoint.durable.writer import RAW, tensor_bytes
-from checkpoint.interop.hf_config import hf_config, hf_name, rotary_heads
+from checkpoint.interop.hf_config import hf_config, hf_generation_config, hf_name, rotary_heads
 from checkpoint.interop.hf_weights import to_hf_rows
 from checkpoint.interop.safetensors_io import SafetensorsFile, TensorSpec
 from checkpoint.interop.weight_source import HF_INDEX, HF_SINGLE
@@ -185,12 +186,13 @@ def export_hf(checkpoint: Path, out_dir: Path, dtype: str = "fp32", weights: str
                      "weight_map": {s.name: file for file, shard in zip(files, shards) for s in shard}}
             (tmp / HF_INDEX).write_text(json.dumps(index, indent=2) + "\n")
         data = _data_meta(ckpt.manifest, tokenizer)
-        imported = (ckpt.manifest.init_from or {}).get("hf_config")
+        record = ckpt.manifest.init_from or {}  # the files the weights came with (init_from.py records them)
+        imported = record.get("hf_config")
         eos, bos = data.get("eos_id"), _bos_id(data)
         config = hf_config(cfg, HF_DTYPE_NAMES[target], eos, bos, imported)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        generation = {"bos_token_id": config.get("bos_token_id"), "eos_token_id": config.get("eos_token_id"),
-                      "pad_token_id": config.get("pad_token_id") if imported else eos}
+        generation = hf_generation_config(config, config.get("pad_token_id") if imported else eos,
+                                          record.get("hf_generation_config"))
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         tokenizer_note = _write_tokenizer(tmp, data, cfg)
         if out_dir.exists():

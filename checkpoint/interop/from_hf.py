@@ -10,8 +10,9 @@ appended to the data file, then dropped, so memory is O(largest tensor) whatever
 The checkpoint is layout-free: one data file holding every tensor whole (world size 1, one chunk
 per tensor), which DCP reshards to any layout at load. It holds the model only (components
 ["model"], step 0): ``model.init_from=DST`` starts a run from it with a fresh optimizer. Its
-manifest records the source as ``init_from`` (with the folder's config.json, which an export
-writes back unchanged) and checksums every file, so the loaders verify it like any checkpoint.
+manifest records the source as ``init_from`` (with the folder's config.json and
+generation_config.json, which an export writes back unchanged) and checksums every file, so the
+loaders verify it like any checkpoint.
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ def convert_hf_folder(src: Path, dst: Path, fmt: str = "raw") -> Dict:
                  for n in (DATA_FILE, METADATA)}
         config = {"model": dataclasses.asdict(cfg)}
         record = {"path": str(src.resolve()), "kind": "hf", "hash": source_hash(source), "hf_config": source.config}
+        if source.generation_config:
+            record["hf_generation_config"] = source.generation_config
         manifest = Manifest("step_00000000", 0, 0, 0, time.time(), config_hash(hashed_config(config)), config, 1,
                             {"dp_replicate": 1, "dp_shard": 1, "tp": 1}, 0, None, None, algorithm, files,
                             components=["model"], init_from=record)

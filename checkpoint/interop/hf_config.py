@@ -62,8 +62,15 @@ def rotary_heads(name: str, cfg: ModelConfig) -> Optional[int]:
 
 
 # config.json fields an export writes from the project's own state, whatever came in with the weights: the
-# dtype of the exported tensors. Every other field of an imported config.json goes back out unchanged.
+# dtype of the exported tensors. Every other field of an imported config.json goes back out unchanged,
+# max_position_embeddings too: a run may train at fewer positions (model.max_seq_len), but the rotary
+# frequencies do not depend on it (model/rope.py), so the weights still serve every position they did.
 OWNED_FIELDS = ("torch_dtype", "dtype")
+# generation_config.json's token ids, which an export takes from config.json when no imported
+# generation_config.json gives them. An imported one (the publisher's sampling defaults: do_sample,
+# temperature, top_p, ...) goes back out unchanged, its ids too: it may list more end-of-text ids than
+# config.json does, and generate() stops at those.
+GENERATION_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def hf_rope(hf: Dict) -> Tuple[float, Optional[Dict], str]:
@@ -88,12 +95,11 @@ def hf_config(cfg: ModelConfig, dtype: str, eos_id=None, bos_id=None, imported: 
     """config.json for ``cfg``: every field LlamaForCausalLM reads, in the spelling of transformers 4
     (``rope_theta``, ``rope_scaling``, ``torch_dtype``) and 5 (``rope_parameters``, ``dtype``). With the
     config.json the weights were ``imported`` from, that file comes back with only OWNED_FIELDS rewritten
-    (the shape was checked equal at import; ``max_position_embeddings`` follows ``model.max_seq_len``)."""
+    (the shape was checked equal at import; ``max_position_embeddings`` stays the folder's whatever
+    ``model.max_seq_len`` the run trained at)."""
     if imported:
         out = dict(imported)
         out.update({k: dtype for k in OWNED_FIELDS})
-        if out.get("max_position_embeddings") != cfg.max_seq_len:
-            out["max_position_embeddings"] = cfg.max_seq_len
         return out
     return {
         "architectures": [HF_ARCHITECTURE],
@@ -122,6 +128,15 @@ def hf_config(cfg: ModelConfig, dtype: str, eos_id=None, bos_id=None, imported: 
         "pad_token_id": None,
         "use_cache": True,
     }
+
+
+def hf_generation_config(config: Dict, pad_id=None, imported: Optional[Dict] = None) -> Dict:
+    """generation_config.json beside ``config`` (an export's config.json): the generation_config.json the
+    weights were ``imported`` with, unchanged, its GENERATION_IDS that it lacks taken from ``config``
+    (``pad_id`` for the pad id)."""
+    ids = {"bos_token_id": config.get("bos_token_id"), "eos_token_id": config.get("eos_token_id"),
+           "pad_token_id": pad_id}
+    return {**ids, **(imported or {})}
 
 
 def model_keys_from_hf(hf: Dict) -> Dict:

@@ -164,6 +164,8 @@ def apply_init_from(init_from: Optional[str], state, ckpt, resumed: str, device:
     hf = source.config if source.kind == "hf" else _checkpoint_hf_config(source)
     if hf:  # the config.json the weights came with: an export writes it back (hf_config.OWNED_FIELDS aside)
         record["hf_config"] = hf
+    if source.generation_config:  # and its generation_config.json (sampling defaults), written back likewise
+        record["hf_generation_config"] = source.generation_config
     ckpt.init_from = record
     total = sum(e["data_offsets"][1] - e["data_offsets"][0] for _, e in source.tensors.values())
     share = f"; this rank read {read / 2**20:.2f} of {total / 2**20:.2f} MiB" if total else ""

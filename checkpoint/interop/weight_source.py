@@ -19,7 +19,7 @@ import json
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from checkpoint.durable.layout import MANIFEST
 from checkpoint.durable.location import location
@@ -28,6 +28,7 @@ from model.config import ModelConfig
 
 HF_INDEX = "model.safetensors.index.json"
 HF_SINGLE = "model.safetensors"
+HF_GENERATION = "generation_config.json"
 
 
 class SourceError(ValueError):
@@ -41,6 +42,9 @@ class WeightSource:
     config: Dict  # config.json (hf), or the project's model config (safetensors, checkpoint)
     files: List[Path] = field(default_factory=list)  # the safetensors files (hf, safetensors)
     tensors: Dict[str, Tuple[Path, Dict]] = field(default_factory=dict)  # name -> (file, header entry)
+    # generation_config.json the weights came with: the folder's (hf), or the one a checkpoint's weights
+    # were imported with (its manifest's init_from); an export writes it back (hf_config.py)
+    generation_config: Optional[Dict] = None
 
 
 def read_safetensors_header(path: Path) -> Tuple[Dict[str, Dict], Dict[str, str]]:
@@ -69,7 +73,9 @@ def _hf(path: Path) -> WeightSource:
         raise SourceError(f"model.init_from={path}: a Hugging Face folder needs {HF_SINGLE} or {HF_INDEX} "
                           f"(safetensors; convert .bin weights with save_pretrained(safe_serialization=True)); "
                           f"it holds {found}")
-    source = WeightSource(path, "hf", config, files)
+    generation = path / HF_GENERATION
+    source = WeightSource(path, "hf", config, files,
+                          generation_config=json.loads(generation.read_text()) if generation.is_file() else None)
     for f in files:
         header, _ = read_safetensors_header(f)
         source.tensors.update({name: (f, entry) for name, entry in header.items()})
@@ -95,7 +101,8 @@ def _checkpoint(path: Path) -> WeightSource:
     if "model" not in manifest.get("components", ["model"]):
         raise SourceError(f"model.init_from={path}: the checkpoint holds no model weights "
                           f"(components {manifest.get('components')})")
-    return WeightSource(path, "checkpoint", model)
+    imported = manifest.get("init_from") or {}
+    return WeightSource(path, "checkpoint", model, generation_config=imported.get("hf_generation_config"))
 
 
 def open_source(path: str | Path) -> WeightSource:
