@@ -35,6 +35,7 @@ from checkpoint.durable.save_errors import CheckpointSaveError
 from checkpoint.durable.saver import CheckpointSaver, FaultHook, SaveRecord
 from checkpoint.events import CheckpointEvents
 from checkpoint.memory.commit import SnapshotRecord
+from checkpoint.memory.restore import WEIGHTS_CHECK
 from checkpoint.memory.tier import MemoryTier
 from checkpoint.save_manifest import ManifestBuilder
 from checkpoint.state.training_state import TrainingState
@@ -202,8 +203,9 @@ class CheckpointManager:
         else:
             self._storage_guard(self.saver.poll)
         if self.memory is not None and self.memory.due(step):
-            started = time.perf_counter()  # the probe (in the manifest's build) counts in the stall
-            manifest = self.manifests.build(step, loss)  # sets the state's metadata: before the state dict
+            started = time.perf_counter()  # the manifest's build counts in the stall
+            # no probe: the restore compares the applied bytes instead (checkpoint/memory/restore.py)
+            manifest = self.manifests.build(step, loss, probe_method=WEIGHTS_CHECK)  # sets the state's metadata
             self.memory.snapshot(step, self.state.state_dict(), manifest, started)
         elif self.memory is not None:
             self.memory.poll()

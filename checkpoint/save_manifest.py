@@ -58,10 +58,12 @@ class ManifestBuilder:
         """The validation loss after ``step``: a save of that step records it in its manifest."""
         self._eval = (step, val_loss)
 
-    def build(self, step: int, loss: Optional[float]) -> Manifest:
+    def build(self, step: int, loss: Optional[float], probe_method: Optional[str] = None) -> Manifest:
         """The manifest of a save of ``step``; sets the state's metadata to match (before its state
-        dict is taken). Runs the probe: post-load verification compares its loss."""
-        probe_loss = self.probe() if self.probe is not None else None
+        dict is taken). Runs the probe: post-load verification compares its loss. A caller that proves
+        the weights another way names it in ``probe_method`` and runs no probe (the memory tier:
+        checkpoint/memory/restore.py)."""
+        probe_loss = self.probe() if self.probe is not None and probe_method is None else None
         s, gbs = self.state, self.cfg.training.global_batch_size
         s.meta = {"wall_clock": time.time(), "config_hash": self.config_hash, "world_size": self.world_size,
                   "layout": dict(self.layout), "global_batch_size": gbs, "loss": loss, "probe_loss": probe_loss}
@@ -70,7 +72,7 @@ class ManifestBuilder:
             created_at=s.meta["wall_clock"], config_hash=self.config_hash, config=self.full_config,
             world_size=self.world_size, layout=dict(self.layout), init_from=self.init_from,
             global_batch_size=gbs, loss=loss, probe_loss=probe_loss, checksum_algorithm=None,
-            probe_method=getattr(self.probe, "method", None) if probe_loss is not None else None,
+            probe_method=probe_method or (getattr(self.probe, "method", None) if probe_loss is not None else None),
             probe_kernels=getattr(self.probe, "kernels", None) if probe_loss is not None else None,
             components=s.components(),
             val_loss=self._eval[1] if self._eval is not None and self._eval[0] == step else None)

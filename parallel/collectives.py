@@ -3,7 +3,8 @@
 Two kinds of traffic, two kinds of group:
 - **Tensors of the model** (token counts, loss sums, gradient norms, weight fingerprints) live on
   the training device and go to a training group (the default group or a mesh group):
-  ``all_reduce``, ``all_gather``. On CUDA those groups are NCCL, which takes CUDA tensors only.
+  ``all_reduce``, ``all_reduce_coalesced`` (many tensors, one message), ``all_gather``. On CUDA
+  those groups are NCCL, which takes CUDA tensors only.
 - **Control values** (flags, timings, verdicts, picklable answers) live on the host and go to the
   *control group*, a gloo group over every rank (``init_control_group``; on a CPU run, where the
   default group is gloo already, it is the default group): ``agree_max``, ``any_rank``,
@@ -104,6 +105,18 @@ def all_reduce(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, 
         check_device(tensor, group, "all_reduce")
         dist.all_reduce(tensor, op=op if op is not None else dist.ReduceOp.SUM, group=group)
     return tensor
+
+
+def all_reduce_coalesced(tensors: Sequence[torch.Tensor],
+                         group: Optional[dist.ProcessGroup] = None) -> List[torch.Tensor]:
+    """The sum of each tensor over ``group``, all of them in one all_reduce: flattened into one buffer
+    (one dtype, one device), summed in place, returned as views of it (the inputs are left alone)."""
+    if world(group) == 1 or not tensors:
+        return list(tensors)
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    check_device(flat, group, "all_reduce_coalesced")
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    return [piece.view(t.shape) for piece, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
 
 
 def all_gather(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None) -> List[torch.Tensor]:

@@ -47,7 +47,8 @@ class Parallelized:
     def before_micro_batch(self, model: nn.Module, last: bool) -> None:
         """Called by train_step before each micro-batch's backward: skip gradient syncs
         between accumulation micro-steps where FSDP2 allows it. Only when the setting changes:
-        setting it walks every module (once per step at most with accumulation, never without)."""
+        setting it walks every module (twice per step with accumulation, off before the first
+        micro-batch and on again before the last; never without accumulation)."""
         if last != self._sync_set_for_last:
             set_grad_sync(model, last, self.grad_sync_every_micro_batch)
             self._sync_set_for_last = last

@@ -4,14 +4,15 @@ After a resume, recomputing it on the loaded weights proves the weights are the 
 (bitwise at the same layout). The batch is the first PROBE_SEQUENCES samples of the global
 sample order (global samples 0..3): independent of the world layout and the micro-batch size.
 
-It must stay cheap at 70B (it runs at every save of either tier, for the shadow guard and at
-every resume): one sequence at a time, and with ``loss_parallel`` the cross entropy on the
-vocabulary-sharded logits, so the full logits (4 x 8192 x 128256 at 70B: 8.4 GB in bf16, twice
-that in fp32) never exist on one device. Its largest tensor is one sequence's logits of this
-rank's vocabulary shard, in fp32 (tests/test_probe.py). The value is cached for the weights it
-was computed on (``weights_version``: the training state's counter, which every optimizer step
-and every load advances; tensors' own version counters do not see FSDP2's updates of its
-shards), so a step where both tiers save and the shadow check runs computes it once.
+It must stay cheap at 70B (it runs at every durable save, for the shadow guard and at every
+durable resume; a memory snapshot runs none: checkpoint/memory/restore.py compares its bytes):
+one sequence at a time, and with ``loss_parallel`` the cross entropy on the vocabulary-sharded
+logits, so the full logits (4 x 8192 x 128256 at 70B: 8.4 GB in bf16, twice that in fp32) never
+exist on one device. Its largest tensor is one sequence's logits of this rank's vocabulary shard,
+in fp32 (tests/test_probe.py). The value is cached for the weights it was computed on
+(``weights_version``: the training state's counter, which every optimizer step and every load
+advances; tensors' own version counters do not see FSDP2's updates of its shards), so a step where
+a durable save is due and the shadow check runs computes it once.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Probe:
         self.model, self.batch, self.device = model, batch, device
         self.autocast, self.loss_parallel = autocast, loss_parallel
         self.weights_version = weights_version  # None: never cached
+        self.tokens = int((batch[1] != IGNORE_INDEX).sum())  # fixed: counted once, not at every call
         self._key: Optional[int] = None
         self._value = float("nan")
         self.last_seconds = 0.0  # the time of the last computation (0 when the cached value served)
@@ -67,7 +69,7 @@ class Probe:
             self.last_seconds = 0.0
             return self._value
         start = time.perf_counter()
-        self._value = probe_loss(self.model, self.batch, self.device, self.autocast, self.loss_parallel)
+        self._value = probe_loss(self.model, self.batch, self.device, self.autocast, self.loss_parallel, self.tokens)
         self._key = key
         self.last_seconds = time.perf_counter() - start
         return self._value
@@ -83,10 +85,12 @@ def make_probe(model: torch.nn.Module, data, device: torch.device, autocast=None
 
 @torch.no_grad()
 def probe_loss(model: torch.nn.Module, batch, device: torch.device, autocast=None,
-               loss_parallel: bool = False) -> float:
+               loss_parallel: bool = False, tokens: Optional[int] = None) -> float:
     """Mean token loss of ``batch`` in eval mode (no dropout, no RNG drawn), one sequence at a time,
-    the token losses summed in float64; every rank calls it."""
-    tokens = int((batch[1] != IGNORE_INDEX).sum())
+    the token losses summed in float64; every rank calls it. ``tokens``: the batch's target count,
+    if known; one host read of the summed loss is then its only sync."""
+    if tokens is None:
+        tokens = int((batch[1] != IGNORE_INDEX).sum())
     return float(probe_token_loss_sum(model, batch, device, autocast, loss_parallel)) / tokens
 
 

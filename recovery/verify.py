@@ -11,6 +11,8 @@ After the load, three facts are checked against the manifest:
             bitwise at the same layout on the same device and kernels (the manifest's
             ``probe_kernels``), within ``probe_rtol_reshard`` after resharding or on another
             device, torch, CUDA or cuDNN (a different reduction order changes the last bits).
+            A memory snapshot has none: its restore compared every applied tensor with the
+            snapshot's bytes (checkpoint/memory/restore.py; ``probe_method`` WEIGHTS_CHECK).
 
 Only a failure that means the bytes are wrong is returned as a reason, for which the checkpoint
 manager marks the checkpoint BAD and falls back to the previous committed one: the restored
@@ -36,6 +38,7 @@ from checkpoint.durable.discovery import list_committed
 from checkpoint.durable.location import location
 from checkpoint.durable.manifest import ConfigMismatch, Manifest
 from checkpoint.durable.reads import read_on_rank0
+from checkpoint.memory.restore import WEIGHTS_CHECK
 from checkpoint.state.fingerprint import config_hash, hashed_config
 from training.schedule import lr_at
 
@@ -104,9 +107,11 @@ class ResumeVerifier:
             self.probe, "kernels", None)
         same_probe = same_layout and same_kernels and manifest.probe_method == getattr(self.probe, "method", None)
         config_changed = manifest.config_hash != self.config_hash
-        probe_now = None
+        probe_now, probe_s = None, None
+        bytes_checked = manifest.probe_method == WEIGHTS_CHECK  # a memory snapshot (checkpoint/memory/restore.py)
         if manifest.probe_loss is not None and self.probe is not None:
             probe_now = self.probe()
+            probe_s = getattr(self.probe, "last_seconds", None)
             matches = probe_matches(manifest.probe_loss, probe_now, same_probe, self.cfg.recovery.probe_rtol_reshard)
             if not matches and config_changed:
                 log.warning("probe loss %r != stored %r after an allowed config change: the weights' checksums "
@@ -114,18 +119,23 @@ class ResumeVerifier:
             elif not matches:
                 rule = "bitwise (same layout)" if same_probe else f"rtol {self.cfg.recovery.probe_rtol_reshard}"
                 problems.append(f"probe loss {probe_now!r} != stored {manifest.probe_loss!r} ({rule})")
-        elif self.cfg.recovery.verify:
+        elif self.cfg.recovery.verify and not bytes_checked:
             problems.append("the manifest has no probe loss to verify the weights with")
         self.report = {"checkpoint": str(path), "step": manifest.step, "lr": lr_now, "probe_loss": probe_now,
-                       "stored_probe_loss": manifest.probe_loss, "same_layout": same_layout, "problems": problems}
+                       "stored_probe_loss": manifest.probe_loss, "same_layout": same_layout, "problems": problems,
+                       "probe_s": probe_s}
         if problems:
             log.error("post-load verification of %s failed: %s", path, "; ".join(problems))
             return "; ".join(problems)
-        log.info("post-load verification of %s passed: step %d, LR %.6e = schedule, probe loss %r %s stored",
-                 path.name, manifest.step, lr_now, probe_now,
+        if bytes_checked:
+            log.info("post-load verification of %s passed: step %d, LR %.6e = schedule; weights: every tensor "
+                     "equal to the snapshot's bytes (no probe)", path.name, manifest.step, lr_now)
+            return None
+        log.info("post-load verification of %s passed: step %d, LR %.6e = schedule, probe loss %r %s stored "
+                 "(probe %.2f s)", path.name, manifest.step, lr_now, probe_now,
                  "(not compared: config changed)" if config_changed else "== (bitwise)" if same_probe
                  else "~= (resharded)" if not same_layout else "~= (other device or kernels)" if not same_kernels
-                 else "~= (stored by an earlier probe method)")
+                 else "~= (stored by an earlier probe method)", probe_s or 0.0)
         return None
 
     def _check_global_batch(self, manifest: Manifest) -> None:

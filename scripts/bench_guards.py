@@ -3,11 +3,15 @@
   python scripts/bench_guards.py                      # debug model, 2 x 150 steps per arm
   python scripts/bench_guards.py --dim 512 --layers 8 --steps 60
 
-Trains the same model on the same real text twice per round, once with the guards off and
-once with them on (default config: per-layer gradient norms and the loss-spike test every
-step, the fixed-batch shadow forward every 50 steps), alternating the arms over several
-rounds so that machine noise hits both alike. Reports the median step time of each arm and
-the overhead, plus the per-call cost of each check measured alone.
+Trains the same model on the same real text twice, once with the guards off and once with them
+on (default config: the per-layer gradient-norm and loss-spike tests every step, the fixed-batch
+shadow forward every 50 steps), the two arms side by side in one process, stepping in turns (in
+alternating order), so that machine noise hits both alike. Both arms step as the trainer does:
+one GradStats built per run (training/grad_stats.py), the global token count given, so the fused
+norm pass (which clipping needs anyway) runs in both and the difference is the guards' own work:
+the detectors, and the probe's forward (recovery/probe.py) on shadow steps. Reports the median and
+mean step time of each arm and the overhead (the mean counts the shadow steps, the median does
+not), plus the per-call cost of the fused norm pass and of the probe measured alone.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from data.token_file import TokenFile
 from model.config import ModelConfig
 from model.llama import build_model
 from recovery.guards import TrainingGuards
+from recovery.probe import Probe
 from tools.runs import prepare_debug_data
-from training.grad_stats import layer_grad_norms
+from training.grad_stats import GradStats
 from training.optimizer import build_optimizer
 from training.schedule import build_scheduler
 from training.step import Precision, token_loss_sum, train_step
@@ -44,7 +49,8 @@ def batches(tokens: np.ndarray, steps: int, batch: int, seq: int, seed: int):
         yield [(rows[:, :-1], rows[:, 1:])]
 
 
-def run_arm(args, tokens, guarded: bool, run_dir: Path) -> list:
+def run_arm(args, tokens, guarded: bool, run_dir: Path):
+    """One arm's training run, one step per ``next()``: yields each step's seconds."""
     torch.manual_seed(0)
     mcfg = ModelConfig(dim=args.dim, n_layers=args.layers, n_heads=args.heads, n_kv_heads=args.heads // 2,
                        vocab_size=320, max_seq_len=args.seq)
@@ -52,29 +58,20 @@ def run_arm(args, tokens, guarded: bool, run_dir: Path) -> list:
     ocfg = OmegaConf.structured(OptimConfig(lr=1e-3, warmup_steps=10))
     opt = build_optimizer(model, ocfg)
     sched = build_scheduler(opt, ocfg, args.steps)
-    probe = next(batches(tokens, 1, 4, args.seq, seed=99))[0]
-
-    def shadow() -> float:
-        with torch.no_grad():
-            model.eval()
-            loss = token_loss_sum(model(probe[0]), probe[1]).item() / probe[1].numel()
-            model.train()
-        return loss
-
-    guards = TrainingGuards(OmegaConf.structured(GuardsConfig()), model, CPU, run_dir, 0, shadow_loss=shadow) \
+    probe = Probe(model, next(batches(tokens, 1, 4, args.seq, seed=99))[0], CPU)
+    guards = TrainingGuards(OmegaConf.structured(GuardsConfig()), model, CPU, run_dir, 0, shadow_loss=probe) \
         if guarded else None
-    times = []
+    grad_stats = GradStats(model, CPU)  # once per run, as the trainer builds it
     for step, micro in enumerate(batches(tokens, args.steps, args.batch, args.seq, seed=1), start=1):
         t0 = time.perf_counter()
         train_step(model, opt, sched, Precision("fp32", CPU), micro, 1.0, CPU,
                    allow_update=(lambda stats: guards.allow_update(step, stats.loss, stats.layer_norms))
-                   if guarded else None)
+                   if guarded else None, global_tokens=sum(t.numel() for _, t in micro), grad_stats=grad_stats)
         if guarded:
             guards.after_update(step)
-        times.append(time.perf_counter() - t0)
+        yield time.perf_counter() - t0
     if guarded and guards.sink.raised:
         print(f"  note: {len(guards.sink.raised)} alarm(s) in the guarded arm: {guards.sink.raised[0].describe()}")
-    return times[10:]  # drop warm-up
 
 
 def per_call_costs(args, tokens) -> dict:
@@ -82,19 +79,25 @@ def per_call_costs(args, tokens) -> dict:
                                     n_kv_heads=args.heads // 2, vocab_size=320, max_seq_len=args.seq), seed=0)
     inputs, targets = next(batches(tokens, 1, args.batch, args.seq, seed=2))[0]
     token_loss_sum(model(inputs), targets).backward()
-    from training.grad_stats import layer_groups
-    groups = layer_groups(model)
+    stats = GradStats(model, CPU)
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    stats.reduce(loss_sum, 1)  # the first call builds the weight matrix: once per run
     t0 = time.perf_counter()
     for _ in range(50):
-        layer_grad_norms(groups, CPU)
+        stats.reduce(loss_sum, 1)
     norms_ms = (time.perf_counter() - t0) / 50 * 1e3
-    probe = next(batches(tokens, 1, 4, args.seq, seed=99))[0]
+    probe = Probe(model, next(batches(tokens, 1, 4, args.seq, seed=99))[0], CPU)
     t0 = time.perf_counter()
-    with torch.no_grad():
-        for _ in range(5):
-            model(probe[0])
+    for _ in range(5):
+        probe()
     shadow_ms = (time.perf_counter() - t0) / 5 * 1e3
-    return {"layer_norms_ms": norms_ms, "shadow_forward_ms": shadow_ms}
+    norms = stats.reduce(loss_sum, 1).layer_norms
+    guards = TrainingGuards(OmegaConf.structured(GuardsConfig()), model, CPU, Path("outputs/bench_guards"), 0)
+    t0 = time.perf_counter()
+    for step in range(1, 201):  # past the warm-up: the detectors compare from step 21 on
+        guards.allow_update(step, 2.0 + 1e-3 * (step % 7), {k: v * (1 + 1e-3 * (step % 5)) for k, v in norms.items()})
+    detectors_ms = (time.perf_counter() - t0) / 200 * 1e3
+    return {"layer_norms_ms": norms_ms, "shadow_forward_ms": shadow_ms, "detectors_ms": detectors_ms}
 
 
 def main() -> int:
@@ -112,21 +115,31 @@ def main() -> int:
     prepare_debug_data(Path(args.data))  # the debug experiment's data, as train.py would build it
     tokens = np.asarray(TokenFile(args.data).tokens)
     run_dir = Path("outputs/bench_guards")
-    off, on = [], []
+    times = {False: [], True: []}
     for r in range(args.rounds):
-        for guarded in ((False, True) if r % 2 == 0 else (True, False)):
-            (on if guarded else off).extend(run_arm(args, tokens, guarded, run_dir))
+        arms = {guarded: run_arm(args, tokens, guarded, run_dir) for guarded in (False, True)}
+        for i in range(args.steps):  # step by step, in alternating order: both arms see the same load
+            for guarded in ((False, True) if (r * args.steps + i) % 2 == 0 else (True, False)):
+                seconds = next(arms[guarded])
+                if i >= 10:  # warm-up left out
+                    times[guarded].append(seconds)
+        for arm in arms.values():
+            next(arm, None)  # the arm's end: its alarms noted
+    off, on = times[False], times[True]
     t_off, t_on = statistics.median(off), statistics.median(on)
+    m_off, m_on = statistics.fmean(off), statistics.fmean(on)
     costs = per_call_costs(args, tokens)
     print(f"model dim {args.dim} x {args.layers} layers, batch {args.batch} x seq {args.seq}, "
           f"{args.rounds} rounds x {args.steps} steps per arm (1 thread)")
-    print(f"  step time, guards off: {t_off * 1e3:8.2f} ms (median)")
-    print(f"  step time, guards on:  {t_on * 1e3:8.2f} ms (median; shadow every 50 steps)")
-    print(f"  overhead: {100 * (t_on - t_off) / t_off:+.2f} % (target < 2 %)")
-    print(f"  per call: layer norms {costs['layer_norms_ms']:.3f} ms = "
-          f"{100 * costs['layer_norms_ms'] / 1e3 / t_off:.2f} % of a step; shadow forward "
+    print(f"  step time, guards off: {t_off * 1e3:8.2f} ms median, {m_off * 1e3:8.2f} ms mean")
+    print(f"  step time, guards on:  {t_on * 1e3:8.2f} ms median, {m_on * 1e3:8.2f} ms mean (shadow every 50 steps)")
+    print(f"  overhead: {100 * (t_on - t_off) / t_off:+.2f} % of the median, {100 * (m_on - m_off) / m_off:+.2f} % "
+          f"of the mean (target < 2 %)")
+    print(f"  per call: the fused norm pass (both arms: clipping reads it too) {costs['layer_norms_ms']:.3f} ms = "
+          f"{100 * costs['layer_norms_ms'] / 1e3 / t_off:.2f} % of a step; the probe (shadow check) "
           f"{costs['shadow_forward_ms']:.2f} ms / 50 steps = "
-          f"{100 * costs['shadow_forward_ms'] / 1e3 / 50 / t_off:.2f} % of a step")
+          f"{100 * costs['shadow_forward_ms'] / 1e3 / 50 / t_off:.2f} % of a step; the guards' detectors "
+          f"(every step) {costs['detectors_ms']:.3f} ms = {100 * costs['detectors_ms'] / 1e3 / t_off:.2f} % of a step")
     return 0
 
 

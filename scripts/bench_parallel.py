@@ -4,9 +4,11 @@ hand-written PyTorch loop over the same model and the same batches.
   python scripts/bench_parallel.py                       # all layouts, debug model
   python scripts/bench_parallel.py --layouts 1 dp_shard=2 --steps 20 --rounds 3
 
-Each layout runs under torchrun (gloo). Inside, the framework step (parallelize_model,
-materialize_parallel_model, build_optimizer, train_step with its token-count all-reduce,
-global-token loss, grad clipping on DTensors and loss logging) and the bare loop
+Each layout runs under torchrun (gloo). Inside, the framework step as the trainer runs it
+(parallelize_model, materialize_parallel_model, build_optimizer, train_step given the global token
+count, as the data pipeline gives it, and the run's one GradStats: global-token loss, the loss and
+the per-layer gradient norms in one all-reduce and one host read, clipping from that norm) and the
+bare loop
 (model -> cross_entropy(mean) / accum -> backward -> clip_grad_norm_ -> AdamW, one .item()
 per step) alternate step by step (in alternating order), so both see the same machine load;
 the median step time of each is reported. The bare loop exists for one process and for FSDP2 (fully_shard per
@@ -47,6 +49,7 @@ def worker(args) -> None:
     import torch.nn.functional as F
     from omegaconf import OmegaConf
 
+    from configs.constants import IGNORE_INDEX
     from configs.schema import OptimConfig, ParallelConfig
     from data.batching import make_batch_plan
     from model.config import ModelConfig
@@ -54,6 +57,7 @@ def worker(args) -> None:
     from parallel.dims import resolve_parallel_dims
     from parallel.init import init_distributed
     from parallel.parallelize import materialize_parallel_model, parallelize_model
+    from training.grad_stats import GradStats
     from training.optimizer import build_optimizer
     from training.schedule import build_scheduler
     from training.step import Precision, train_step
@@ -81,11 +85,13 @@ def worker(args) -> None:
     mine = rows[parallel.dp_rank * per_rank:(parallel.dp_rank + 1) * per_rank]
     micro = [(mine[i:i + plan.micro_batch_size, :-1], mine[i:i + plan.micro_batch_size, 1:])
              for i in range(0, per_rank, plan.micro_batch_size)]
+    global_tokens = int((rows[:, 1:] != IGNORE_INDEX).sum())  # what the data pipeline tells the trainer
+    grad_stats = GradStats(model, world.device, loss_copies=dims.world_size // dims.dp)  # one per run
 
     def framework_step():
         train_step(model, optimizer, scheduler, precision, micro, 1.0, world.device, parallel.dp_group,
                    before_micro_batch=lambda last: parallel.before_micro_batch(model, last),
-                   loss_parallel=parallel.loss_parallel)
+                   loss_parallel=parallel.loss_parallel, global_tokens=global_tokens, grad_stats=grad_stats)
 
     bare_step = None
     if not dims.tp_enabled:

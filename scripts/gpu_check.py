@@ -15,7 +15,7 @@ does not hide the rest:
                     parallel.compile=true: tokens/s, MFU against the GPU's peak
                     (metrics/throughput.py PEAK_TFLOPS), torch.cuda.max_memory_reserved against the
                     planner's total for that exact config
-  probe_memory      the probe's peak (a forward of 4 full sequences, recovery/probe.py), called by
+  probe_memory      the probe's peak (a forward of 4 sequences, one at a time, recovery/probe.py), called by
                     the guards' shadow check at step 6 of the fsdp_eager run: no time of its own
   async_checkpoint  async saves (pinned staging): the stall against the pinned device-to-host copy
                     of the same bytes, measured in the same process after training; persist

@@ -11,9 +11,10 @@ and checkpoint interval, the table gives
 
 plus the Young/Daly interval T* = sqrt(2 M C) for both, with M = device MTBF / devices.
 The state is parameters + AdamW moments in fp32 (12 bytes per parameter, --bytes-per-param).
-Every save first runs the probe (recovery/probe.py: a forward of 4 sequences of --seq-len tokens);
-the save's cost is the planner's (trainer/plan.py ``save_cost``, the numbers scripts/plan.py prints)
-with the state fully sharded over the devices and each model at its tp degree (PROBE_TP).
+Every durable save first runs the probe (recovery/probe.py: a forward of 4 sequences of
+--seq-len tokens; a memory snapshot runs none, its restore compares bytes); the save's cost is the
+planner's (trainer/plan.py ``save_cost``, the numbers scripts/plan.py prints) with the state fully
+sharded over the devices and each model at its tp degree (PROBE_TP).
 
 A second table: goodput (useful time / wall time) at 1k, 10k and 100k devices (--scales) with
 the durable tier alone (async saves at T* async; a failure restarts with R plus the storage
@@ -182,7 +183,8 @@ def goodput(policy: TwoTier, mtbf_s: float, double_loss_p: float | None = None) 
 
 def policies(name: str, devices: int, bw: float, args) -> tuple:
     """(durable-only, two-tier) policies of a model on ``devices`` devices at storage bandwidth ``bw``. A
-    memory snapshot runs the probe as a durable save does: its default stall is the same C_snap."""
+    memory snapshot runs no probe (checkpoint/memory/restore.py compares the restored bytes instead): its
+    default stall is the host copy alone; a durable save written from a snapshot still runs the probe."""
     mtbf = cluster_mtbf_s(args.device_mtbf_hours, devices)
     state, _, c_snap, write = costs(name, bw, devices, args)
     snapshot = save(name, devices, bw, args).snapshot_s
@@ -190,7 +192,7 @@ def policies(name: str, devices: int, bw: float, args) -> tuple:
     durable = TwoTier(restart_s=args.restart_s, durable_interval_s=max(young_daly_interval_s(mtbf, c_snap), write),
                       durable_blocking_s=c_snap, durable_write_s=write, durable_reload_s=state / (bw * 1e9),
                       nodes=nodes)
-    stall = c_snap if args.memory_stall_s is None else args.memory_stall_s
+    stall = snapshot if args.memory_stall_s is None else args.memory_stall_s
     restore = 2 * snapshot if args.memory_restore_s is None else args.memory_restore_s
     steps = args.memory_interval
     if steps == "auto":  # the copy to the peer (about a restore's transfer) must land before the next snapshot
@@ -233,7 +235,7 @@ def two_tier_table(args) -> list:
 
 
 def print_two_tier(rows, args) -> None:
-    stall = "probe + per-device shard / host copy" if args.memory_stall_s is None else f"{args.memory_stall_s:g} s"
+    stall = "per-device shard / host copy" if args.memory_stall_s is None else f"{args.memory_stall_s:g} s"
     restore = "2 x per-device shard / host copy" if args.memory_restore_s is None else f"{args.memory_restore_s:g} s"
     print(f"\nTwo tiers: goodput = useful time / wall time (model outputs). Device MTBF "
           f"{args.device_mtbf_hours:,.0f} h, {args.devices_per_node} devices/node; restart R={args.restart_s:.0f} s "
@@ -335,7 +337,7 @@ def parser() -> argparse.ArgumentParser:
     two.add_argument("--memory-interval", type=memory_interval, default="auto",
                      help="steps between memory snapshots, or auto (Young/Daly on the snapshot stall)")
     two.add_argument("--memory-stall-s", type=float, default=None,
-                     help="measured memory snapshot stall (default: the probe + per-device shard / --host-copy-gbps)")
+                     help="measured memory snapshot stall (default: the per-device shard / --host-copy-gbps)")
     two.add_argument("--memory-restore-s", type=float, default=None,
                      help="measured memory/peer restore time (default: twice the shard copy: peer, then device)")
     two.add_argument("--simulate", action="store_true", help="add the Monte Carlo of tools/simulate.py")

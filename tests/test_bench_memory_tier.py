@@ -29,7 +29,8 @@ ALONE_FIELDS = {"bytes", "count", "stage_s", "stage_cpu_s", "background_s", "rep
                 "wall_over_floors", "transfer_over_gloo", "replica_over_gloo"}
 TARGETS = {"interval10_within_3pct", "local_2x_faster_than_cold_durable", "replica_half_of_gloo",
            "stall_1_5x_memcpy", "background_2x_floors"}
-RESTORE_FIELDS = {"step", "source", "sources", "load_s", "verify_s", "read_s", "apply_s", "total_s", "resume_took_s",
+RESTORE_FIELDS = {"step", "source", "sources", "load_s", "verify_s", "read_s", "apply_s", "check_s", "total_s",
+                  "resume_took_s", "probe_s",
                   "to_resume_event_s", "to_first_step_s", "as_expected"}
 FLOOR_FIELDS = {"memcpy_gib_s", "memcpy_median_gib_s", "gloo_gib_s", "gloo_median_gib_s", "xxh3_gib_s",
                 "tmpfs_write_gib_s", "floor_bytes"}
@@ -59,6 +60,9 @@ def check_result(res: dict, steps: int) -> None:
     assert set(alone["floors"]) == set(alone["floors_cpu"]) == {"memcpy_s", "xxh3_s", "tmpfs_write_s", "gloo_s"}
     assert all(v > 0 for v in alone["floors"].values()) and alone["cpu_s"] > 0 and alone["transfer_s"] > 0
     assert set(res["targets"]) == TARGETS
+    restore = res["targets"]["local_2x_faster_than_cold_durable"]
+    assert restore["durable_probe_s"] == res["restore"]["durable_cold"]["probe_s"] > 0
+    assert res["restore"]["local_restart"]["probe_s"] is None and res["restore"]["local_restart"]["check_s"] > 0
     assert all(isinstance(t["met"], bool) for t in res["targets"].values())
     assert res["problems"] == []
 
@@ -90,10 +94,15 @@ def _launch_from_rows(bench_mod, self, tag: str, run_dir: Path, overrides, max_r
                 rows.append((t0 + 0.1 * s + 0.01, {"step": s, "kind": "checkpoint", "blocking_s": 0.05}))
 
     def resume(step: int, source: str, sources: dict) -> None:
-        timings = {"verify_s": 0.1, "read_s": 0.2, "apply_s": 0.1, "total_s": 0.4} if source == "memory" else {}
+        timings = {"verify_s": 0.1, "read_s": 0.2, "apply_s": 0.1, "check_s": 0.05, "total_s": 0.4} \
+            if source == "memory" else {}
         rows.append((t0 + 3.0, {"step": step, "kind": "resume", "load_s": 0.5, "source": source, "sources": sources,
                                 **timings}))
-        logs[0].write_text("12:00:00 [rank0] INFO resume took 0.61 s (load + verification)\n")
+        verified = ("weights: every tensor equal to the snapshot's bytes (no probe)" if source == "memory" else
+                    "probe loss 5.5 == (bitwise) stored (probe 0.20 s)")
+        logs[0].write_text(f"12:00:00 [rank0] INFO post-load verification of step_{step:08d} passed: step {step}, "
+                           f"LR 1.0e-03 = schedule, {verified}\n"
+                           "12:00:00 [rank0] INFO resume took 0.61 s (load + verification)\n")
         rows.append((t0 + 3.5, {"step": step + 1, "loss": 2.0, "step_s": 0.09}))
 
     if tag.startswith("tp-"):

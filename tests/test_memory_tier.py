@@ -8,6 +8,7 @@ compare every logged loss bitwise with an uninterrupted run.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import socket
@@ -165,6 +166,138 @@ def test_a_snapshot_restores_every_leaf_bitwise_and_refuses_another_model(tmp_pa
     damaged[:8] = b"XXXXXXXX"
     with pytest.raises(SnapshotError, match="not a snapshot"):
         apply_snapshot(_tiny_state(0), torch.frombuffer(damaged, dtype=torch.uint8))
+
+
+def _probed_run(tmp_path, durable_interval: int = 0):
+    """A world-1 run's pieces in this process: the debug model, its optimizer and schedule, a probe
+    that counts its forwards, a checkpoint manager whose memory tier snapshots every 2 steps (the
+    durable tier every ``durable_interval`` steps, off by default)."""
+    from types import SimpleNamespace
+
+    from hydra import compose, initialize_config_dir
+
+    from checkpoint.manager import CheckpointManager
+    from configs.schema import register
+    from model.config import model_config
+    from model.llama import build_model
+    from recovery.probe import PROBE_SEQUENCES, Probe
+    from training.optimizer import build_optimizer
+    from training.schedule import build_scheduler
+
+    register()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "+experiment=debug", f"output_root={tmp_path}", "run_name=probe-count",
+            f"checkpoint.interval={durable_interval}", "recovery.guards.shadow_interval=2",
+            "checkpoint.memory.interval=2", f"checkpoint.memory.root={tmp_path / 'shm'}",
+            "checkpoint.memory.replicas=0"])
+    model = build_model(model_config(cfg), seed=0)
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, cfg.training.steps)
+    state = TrainingState(model, optimizer, scheduler, optim_config=cfg.optim)
+    rows = torch.randint(0, 256, (PROBE_SEQUENCES, 17), generator=torch.Generator().manual_seed(1))
+    forwards = []
+    model.register_forward_hook(lambda *_: forwards.append(1))
+    probe = Probe(model, (rows[:, :-1], rows[:, 1:]), torch.device("cpu"),
+                  weights_version=lambda: state.weights_version)
+    dims = SimpleNamespace(dp_replicate=1, dp_shard=1, tp=1)
+    ckpt = CheckpointManager(cfg, state, rank=0, world_size=1, dims=dims, device=torch.device("cpu"), probe=probe)
+
+    def train_step():
+        model(rows[:, :-1]).float().square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        state.record_step(16 * PROBE_SEQUENCES, PROBE_SEQUENCES)
+        forwards.clear()  # the training forward is not the probe's
+
+    return cfg, state, probe, forwards, ckpt, train_step
+
+
+def _swap_moments(state):
+    """Exchange the two AdamW moments of the first parameter (same shape: a leaf in the wrong place)."""
+    moments = next(iter(state.optimizer.state.values()))
+    with torch.no_grad():
+        held = moments["exp_avg"].clone()
+        moments["exp_avg"].copy_(moments["exp_avg_sq"])
+        moments["exp_avg_sq"].copy_(held)
+
+
+def _damage_weight(state):
+    with torch.no_grad():
+        next(state.model.parameters()).view(-1)[0] += 1.0
+
+
+@pytest.mark.parametrize("after_apply", [_swap_moments, _damage_weight], ids=["swapped", "damaged"])
+def test_a_snapshot_runs_no_probe_and_its_restore_checks_every_applied_byte(tmp_path, after_apply):
+    """A memory snapshot's manifest carries no probe loss and computes none; its restore compares
+    every tensor the state holds after the apply with the snapshot's bytes, and that check, not a
+    forward, is what post-load verification relies on. A leaf put in the wrong place or damaged
+    after the apply is refused, and the snapshot is forgotten."""
+    from checkpoint.durable.manifest import CheckpointError
+    from checkpoint.memory.restore import WEIGHTS_CHECK
+    from recovery.resume import resume
+    from recovery.verify import ResumeVerifier
+
+    cfg, state, probe, forwards, ckpt, train_step = _probed_run(tmp_path)
+    try:
+        train_step()
+        train_step()
+        ckpt.after_step(2, 5.0)  # the memory tier is due
+        ckpt.memory.wait()
+        [record] = ckpt.memory.finished()
+        assert record.committed and forwards == []  # no probe forward in the snapshot
+        saved = _flat(state)
+        train_step()  # the live state moves on
+        verifier = ResumeVerifier(cfg, state, probe, ckpt.layout, 1)
+        assert resume(ckpt, verifier).startswith("from the memory tier (step 2")
+        assert forwards == [] and verifier.report["problems"] == []  # nor in its verification
+        assert verifier.report["probe_loss"] is None
+        got = _flat(state)
+        for k, v in saved.items():
+            assert torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v, k
+        snap = json.loads(next((tmp_path / "shm").glob("step_*/rank00000.json")).read_text())["manifest"]
+        assert snap["probe_loss"] is None and snap["probe_method"] == WEIGHTS_CHECK
+
+        train_step()
+        load = state.load_state_dict
+        state.load_state_dict = lambda sd: (load(sd), after_apply(state))
+        with pytest.raises(CheckpointError, match="differ from the snapshot's bytes") as failed:
+            resume(ckpt, verifier)
+        name = "optim.state.tok_embeddings.weight.exp_avg" if after_apply is _swap_moments \
+            else "model.tok_embeddings.weight"
+        assert name in str(failed.value)
+        assert forwards == [] and not list((tmp_path / "shm").glob("step_*"))  # refused and forgotten
+    finally:
+        ckpt.close()
+
+
+def test_a_step_where_a_save_a_snapshot_and_the_shadow_check_fall_due_runs_the_probe_once(tmp_path):
+    """In the loop's order: the guards' shadow check after the update, then the durable save and
+    the memory snapshot of the same step: one probe forward for all (the snapshot runs none), and
+    the durable manifest holds the value the shadow check saw."""
+    from checkpoint.durable.manifest import read_manifest
+    from recovery.guards import TrainingGuards
+    from recovery.probe import PROBE_METHOD, PROBE_SEQUENCES
+
+    cfg, state, probe, forwards, ckpt, train_step = _probed_run(tmp_path, durable_interval=2)
+    seen = []
+    guards = TrainingGuards(cfg.recovery.guards, state.model, torch.device("cpu"), tmp_path / "run", 0,
+                            shadow_loss=lambda: seen.append(probe()) or seen[-1])
+    try:
+        ckpt.preflight()
+        train_step()
+        train_step()
+        assert ckpt.due(2) and ckpt.memory.due(2) and cfg.recovery.guards.shadow_interval == 2
+        guards.after_update(2)  # the shadow check
+        ckpt.after_step(2, 5.0)  # the durable save and the snapshot
+        ckpt.wait()
+        ckpt.memory.wait()
+        assert len(seen) == 1 and len(forwards) == PROBE_SEQUENCES  # one probe, one sequence at a time
+        manifest = read_manifest(ckpt.root / "step_00000002")
+        assert manifest.probe_loss == seen[0] and manifest.probe_method == PROBE_METHOD
+    finally:
+        ckpt.close()
 
 
 def test_preflight_names_the_sizes_and_the_fixes(tmp_path):

@@ -104,8 +104,8 @@ def test_double_loss_probability_matches_independent_node_failures():
 def test_double_loss_probability_does_not_grow_with_scale():
     """P(both copies) ~ 2 x window x devices per node / device MTBF, whatever the device count: the rate of
     double losses grows with the cluster only because failures do. To second order the window is stretched
-    by the failures inside it (W' = M (e^(w/M) - 1) ~ w (1 + w / 2M)): 11% at 100k devices (M = 30 min),
-    where the snapshot's stall includes the probe and the memory interval is 79 s."""
+    by the failures inside it (W' = M (e^(w/M) - 1) ~ w (1 + w / 2M)): 8% at 100k devices (M = 30 min),
+    where the window is mostly the 300 s restart (a snapshot, the host copy alone, every 1 s step)."""
     args = plan.parser().parse_args(["--models", "8b"])
     for devices in (1000, 10_000, 100_000):
         _, two = plan.policies("8b", devices, 10.0, args)

@@ -6,9 +6,10 @@
 ``train`` runs the real train.py (runpy, as ``python train.py OVERRIDES`` would) and, at exit,
 writes to R.json what metrics.jsonl cannot say: the allocator's peaks (``max_memory_reserved``:
 the memory the run really took from the device, where the step rows log the allocated peak),
-the probe's own peak (recovery/probe.py runs a forward of 4 full sequences at every save and
-resume), and the device-to-host copy floor of ``--floor-bytes`` into pinned memory, measured in
-this process after training, the floor an async save's or a memory snapshot's stall is held to.
+the probe's own peak (recovery/probe.py runs a forward of its 4 sequences, one at a time, at
+every durable save, shadow check and resume), and the device-to-host copy floor of
+``--floor-bytes`` into pinned memory, measured in this process after training, the floor an
+async save's or a memory snapshot's stall is held to.
 ``--deterministic`` sets CUBLAS_WORKSPACE_CONFIG and torch.use_deterministic_algorithms before
 train.py starts: a killed and resumed run is then bitwise comparable on a GPU.
 """
@@ -89,7 +90,7 @@ class Measured:
             self._fold_peaks()
             return loss
 
-        probe_module.probe_loss = measured_probe  # make_probe's closure looks the name up at each call
+        probe_module.probe_loss = measured_probe  # Probe.__call__ looks the name up at each call
 
     def measure_floor(self, nbytes: int, reps: int = 3) -> None:
         """Copy ``nbytes`` from the device into pinned host memory (host to host on CPU), median of ``reps``."""

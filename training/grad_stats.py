@@ -99,14 +99,33 @@ class GradStats:
         self.weights = weights.to(self.device)
 
     def _resolve_pending(self) -> None:
-        """Sum the partial gradients over their ranks (what the optimizer would do for them)."""
-        from torch.distributed.tensor import Replicate
+        """Sum the partial gradients over their ranks (what the optimizer would do for each of them,
+        one DTensor redistribute per tensor): all of them in one all-reduce, per mesh and partial
+        dimensions, i.e. one over the tp group (the TP gradient sum, as Megatron's coalesced one of
+        the layer norms' gradients under sequence parallel)."""
+        from torch.distributed.tensor import DTensor, Replicate
 
+        batches: Dict[tuple, List[int]] = {}
         for i in self.pending:
             grad = self.params[i].grad
-            if grad is not None:
+            if grad is not None and _is_pending(grad):
+                dims = tuple(d for d, p in enumerate(grad.placements) if p.is_partial())
+                summed = all(getattr(grad.placements[d], "reduce_op", None) == "sum" for d in dims)
+                batches.setdefault((id(grad.device_mesh), dims, grad.dtype, summed), []).append(i)
+        for (_, dims, _, summed), members in batches.items():
+            grads = [self.params[i].grad for i in members]
+            if not summed:  # another reduction: left to DTensor, tensor by tensor
+                for i, grad in zip(members, grads):
+                    placements = [Replicate() if p.is_partial() else p for p in grad.placements]
+                    self.params[i].grad = grad.redistribute(grad.device_mesh, placements)
+                continue
+            mesh = grads[0].device_mesh
+            local = [g.to_local() for g in grads]
+            for dim in dims:
+                local = collectives.all_reduce_coalesced(local, mesh.get_group(dim))
+            for i, grad, summed_local in zip(members, grads, local):
                 placements = [Replicate() if p.is_partial() else p for p in grad.placements]
-                self.params[i].grad = grad.redistribute(grad.device_mesh, placements)
+                self.params[i].grad = DTensor.from_local(summed_local, mesh, placements, run_check=False)
 
     def local_squares(self) -> torch.Tensor:
         """This rank's weighted share of each group's squared gradient norm (float64, on device)."""

@@ -102,7 +102,8 @@ class MemoryTier:
     def snapshot(self, step: int, state_dict: Dict[str, Any], manifest: Manifest,
                  started: Optional[float] = None) -> None:
         """Stage ``state_dict`` (the training thread's only cost) and write and replicate it in the
-        background. ``started``: when the snapshot began (before its manifest's probe), for its stall."""
+        background. ``started``: when the snapshot began (before its manifest was built), for its stall.
+        The manifest has no probe loss: the restore compares the applied bytes (restore.py)."""
         t0 = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - t0

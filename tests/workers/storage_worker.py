@@ -6,7 +6,11 @@ Rank 0 first saves full tensors with no process group (DIR/full). Then both rank
 1. load DIR/full into DTensors sharded on dim 0 (whole rows: read straight into the shard)
    and on dim 1 (a column block of each saved row: read aside, then copied);
 2. save those DTensors (DIR/sharded) and rank 0 loads them back into full tensors with no
-   process group (each saved chunk lands in a column block or row block of the destination).
+   process group (each saved chunk lands in a column block or row block of the destination);
+3. save twice, through the product's CheckpointSaver, a state of the same structure with other
+   values (DIR/cached): DCP's plan caching (checkpoint/durable/saver.py) plans the first save only
+   (the coordinator builds one global plan, every rank sends an empty local plan the second time),
+   and the second checkpoint holds the second values.
 Every comparison is bitwise; the worker exits non-zero on the first difference.
 """
 
@@ -66,7 +70,38 @@ def main() -> None:
             for k, v in back.items():
                 check(f"{k} saved sharded on dim {dim}, loaded whole", v, full[k])
         dist.barrier()
+    plan_once(out / "cached", mesh, full)
     dist.destroy_process_group()
+
+
+def plan_once(root: Path, mesh, full: dict) -> None:
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    from checkpoint.durable.layout import committed_dir
+    from checkpoint.durable.manifest import Manifest
+    from checkpoint.durable.saver import CheckpointSaver
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    planned, sent = [], []  # global plans the coordinator built; items of each local plan this rank sent
+    create_global, create_local = DefaultSavePlanner._create_global_plan, DefaultSavePlanner.create_local_plan
+    DefaultSavePlanner._create_global_plan = lambda self, plans: planned.append(1) or create_global(self, plans)
+    DefaultSavePlanner.create_local_plan = lambda self: (lambda plan: sent.append(len(plan.items)) or plan)(
+        create_local(self))
+    saver = CheckpointSaver(root, "sync", rank, world)
+    for step in (1, 2):
+        state = {"model": {k: distribute_tensor(v * step if v.is_floating_point() else v + step, mesh, [Shard(0)])
+                           for k, v in full.items()}}
+        saver.save(state, Manifest(f"step_{step:08d}", step, 0, 0, 0.0, "h", {}, world, {}, 1, None, None, None))
+    if planned != ([1] if rank == 0 else []) or len(sent) != 2 or sent[0] == 0 or sent[1] != 0:
+        raise SystemExit(f"rank {rank}: plan caching: {len(planned)} global plans for two saves, local plans of "
+                         f"{sent} items (want 1 global plan on rank 0, the second local plan empty)")
+    dist.barrier()
+    if rank == 0:
+        back = {"model": {k: torch.zeros_like(v) for k, v in full.items()}}
+        dcp.load(back, storage_reader=RawFileReader(committed_dir(root, 2)), no_dist=True)
+        for k, v in full.items():
+            check(f"{k} of the second save", back["model"][k], v * 2 if v.is_floating_point() else v + 2)
+    dist.barrier()
 
 
 
