@@ -42,6 +42,7 @@ USER_ERRORS = (ConfigError, CheckpointError, PreflightError, RecoveryError, Roll
 CONFIG_EXIT_CODE = 2
 SILENT_RANK_WAIT_S = 3.0
 _composed = False  # set once Hydra has composed the config and called main
+LAUNCHER_CHECKED = "TRAINER_CONFIG_CHECKED"  # set by scripts/torchrun_preemptible.py for its workers after its check
 
 
 def dry_run(cfg: DictConfig) -> None:
@@ -74,7 +75,7 @@ def main(cfg: DictConfig) -> None:
     _composed = True
     try:
         for warning in validate_config(cfg, world_size_of(cfg), files=True):
-            if _prints():
+            if _prints() and not os.environ.get(LAUNCHER_CHECKED):  # the launcher's own check printed it
                 print(f"warning: {warning}", file=sys.stderr)
         if cfg.check_only:
             print("configuration accepted", file=sys.stderr)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from omegaconf.errors import ValidationError
 from configs.bounds import BOUNDS
 from configs.checks import ConfigError
 from configs.schema import DataSourceConfig, FaultConfig, numeric_keys, register
-from helpers.launch import ROOT, run, torchrun
+from helpers.launch import ROOT, load_script, run, run_train, subprocess_env, torchrun
 from trainer.checks import validate_config
 
 register()
@@ -436,15 +438,105 @@ def test_under_torchrun_one_rank_prints_the_block(tmp_path):
 
 @pytest.mark.distributed
 def test_the_launcher_checks_once_and_exits_2_without_an_agent_traceback(tmp_path):
-    proc = run([sys.executable, str(ROOT / "scripts" / "torchrun_preemptible.py"), "--standalone",
-                "--nproc-per-node=2", str(ROOT / "train.py"), "+experiment=debug", f"output_root={tmp_path}",
-                "run_name=run", "+training.setps=10", "parallel.tp=3"], timeout=300)
+    """scripts/launch_single_node.sh (its preemption_env.sh, then torchrun_preemptible.py's check): a grace that is
+    not a number reaches the config check too, and is refused there with the rest."""
+    proc = run(["bash", "scripts/launch_single_node.sh", "+experiment=debug", f"output_root={tmp_path}",
+                "run_name=run", "+training.setps=10", "parallel.tp=3", "recovery.preemption_grace_s=nan"],
+               timeout=300, env=subprocess_env({"NPROC": "2", "PYTHON": sys.executable}))
     assert proc.returncode == 2, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     assert out.count("error: ConfigError: invalid configuration:") == 1 and "Traceback" not in out
     assert "ChildFailedError" not in out and "did you mean training.steps?" in out
     assert "world size 2 is not divisible by parallel.dp_replicate (1) x parallel.tp (3)" in out  # the world it gets
+    assert "recovery.preemption_grace_s=nan must be" in out
     assert not (tmp_path / "run").exists()
+
+
+def _check_env(monkeypatch, argv, status=0, output="", **environ):
+    """torchrun_preemptible.check_config(argv) with its check's process stood in for: (its status, the
+    environment and keyword arguments the check was started with, or None when none was started)."""
+    script = load_script("torchrun_preemptible")
+    seen = []
+    monkeypatch.setattr(script.subprocess, "run", lambda cmd, env, **kw: seen.append((env, kw)) or
+                        subprocess.CompletedProcess(cmd, status, output, output))
+    for key in ("SLURM_NODEID", "PET_NODE_RANK", "PET_NNODES", "PET_NPROC_PER_NODE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    code = script.check_config(argv)
+    return code, (seen[-1] if seen else None)
+
+
+def test_the_launchers_check_sees_every_world_size_of_an_elastic_range(monkeypatch):
+    code, (env, _) = _check_env(monkeypatch, ["--nnodes=2:4", "--nproc-per-node=8", "--rdzv-backend=c10d",
+                                              "--rdzv-endpoint=localhost:29400", "train.py", "seed=1"])
+    assert code == 0 and env["WORLD_SIZE"] == "16" and env["LOCAL_WORLD_SIZE"] == "8"
+    assert env["TRAINER_CHECK_WORLD_SIZES"] == "16,24,32"
+    code, (env, _) = _check_env(monkeypatch, ["--standalone", "--nproc-per-node=2", "train.py"])
+    assert env["WORLD_SIZE"] == "2" and "TRAINER_CHECK_WORLD_SIZES" not in env
+
+
+def test_the_launchers_check_resolves_nproc_per_node_gpu_as_torchrun_does(monkeypatch, capsys):
+    import torch
+
+    code, started = _check_env(monkeypatch, ["--standalone", "--nproc-per-node=gpu", "train.py"])
+    if torch.cuda.is_available():  # the world of the devices torchrun will start a process for
+        assert code == 0 and started[0]["WORLD_SIZE"] == str(torch.cuda.device_count())
+    else:  # torchrun itself would stop with a traceback: a refusal, and no check started
+        assert code == 2 and started is None
+        assert "--nproc-per-node=gpu --nnodes=1:1: Cuda is not available." in capsys.readouterr().err
+    code, started = _check_env(monkeypatch, ["--nnodes=4:2", "--nproc-per-node=2", "train.py"])
+    assert code == 2 and started is None and "MIN <= MAX" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, environ, prints", [
+    (["--standalone", "--nproc-per-node=2"], {}, True),
+    (["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:29400"], {}, True),
+    (["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=192.0.2.7:29400"], {}, False),
+    (["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=192.0.2.7:29400",
+      "--rdzv-conf=is_host=false"], {}, True),  # the store runs elsewhere: no agent can tell it is the first
+    (["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:29400"],
+     {"SLURM_NODEID": "1"}, False),
+    (["--nnodes=2", "--nproc-per-node=2", "--node-rank=1", "--master-addr=192.0.2.7"], {}, False),
+    (["--nnodes=2", "--nproc-per-node=2", "--node-rank=0", "--master-addr=192.0.2.7"], {}, True),
+])
+def test_one_agent_of_a_multi_node_launch_prints_the_refusal(monkeypatch, capsys, argv, environ, prints):
+    code, (_, kwargs) = _check_env(monkeypatch, [*argv, "train.py", "seed=-1"], status=2, output="the block",
+                                   **environ)
+    err = capsys.readouterr().err
+    assert code == 2 and ("capture_output" not in kwargs) == prints
+    assert ("refused this launch here too (exit 2); the first node prints why" in err) == (not prints)
+
+
+def test_the_workers_of_a_checked_launch_print_no_warning_again(monkeypatch):
+    """The agent's check printed the warnings: its workers run the same checks silently (TRAINER_CONFIG_CHECKED);
+    a TORCH_ELASTIC_SHUTDOWN_TIMEOUT torchrun cannot read is refused before any worker starts."""
+    script = load_script("torchrun_preemptible")
+    started = []
+    monkeypatch.setattr(script, "check_config", lambda argv: 0)
+    monkeypatch.setattr(script, "torchrun_main", lambda: started.append(os.environ.get("TRAINER_CONFIG_CHECKED")))
+    monkeypatch.setattr(script.NoticeForwarder, "install", lambda self: None)
+    monkeypatch.setattr(sys, "argv", ["torchrun_preemptible.py", "--standalone", "train.py"])
+    monkeypatch.setenv("TRAINER_CONFIG_CHECKED", "")  # main() sets it in this process: put back at the end
+    monkeypatch.delenv("TRAINER_CONFIG_CHECKED")
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "150")
+    script.main()
+    assert started == ["1"]
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "1e3")
+    with pytest.raises(SystemExit) as exit_:
+        script.main()
+    assert exit_.value.code == 2 and started == ["1"]
+
+
+@pytest.mark.distributed
+def test_train_py_prints_a_warning_unless_the_launcher_did(tmp_path, pydoc_data):
+    overrides = [f"data.path={pydoc_data}", f"output_root={tmp_path}", "checkpoint.keep_every=15",
+                 "checkpoint.interval=10", "check_only=true"]
+    warning = "warning: checkpoint.keep_every=15 is not a multiple of checkpoint.interval=10"
+    alone = run_train(overrides)
+    assert alone.stderr.count(warning) == 1 and "configuration accepted" in alone.stderr
+    under_launcher = run_train(overrides, extra_env={"TRAINER_CONFIG_CHECKED": "1"})
+    assert warning not in under_launcher.stderr and "configuration accepted" in under_launcher.stderr
 
 
 def test_resume_must_with_a_mistyped_dir_gives_the_fix_and_creates_nothing(tmp_path, pydoc_data):
