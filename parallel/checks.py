@@ -3,7 +3,7 @@ timeouts, and, once the world size is known, the layout, the batch split and ten
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import List, Tuple
 
 from configs.checks import Problems
 from configs.constants import ACTIVATION_CHECKPOINTING, DEVICES, PARAM_DTYPES
@@ -23,18 +23,31 @@ def config_problems(cfg, problems: Problems, world: int | Tuple[int, ...] | None
     problems.positive("parallel.collective_timeout_after_first_step_s", p.collective_timeout_after_first_step_s)
     if world is None:  # the layout is checked once the world size is known
         return
-    sizes = world if isinstance(world, tuple) else (world,)
-    failing = [(size, found) for size in sizes for found in [layout_problems(cfg, size)] if found]
+    if not isinstance(world, tuple):
+        problems += layout_problems(cfg, world)
+        return
+    largest = world[-1]  # an elastic range: torchrun forms the group at its largest once every node joined
+    found = layout_problems(cfg, largest)
+    if found:
+        works = [n for n in world[:-1] if not layout_problems(cfg, n)]
+        which = f"world sizes {works} of the range work" if works else "no world size of the range works"
+        where = (f"at world size {largest}, the largest of the elastic range {world[0]} to {largest} (the group "
+                 f"torchrun forms once every node joined; {which}): ")
+        problems += [where + message for message in found]
+
+
+def elastic_warnings(cfg, world: int | Tuple[int, ...] | None) -> List[str]:
+    """An elastic range whose largest world size works but some smaller ones do not: a group re-formed at one of
+    them (after a node was lost) would stop with exit 2."""
+    if not isinstance(world, tuple) or layout_problems(cfg, world[-1]):
+        return []
+    failing = [(n, found) for n in world[:-1] for found in [layout_problems(cfg, n)] if found]
     if not failing:
-        return
-    if len(sizes) == 1:
-        problems += failing[0][1]
-        return
-    size, found = failing[0]  # an elastic range: the first world size that fails, and which others do
-    others = [n for n, _ in failing[1:]]
-    where = (f"at world size {size} (the elastic range forms world sizes {sizes[0]} to {sizes[-1]}; "
-             + (f"{others} fail too" if others else "the others work") + "): ")
-    problems += [where + message for message in found]
+        return []
+    return [f"world sizes {[n for n, _ in failing]} of the elastic range {world[0]} to {world[-1]} cannot run this "
+            f"layout, so a group re-formed at one of them (after a node is lost) stops with exit 2 (at "
+            f"{failing[0][0]}: {failing[0][1][0]}); narrow --nnodes, or choose training.global_batch_size and "
+            "training.micro_batch_size that every data-parallel size of the range divides"]
 
 
 def layout_problems(cfg, world: int) -> Problems:

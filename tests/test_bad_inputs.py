@@ -376,20 +376,25 @@ def test_huge_values_are_refused_at_once(overrides, world, needle):
 
 
 def test_an_elastic_range_is_checked_at_every_world_size_it_may_form(monkeypatch):
-    """torchrun --nnodes=1:3 --nproc-per-node=1: the launcher's check gets world sizes 1, 2 and 3; a global batch of
-    16 in micro-batches of 8 splits over 1 and 2 data-parallel ranks, not 3."""
+    """torchrun --nnodes=1:3 --nproc-per-node=1: the launcher's check gets world sizes 1, 2 and 3. The group forms at
+    3 once every node joined: a layout that fails there is refused; one that fails only at a smaller size (a group
+    re-formed after a node is lost) is a warning naming it."""
     from trainer.checks import CHECK_WORLD_SIZES, world_size_of
 
     monkeypatch.setenv(CHECK_WORLD_SIZES, "1,2,3")
     monkeypatch.setenv("WORLD_SIZE", "1")
-    cfg = _compose("check_only=true")
+    cfg = _compose("check_only=true")  # a global batch of 16 in micro-batches of 8: over 1 or 2 ranks, not 3
     assert world_size_of(cfg) == (1, 2, 3)
     with pytest.raises(ConfigError) as err:
         validate_config(cfg, world_size_of(cfg))
-    assert ("at world size 3 (the elastic range forms world sizes 1 to 3; the others work): "
-            "training.global_batch_size=16 is not divisible by dp_size (3)") in str(err.value)
-    assert validate_config(_compose("check_only=true", "training.micro_batch_size=1",
-                                    "training.global_batch_size=12"), (1, 2, 3)) == []
+    assert ("at world size 3, the largest of the elastic range 1 to 3 (the group torchrun forms once every node "
+            "joined; world sizes [1, 2] of the range work): training.global_batch_size=16 is not divisible by "
+            "dp_size (3)") in str(err.value)
+    one_by_one = ["check_only=true", "training.global_batch_size=12", "training.micro_batch_size=1"]
+    [warning] = validate_config(_compose(*one_by_one), (1, 2, 3, 4, 5, 6))
+    assert warning.startswith("world sizes [5] of the elastic range 1 to 6 cannot run this layout, so a group "
+                              "re-formed at one of them (after a node is lost) stops with exit 2 (at 5: "), warning
+    assert validate_config(_compose(*one_by_one), (1, 2, 3)) == []
     assert world_size_of(_compose()) == 1  # a worker (not check_only) runs at its WORLD_SIZE
 
 

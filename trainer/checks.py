@@ -71,7 +71,7 @@ def validate_config(cfg: DictConfig, world_size: int | Tuple[int, ...] | None = 
         problems += file_problems(cfg)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
-    return checkpoint.checks.config_warnings(cfg)
+    return checkpoint.checks.config_warnings(cfg) + parallel.checks.elastic_warnings(cfg, world_size)
 
 
 # What the cross-key checks read: the model's shape, and the layout (the batch split, tensor-parallel fit).
