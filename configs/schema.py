@@ -169,7 +169,8 @@ class CheckpointConfig:
     load_threads: int = 2  # read streams per rank and file while loading (1: one sequential stream)
     commit_timeout_s: float = 600.0  # a rank that has not acknowledged by then: not committed
     # The attempt lease's heartbeat (checkpoint/durable/lease.py): a launch into a directory whose owner beat
-    # less than this ago is refused (another run is live there), unless take_over=true.
+    # less than this ago is refused (another run is live there), unless take_over=true. >= 10 s: the heartbeat
+    # beats every lease_timeout_s / 4 (configs/bounds.py says why).
     lease_timeout_s: float = 60.0
     take_over: bool = False  # take the directory from a live-looking owner (one known to be gone)
     # A save that fails (disk full, read-only, quota): stop (the uncommitted directory is removed and the
