@@ -33,7 +33,11 @@ import threading
 import time
 from typing import List, Optional, Tuple
 
-from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
+from torch.distributed.elastic.rendezvous.utils import (
+    _matches_machine_hostname,
+    _parse_rendezvous_config,
+    parse_rendezvous_endpoint,
+)
 from torch.distributed.run import determine_local_world_size, parse_args, parse_min_max_nnodes
 from torch.distributed.run import main as torchrun_main
 
@@ -123,7 +127,8 @@ def _prints_the_check(args) -> bool:
 
 def _world(args) -> Tuple[List[int], int]:
     """The world sizes the workers may form (one per node count of an elastic --nnodes=MIN:MAX) and the processes
-    per node, as torchrun resolves them (--nproc-per-node=gpu: the devices it sees). ValueError: not a layout."""
+    per node, as torchrun resolves them (--nproc-per-node=gpu: the devices it sees). ValueError: not a layout, or
+    a rendezvous option torchrun cannot read."""
     try:
         nproc = determine_local_world_size(args.nproc_per_node)
         low, high = parse_min_max_nnodes(args.nnodes)
@@ -133,6 +138,17 @@ def _world(args) -> Tuple[List[int], int]:
     if not 1 <= low <= high or nproc < 1:
         raise ValueError(f"--nproc-per-node={args.nproc_per_node} --nnodes={args.nnodes}: give at least one process "
                          "and one node (--nnodes MIN:MAX with MIN <= MAX)")
+    try:  # what torchrun would otherwise stop on with a traceback once the check passed
+        if args.rdzv_endpoint:
+            parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)
+        conf = _parse_rendezvous_config(args.rdzv_conf)
+    except ValueError as exc:
+        raise ValueError(f"--rdzv-endpoint={args.rdzv_endpoint} --rdzv-conf={args.rdzv_conf}: {exc}") from exc
+    counts = [f"{k}={v}" for k, v in conf.items() if k.endswith(("timeout", "interval", "attempt"))
+              and not v.strip().isdigit()]
+    if counts:
+        raise ValueError(f"--rdzv-conf={args.rdzv_conf}: {', '.join(counts)} must be whole numbers (torchrun reads "
+                         "them with int(); JOIN_TIMEOUT_S for scripts/launch_multi_node.sh)")
     return [n * nproc for n in range(low, high + 1)], nproc
 
 

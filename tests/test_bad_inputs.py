@@ -481,7 +481,7 @@ def test_the_launchers_check_sees_every_world_size_of_an_elastic_range(monkeypat
     assert env["WORLD_SIZE"] == "2" and "TRAINER_CHECK_WORLD_SIZES" not in env
 
 
-def test_the_launchers_check_resolves_nproc_per_node_gpu_as_torchrun_does(monkeypatch, capsys):
+def test_the_launchers_check_resolves_the_layout_as_torchrun_does(monkeypatch, capsys):
     import torch
 
     code, started = _check_env(monkeypatch, ["--standalone", "--nproc-per-node=gpu", "train.py"])
@@ -492,6 +492,11 @@ def test_the_launchers_check_resolves_nproc_per_node_gpu_as_torchrun_does(monkey
         assert "--nproc-per-node=gpu --nnodes=1:1: Cuda is not available." in capsys.readouterr().err
     code, started = _check_env(monkeypatch, ["--nnodes=4:2", "--nproc-per-node=2", "train.py"])
     assert code == 2 and started is None and "MIN <= MAX" in capsys.readouterr().err
+    for bad, needle in (("--rdzv-endpoint=node0:abc", "must be an integer between 0 and 65536"),
+                        ("--rdzv-conf=join_timeout=abc", "join_timeout=abc must be whole numbers")):
+        code, started = _check_env(monkeypatch, ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", bad,
+                                                 "train.py"])
+        assert code == 2 and started is None and needle in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, environ, prints", [
