@@ -145,7 +145,11 @@ def clean_uncommitted(root: Path, spare_younger_than_s: Optional[float] = None) 
 def _last_written(d: Path) -> float:
     """The newest modification time of directory ``d`` and everything in it (0 when it vanished meanwhile)."""
     newest = 0.0
-    for p in [d, *d.rglob("*")]:
+    try:
+        inside = list(d.rglob("*"))
+    except OSError:  # a subfolder removed while it was listed: something is at work in there now
+        return time.time()
+    for p in [d, *inside]:
         try:
             newest = max(newest, p.stat().st_mtime)
         except OSError:  # removed meanwhile (a writer's temporary file)
