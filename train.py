@@ -22,6 +22,7 @@ from checkpoint.durable.lease import LiveOwner
 from checkpoint.durable.manifest import CheckpointError, ConfigMismatch
 from checkpoint.durable.preflight import PreflightError
 from configs.checks import ConfigError
+from configs.constants import CONFIG_CHECKED_ENV
 from configs.schema import register
 from data.prepared import DataError
 from model.config import model_config
@@ -78,7 +79,8 @@ def main(cfg: DictConfig) -> None:
     try:
         if cfg.check_only or cfg.dry_run:  # one process, no process group: every check here
             for warning in validate_config(cfg, world_size_of(cfg), files=True):
-                print(f"warning: {warning}", file=sys.stderr)
+                if not os.environ.get(CONFIG_CHECKED_ENV):  # the launcher's own check printed it
+                    print(f"warning: {warning}", file=sys.stderr)
         if cfg.check_only:
             print("configuration accepted", file=sys.stderr)
             return

@@ -17,6 +17,10 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 MAX_SECONDS = 1e8  # about three years: longer waits overflow timedelta and Event.wait, and mean "never"
+# The attempt lease's heartbeat beats every lease_timeout_s / 4 (checkpoint/durable/lease.py). A beat is a write to
+# the checkpoint storage, which can stall for seconds on a shared file system or an object store, and another
+# host reads its age against its own clock: below this a live owner looks dead (and the heartbeat spins).
+MIN_LEASE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class Bound:
     def holds(self, value) -> bool:
         if value in self.also:
             return True
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):  # an int never is (and may not fit a float)
             return False
         if self.low is not None and (value <= self.low if self.open_low else value < self.low):
             return False
@@ -72,18 +76,25 @@ BOUNDS: Dict[str, Bound] = {
     "model.ffn_dim_multiplier": Bound(0, 100, open_low=True),
     "model.norm_eps": Bound(0, 1, open_low=True), "model.rope_theta": Bound(0, 1e30, open_low=True),
     "model.max_seq_len": Bound(1, 2**24), "model.dropout": FRACTION, "model.init_std": Bound(0, 1, open_low=True),
+    # model.rope_scaling's numbers (llama3 scaling, model/rope.py): a finite context extension of a finite context
+    "model.rope_scaling.factor": Bound(1, 1e6), "model.rope_scaling.low_freq_factor": Bound(0, 1e6, open_low=True),
+    "model.rope_scaling.high_freq_factor": Bound(0, 1e6, open_low=True),
+    "model.rope_scaling.original_max_position_embeddings": Bound(1, 2**24),
     "parallel.dp_replicate": AT_LEAST_1, "parallel.dp_shard": Bound(1, also=(-1,)), "parallel.tp": AT_LEAST_1,
     "parallel.collective_timeout_s": SECONDS, "parallel.collective_timeout_after_first_step_s": SECONDS,
     "data.bpe_vocab_size": Bound(257, 2**31 - 1), "data.mixture[].weight": POSITIVE,
     "data.num_workers": Bound(0, 1024), "data.prefetch_factor": Bound(1, 1024), "data.validation_fraction": FRACTION,
-    "training.steps": AT_LEAST_1, "training.global_batch_size": AT_LEAST_1, "training.micro_batch_size": AT_LEAST_1,
+    "training.steps": AT_LEAST_1, "training.global_batch_size": SIZE, "training.micro_batch_size": SIZE,
     "training.seq_len": AT_LEAST_1, "training.grad_clip": NON_NEGATIVE, "training.ema_decay": FRACTION,
     "eval.interval": NON_NEGATIVE, "eval.batches": AT_LEAST_1,
     "optim.lr": Bound(0, 10, open_low=True), "optim.lr_min": NON_NEGATIVE, "optim.warmup_steps": NON_NEGATIVE,
     "optim.weight_decay": NON_NEGATIVE, "optim.beta1": FRACTION, "optim.beta2": FRACTION, "optim.eps": POSITIVE,
     "checkpoint.keep_last": AT_LEAST_1, "checkpoint.keep_every": NON_NEGATIVE, "checkpoint.keep_forensic": NON_NEGATIVE,
     "checkpoint.keep_best": NON_NEGATIVE, "checkpoint.load_threads": Bound(1, 256),
-    "checkpoint.commit_timeout_s": SECONDS, "checkpoint.lease_timeout_s": SECONDS,
+    "checkpoint.commit_timeout_s": SECONDS,
+    "checkpoint.lease_timeout_s": Bound(MIN_LEASE_TIMEOUT_S, MAX_SECONDS, why=(
+        f"the heartbeat beats every lease_timeout_s / 4; a beat must outlast a slow write to shared storage and "
+        f"clock skew between hosts: use >= {MIN_LEASE_TIMEOUT_S:g} s, e.g. the default 60")),
     "checkpoint.memory.replicas": Bound(0, 1), "checkpoint.memory.node": NON_NEGATIVE,
     "recovery.timeouts.*": SECONDS, "recovery.checkpoint_write_timeout_s": SECONDS,
     "recovery.straggler_interval": NON_NEGATIVE, "recovery.straggler_factor": Bound(1, open_low=True),
@@ -121,3 +132,20 @@ def bound_problems(values: List[Tuple[str, object]]) -> List[str]:
             what = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""
             out.append(f"{key}={value} must be {what}{bound.describe()}")
     return out
+
+
+DIVISOR_SEARCH_LIMIT = 2**36  # trial division up to its square root: 2**18 steps, a few hundredths of a second
+
+
+def divisors(n: int) -> Optional[List[int]]:
+    """The divisors of ``n`` ascending (for the checks' suggestions), by trial division up to its square root;
+    None when ``n`` is above DIVISOR_SEARCH_LIMIT or not a positive integer: a suggestion never costs a hang."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= DIVISOR_SEARCH_LIMIT:
+        return None
+    low, high = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            low.append(d)
+            if d != n // d:
+                high.append(n // d)
+    return low + high[::-1]

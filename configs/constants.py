@@ -58,3 +58,6 @@ VALIDATION_CHOICES = ("none", "held_out")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")  # logging.level
 ON_SAVE_ERROR = ("stop", "continue")  # checkpoint.on_save_error
 RESUME_WORDS = ("auto", "never", "must")  # checkpoint.resume, besides a step number or a checkpoint path
+# Set by scripts/torchrun_preemptible.py for its workers once its own config check passed (and printed
+# the warnings): train.py and trainer/run.py print no warning again.
+CONFIG_CHECKED_ENV = "TRAINER_CONFIG_CHECKED"

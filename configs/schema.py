@@ -8,6 +8,7 @@ dataclasses: a misspelled key or a wrong type fails at compose time, before any 
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import typing
 from dataclasses import dataclass, field, is_dataclass
@@ -182,7 +183,8 @@ class CheckpointConfig:
     load_threads: int = 2  # read streams per rank and file while loading (1: one sequential stream)
     commit_timeout_s: float = 600.0  # a rank that has not acknowledged by then: not committed
     # The attempt lease's heartbeat (checkpoint/durable/lease.py): a launch into a directory whose owner beat
-    # less than this ago is refused (another run is live there), unless take_over=true.
+    # less than this ago is refused (another run is live there), unless take_over=true. >= 10 s: the heartbeat
+    # beats every lease_timeout_s / 4 (configs/bounds.py says why).
     lease_timeout_s: float = 60.0
     take_over: bool = False  # take the directory from a live-looking owner (one known to be gone)
     # A save that fails (disk full, read-only, quota): stop (the uncommitted directory is removed and the
@@ -305,16 +307,23 @@ def _plain(tp):
     return tp
 
 
-def _walk(node, tp, prefix: str) -> Iterator[Tuple[str, str, object]]:
-    """(kind, dotted key, schema type) for every key of the composed ``node`` against schema type ``tp``:
+@functools.lru_cache(maxsize=None)
+def _hints(tp) -> Dict[str, Any]:
+    """A schema dataclass's field types (typing resolves them anew on every call; the checks walk the schema
+    for every config)."""
+    return typing.get_type_hints(tp)
+
+
+def _walk(node, tp, prefix: str) -> Iterator[Tuple[str, str, object, object]]:
+    """(kind, dotted key, schema type, node) for every key of the composed ``node`` against schema type ``tp``:
     kind "unknown" for a key the schema does not declare, "leaf" for a value; containers are entered."""
     tp = _plain(tp)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if is_dataclass(tp) and isinstance(node, DictConfig):
-        hints = typing.get_type_hints(tp)
+        hints = _hints(tp)
         for key in node.keys():
             if key not in hints:
-                yield "unknown", f"{prefix}{key}", None
+                yield "unknown", f"{prefix}{key}", None, None
             else:
                 yield from _walk(node._get_node(key), hints[key], f"{prefix}{key}.")
     elif origin in (list, List) and isinstance(node, ListConfig):
@@ -324,13 +333,13 @@ def _walk(node, tp, prefix: str) -> Iterator[Tuple[str, str, object]]:
         for key in node.keys():
             yield from _walk(node._get_node(key), args[1], f"{prefix}{key}.")
     else:
-        yield "leaf", prefix[:-1], tp
+        yield "leaf", prefix[:-1], tp, node
 
 
 def known_keys(tp=None, prefix: str = "") -> List[str]:
     """Every dotted key the schema declares (``[]`` for a list's items, ``*`` for a mapping's keys)."""
     out = []
-    for name, hint in typing.get_type_hints(tp or Config).items():
+    for name, hint in _hints(tp or Config).items():
         hint = _plain(hint)
         origin, args = typing.get_origin(hint), typing.get_args(hint)
         if is_dataclass(hint):
@@ -364,7 +373,7 @@ def _schema_type(key: str):
         if typing.get_origin(tp) in (dict, Dict):
             tp = typing.get_args(tp)[1]
             continue
-        tp = typing.get_type_hints(tp)[part]
+        tp = _hints(tp)[part]
     return _plain(tp)
 
 
@@ -373,7 +382,7 @@ def unknown_key_problems(cfg: DictConfig) -> List[str]:
     lets through) is an error naming the closest key it does declare."""
     known = [k for k in known_keys() if not k.endswith("*")]
     out = []
-    for kind, key, _ in _walk(cfg, Config, ""):
+    for kind, key, *_ in _walk(cfg, Config, ""):
         if kind == "unknown":
             pattern = re.sub(r"\[\d+\]", "[]", key)
             section = pattern.rsplit(".", 1)[0] if "." in pattern else ""
@@ -387,11 +396,15 @@ def unknown_key_problems(cfg: DictConfig) -> List[str]:
 
 
 def numeric_values(cfg: DictConfig) -> List[Tuple[str, object]]:
-    """(dotted key, value) for every number of the composed config, as the schema types it, resolved."""
+    """(dotted key, value) for every number of the composed config, as the schema types it, resolved; in a
+    mapping of any values (model.rope_scaling) the values that are numbers."""
     out = []
-    for kind, key, tp in _walk(cfg, Config, ""):
-        if kind == "leaf" and tp in (int, float):
-            out.append((key, OmegaConf.select(cfg, key, throw_on_missing=False)))
+    for kind, key, tp, node in _walk(cfg, Config, ""):
+        if kind == "leaf" and tp in (int, float, Any):
+            resolve = node._is_interpolation() or node._is_missing()  # else the node holds the value itself
+            value = OmegaConf.select(cfg, key, throw_on_missing=False) if resolve else node._value()
+            if tp is not Any or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+                out.append((key, value))
     return out
 
 

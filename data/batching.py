@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List
 
+from configs.bounds import divisors
+
 
 @dataclass(frozen=True)
 class BatchPlan:
@@ -48,8 +50,7 @@ def rank_micro_batches(plan: BatchPlan, batch_start: int, dp_rank: int) -> List[
 def _valid_micro_batches(global_batch_size: int, dp_size: int) -> List[int]:
     if global_batch_size % dp_size:
         return []
-    per_rank = global_batch_size // dp_size
-    return [m for m in range(1, per_rank + 1) if per_rank % m == 0]
+    return divisors(global_batch_size // dp_size) or []
 
 
 def make_batch_plan(global_batch_size: int, micro_batch_size: int, dp_size: int) -> BatchPlan:
@@ -70,10 +71,12 @@ def make_batch_plan(global_batch_size: int, micro_batch_size: int, dp_size: int)
         below = [m for m in micros if m <= micro_batch_size]
         near = sorted({below[-1] if below else micros[0], min(micros, key=lambda m: abs(m - micro_batch_size))})
         lines.append(f"Valid micro_batch_size at dp={dp_size}: {near} (all: {micros}).")
+    elif global_batch_size % dp_size == 0:
+        lines.append(f"A valid micro_batch_size divides {global_batch_size // dp_size} (the global batch per rank).")
     else:
-        dps = [d for d in range(1, global_batch_size + 1) if global_batch_size % d == 0]
-        lines.append(f"No micro_batch_size works: dp size {dp_size} does not divide the global batch; "
-                     f"dp sizes that do: {dps}.")
+        dps = divisors(global_batch_size)
+        lines.append(f"No micro_batch_size works: dp size {dp_size} does not divide the global batch"
+                     + (f"; dp sizes that do: {dps}." if dps else "."))
     step = dp_size * micro_batch_size
     lower = (global_batch_size // step) * step
     options = sorted({g for g in (lower, lower + step) if g > 0})

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import List, Optional
 
+from configs.bounds import BOUNDS
 from configs.checks import Problems
 from data.prepared import META_FILE, is_prepared, prepare_command, prepared_name
 from data.tokenizer import check_tokenizer_name, tokenizer_mismatch
@@ -88,6 +89,9 @@ def meta_problems(cfg) -> List[str]:
         out.append(f"data.validation: {vpath} uses tokenizer (name, vocab, eos) {ident(vmeta)}, the training data "
                    f"{ident(train)}; prepare the validation set with the training data's tokenizer")
         return out
+    t = cfg.training
+    if not all(BOUNDS[f"training.{k}"].holds(t[k]) for k in ("seq_len", "global_batch_size")):
+        return out  # reported by their bounds (a seq_len of 0 would divide by zero here)
     windows = max(0, (vmeta["num_tokens"] - 1) // cfg.training.seq_len)
     needed = cfg.eval.batches * cfg.training.global_batch_size
     if (vpath / META_FILE).is_file() and needed > windows:  # a folder of shards: counted when it is opened

@@ -8,6 +8,8 @@ from typing import Any, Dict, Optional
 
 from omegaconf import OmegaConf
 
+from configs.bounds import divisors
+
 
 @dataclass
 class ModelConfig:
@@ -59,11 +61,10 @@ class ModelConfig:
                 f"model.n_heads ({self.n_heads}) must be positive"
             )
         if self.dim % self.n_heads:
-            divisors = [h for h in range(1, self.dim + 1) if self.dim % h == 0]
-            near = sorted(divisors, key=lambda h: abs(h - self.n_heads))[:3]
+            near = sorted(sorted(divisors(self.dim) or [], key=lambda h: abs(h - self.n_heads))[:3])
             raise ValueError(
-                f"model.n_heads={self.n_heads} does not divide model.dim={self.dim}; "
-                f"head count that divides it: {sorted(near)}"
+                f"model.n_heads={self.n_heads} does not divide model.dim={self.dim}"
+                + (f"; head count that divides it: {near}" if near else "")
             )
         if self.head_dim % 2:
             raise ValueError(
@@ -72,10 +73,10 @@ class ModelConfig:
             )
         kv = self.kv_heads
         if kv <= 0 or self.n_heads % kv:
-            valid = [k for k in range(1, self.n_heads + 1) if self.n_heads % k == 0]
+            valid = divisors(self.n_heads)
             raise ValueError(
-                f"model.n_kv_heads={kv} does not divide model.n_heads={self.n_heads}; "
-                f"valid n_kv_heads: {valid}"
+                f"model.n_kv_heads={kv} does not divide model.n_heads={self.n_heads}"
+                + (f"; valid n_kv_heads: {valid}" if valid else "")
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout={self.dropout} must be in [0, 1)")

@@ -7,8 +7,11 @@ innermost and lands inside a node. Pipeline parallelism would be one more entry 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import List, Tuple
+
+from configs.bounds import divisors
 
 MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
 
@@ -101,7 +104,7 @@ def check_tensor_parallel_fits(mcfg, tp: int, seq_len: int) -> None:
     bad = [f"{name}={value}" for name, value in sizes.items() if value % tp]
     if not bad:
         return
-    valid = [t for t in range(1, max(sizes.values()) + 1) if all(v % t == 0 for v in sizes.values())]
+    valid = divisors(math.gcd(*sizes.values()))  # a tp divides them all when it divides their gcd
     raise ValueError(
         f"parallel.tp={tp} does not divide {', '.join(bad)}; each tensor-parallel rank must hold a whole "
         f"number of heads, KV heads, FFN columns, vocabulary rows and sequence positions. "

@@ -32,6 +32,7 @@ from checkpoint.durable.discovery import (
     resolve_resume,
 )
 from checkpoint.durable.layout import checkpoint_id, parse
+from checkpoint.durable.lease import earlier_writers_may_live
 from checkpoint.durable.manifest import (
     CheckpointError,
     CheckpointUnreadable,
@@ -68,7 +69,8 @@ def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
             return resumed
 
     def first() -> Optional[Path]:
-        clean_uncommitted(ckpt.root)
+        live = earlier_writers_may_live(ckpt.root, ckpt.saver.attempt)  # taken over: its save in flight is spared
+        clean_uncommitted(ckpt.root, ckpt.ckpt_cfg.lease_timeout_s if live else None)
         return resolve_resume(ckpt.root, spec)
 
     def older(failed: Path) -> Optional[Path]:

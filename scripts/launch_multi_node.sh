@@ -4,7 +4,9 @@
 # other re-forms it (docs/recovery-runbook.md: where to put the endpoint). An elastic range
 # NNODES=MIN:MAX lets the job start, or restart after a node is lost, with any node count in
 # the range. dp_shard=-1 then fills the new world size and train.py recomputes grad
-# accumulation so the global batch stays the same.
+# accumulation so the global batch stays the same, where it splits over that many data-parallel
+# ranks: the config check (scripts/torchrun_preemptible.py) refuses a range whose largest world
+# size cannot run the layout and warns of the smaller ones that cannot.
 #
 #   RDZV_HOST=node0 NNODES=60:64 NPROC=8 RUN_ID=llama3-70b \
 #     scripts/launch_multi_node.sh +experiment=70b

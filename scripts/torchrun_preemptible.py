@@ -26,12 +26,19 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
+from torch.distributed.elastic.rendezvous.utils import (
+    _matches_machine_hostname,
+    _parse_rendezvous_config,
+    parse_rendezvous_endpoint,
+)
+from torch.distributed.run import determine_local_world_size, parse_args, parse_min_max_nnodes
 from torch.distributed.run import main as torchrun_main
 
 NOTICES = (signal.SIGTERM, signal.SIGUSR1)
@@ -94,41 +101,103 @@ class NoticeForwarder:
                 pass
 
 
-def _option(args: List[str], *names: str) -> Optional[str]:
-    """The value of a torchrun option (``--name value`` or ``--name=value``) among ``args``."""
-    for i, arg in enumerate(args):
-        for name in names:
-            if arg == name and i + 1 < len(args):
-                return args[i + 1]
-            if arg.startswith(name + "="):
-                return arg.split("=", 1)[1]
-    return None
+CHECKED_ENV = "TRAINER_CONFIG_CHECKED"  # set for the workers once the check passed: train.py prints no warning again
+CHECK_WORLD_SIZES_ENV = "TRAINER_CHECK_WORLD_SIZES"  # an elastic range's world sizes, for the check (trainer/checks.py)
+
+
+def _prints_the_check(args) -> bool:
+    """Whether this agent prints the config check's block: under a multi-node launch one agent does (SLURM's node
+    0, the static rendezvous' --node-rank 0, or the agent on the c10d rendezvous host, as torchrun picks its store
+    host); where none can be told (the store runs elsewhere), every agent prints."""
+    _, max_nodes = parse_min_max_nnodes(args.nnodes)
+    if args.standalone or max_nodes == 1:
+        return True
+    if os.environ.get("SLURM_NODEID") is not None:
+        return os.environ["SLURM_NODEID"] == "0"
+    if args.rdzv_backend == "static":
+        return int(args.node_rank) == 0
+    if "is_host=false" in args.rdzv_conf.replace(" ", "").lower() or not args.rdzv_endpoint:
+        return True
+    try:
+        host, _ = parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)
+    except ValueError:  # torchrun reports it
+        return True
+    return _matches_machine_hostname(host)
+
+
+def _world(args) -> Tuple[List[int], int]:
+    """The world sizes the workers may form (one per node count of an elastic --nnodes=MIN:MAX) and the processes
+    per node, as torchrun resolves them (--nproc-per-node=gpu: the devices it sees). ValueError: not a layout, or
+    a rendezvous option torchrun cannot read."""
+    try:
+        nproc = determine_local_world_size(args.nproc_per_node)
+        low, high = parse_min_max_nnodes(args.nnodes)
+    except (ValueError, RuntimeError) as exc:
+        raise ValueError(f"--nproc-per-node={args.nproc_per_node} --nnodes={args.nnodes}: {exc} (a count, or for "
+                         "--nproc-per-node gpu, cpu or auto; --nnodes a count or MIN:MAX)") from exc
+    if not 1 <= low <= high or nproc < 1:
+        raise ValueError(f"--nproc-per-node={args.nproc_per_node} --nnodes={args.nnodes}: give at least one process "
+                         "and one node (--nnodes MIN:MAX with MIN <= MAX)")
+    try:  # what torchrun would otherwise stop on with a traceback once the check passed
+        if args.rdzv_endpoint:
+            parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)
+        conf = _parse_rendezvous_config(args.rdzv_conf)
+    except ValueError as exc:
+        raise ValueError(f"--rdzv-endpoint={args.rdzv_endpoint} --rdzv-conf={args.rdzv_conf}: {exc}") from exc
+    counts = [f"{k}={v}" for k, v in conf.items() if k.endswith(("timeout", "interval", "attempt"))
+              and not v.strip().isdigit()]
+    if counts:
+        raise ValueError(f"--rdzv-conf={args.rdzv_conf}: {', '.join(counts)} must be whole numbers (torchrun reads "
+                         "them with int(); JOIN_TIMEOUT_S for scripts/launch_multi_node.sh)")
+    return [n * nproc for n in range(low, high + 1)], nproc
 
 
 def check_config(argv: List[str]) -> int:
-    """train.py check_only=true with the overrides of the script in ``argv`` (torchrun's arguments); its
-    exit status (0 when the script is not train.py: nothing to check)."""
-    script = next((i for i, a in enumerate(argv) if a.endswith("train.py")), None)
-    if script is None:
+    """train.py check_only=true with the overrides of the script in ``argv`` (torchrun's arguments), at the world
+    size(s) and processes per node the arguments give; its exit status (0 when the script is not train.py:
+    nothing to check). One agent of a multi-node job prints the block; the others say in one line that they
+    refused too."""
+    args = parse_args(argv)
+    if not args.training_script.endswith("train.py"):
         return 0
-    launcher = argv[:script]
-    nproc, nnodes = _option(launcher, "--nproc-per-node", "--nproc_per_node"), _option(launcher, "--nnodes") or "1"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    if nproc and nproc.isdigit() and nnodes.isdigit():  # elastic (MIN:MAX) or "gpu": the layout is checked later
-        env["WORLD_SIZE"] = str(int(nproc) * int(nnodes))
-    rdzv_id = _option(launcher, "--rdzv-id", "--rdzv_id") or os.environ.get("PET_RDZV_ID")
-    if rdzv_id and "--standalone" not in launcher:  # the job's workers will see it: a requeue of this job
-        env["TORCHELASTIC_RUN_ID"] = rdzv_id  # is the same job to the lease check, as it is to the workers
-    return subprocess.run([sys.executable, argv[script], *argv[script + 1:], "check_only=true"], env=env).returncode
+    try:
+        sizes, nproc = _world(args)
+    except ValueError as exc:
+        print(f"\nerror: {exc}\n", file=sys.stderr)
+        return 2
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", CHECK_WORLD_SIZES_ENV, CHECKED_ENV)}
+    env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"] = str(sizes[0]), str(nproc)  # each rank then takes a device
+    if len(sizes) > 1:  # elastic: the layout and the batch split must work at every node count of the range
+        env[CHECK_WORLD_SIZES_ENV] = ",".join(map(str, sizes))
+    if not args.standalone:  # the job's workers will see its id: a requeue of this job is the same job to the
+        env["TORCHELASTIC_RUN_ID"] = args.rdzv_id  # lease check, as it is to the workers
+    cmd = [sys.executable, args.training_script, *args.training_script_args, "check_only=true"]
+    if _prints_the_check(args):
+        return subprocess.run(cmd, env=env).returncode
+    status = subprocess.run(cmd, env=env, capture_output=True, text=True).returncode
+    if status != 0:
+        print(f"[torchrun_preemptible] {socket.gethostname()}: the configuration check refused this launch here "
+              f"too (exit {status}); the first node prints why. This node's own block: WORLD_SIZE={sizes[0]} "
+              f"LOCAL_WORLD_SIZE={nproc} {' '.join(cmd)}", file=sys.stderr, flush=True)
+    return status
 
 
 def main() -> None:
     status = check_config(sys.argv[1:])
     if status != 0:
         sys.exit(status)
+    os.environ[CHECKED_ENV] = "1"
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(DEFAULT_SHUTDOWN_S))
+    shutdown = os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"].strip()
+    if not (shutdown.isdigit() and int(shutdown) > 0):  # torchrun reads it with int()
+        print(f"\nerror: TORCH_ELASTIC_SHUTDOWN_TIMEOUT={shutdown!r} must be a whole number of seconds > 0: the time "
+              "the workers get after a preemption notice (set it above recovery.preemption_grace_s, or unset it "
+              "for the launchers' grace + 30 s)\n", file=sys.stderr)
+        sys.exit(2)
+    shutdown_s = float(shutdown)
     os.environ.setdefault("PET_SIGNALS_TO_HANDLE", TORCHRUN_SIGNALS)  # torchrun leaves the notices to us
-    NoticeForwarder(float(os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"])).install()
+    NoticeForwarder(shutdown_s).install()
     torchrun_main()
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +23,7 @@ from omegaconf.errors import ValidationError
 from configs.bounds import BOUNDS
 from configs.checks import ConfigError
 from configs.schema import DataSourceConfig, FaultConfig, numeric_keys, register
-from helpers.launch import ROOT, run, torchrun
+from helpers.launch import ROOT, load_script, run, run_train, subprocess_env, torchrun
 from trainer.checks import validate_config
 
 register()
@@ -79,6 +82,8 @@ BAD = [
     ("optim.lr_min=1.0", ["optim.lr_min=1.0", "between 0 and optim.lr=0.003"]),
     ("logging.level=LOUD", ["logging.level='LOUD'", "['DEBUG', 'INFO', 'WARNING', 'ERROR', 'CRITICAL']"]),
     ("logging.wandb.mode=cloud", ["logging.wandb.mode='cloud'", "['disabled', 'offline', 'online']"]),
+    ("checkpoint.lease_timeout_s=0.001", ["checkpoint.lease_timeout_s=0.001", "in [10, ", "heartbeat beats every "
+                                          "lease_timeout_s / 4", "use >= 10 s"]),
 ]
 
 
@@ -152,56 +157,101 @@ def test_train_py_exits_2_when_hydra_cannot_compose(tmp_path, override, needle):
 
 # ---- every number of the schema: NaN, infinities, zero, negative and huge values ----
 
-HUGE = {int: 2**62, float: 1e300}
+# Each numeric key gets all of these (an int key the finite ones as ints: Hydra refuses a non-finite float there).
+# The huge ones do not divide evenly: a check that searched for divisors up to them would hang.
+VALUES = (math.nan, math.inf, -math.inf, 0, -1, -7, -2**40, 2**62 + 1, 10**18 + 7, 1e300)
+# model.rope_scaling (a mapping of any values) holds numbers the schema cannot type: set in a llama3 scaling
+ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 128}
+# String keys that take a step count or "auto"
+STEPS_OR_AUTO = ("checkpoint.interval", "checkpoint.memory.interval")
 
 
 def _numeric_cases():
-    """(schema key, the override path it is set through, type) for every numeric key of the schema."""
+    """(schema key, the override path it is set through, type) for every numeric key of the schema, and the
+    numbers of model.rope_scaling (their type: whatever is given)."""
     for key, tp in numeric_keys():
         path = key.replace("recovery.timeouts.*", "recovery.timeouts.step")
         yield key, path, tp
+    for leaf in ROPE:
+        if leaf != "rope_type":
+            yield f"model.rope_scaling.{leaf}", f"model.rope_scaling.{leaf}", None
 
 
 def _with(base, path: str, value):
-    """A copy of ``base`` with ``path`` set to ``value`` the way Hydra would (a list key gets one item)."""
+    """A copy of ``base`` with ``path`` set to ``value`` the way Hydra would (a list key gets one item: a
+    data.mixture entry of the prepared data itself, which then holds no validation split)."""
     cfg = copy.deepcopy(base)
     if "[]." in path:
         head, leaf = path.split("[].")
-        item = DataSourceConfig(path="/nonexistent") if head == "data.mixture" else FaultConfig()
-        OmegaConf.select(cfg, head).append(item)
+        if head == "data.mixture":
+            OmegaConf.select(cfg, head).append(DataSourceConfig(path=cfg.data.path))
+            cfg.data.validation = "none"
+        else:
+            OmegaConf.select(cfg, head).append(FaultConfig())
         OmegaConf.update(cfg, f"{head}[0].{leaf}", value, merge=False)
     else:
+        if path.startswith("model.rope_scaling."):
+            cfg.model.rope_scaling = dict(ROPE)
         OmegaConf.update(cfg, path, value, merge=False)
     return cfg
 
 
 def test_every_numeric_key_declares_its_bounds():
-    missing = [k for k, _ in numeric_keys() if k not in BOUNDS]
+    missing = [k for k, _, _ in _numeric_cases() if k not in BOUNDS]
     assert not missing, f"declare what these can be in configs/bounds.py: {missing}"
     assert len(numeric_keys()) >= 70
 
 
-def test_every_numeric_key_refuses_nan_infinities_and_what_it_cannot_be():
-    base = _compose()
+def _refusal(cfg) -> str | None:
+    """The block validate_config refuses ``cfg`` with (the values and every file probe), or None."""
+    try:
+        validate_config(cfg, world_size=1, files=True)
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+def test_every_numeric_key_refuses_nan_infinities_and_what_it_cannot_be(tmp_path, pydoc_data):
+    """validate_config as train.py calls it (files=True, on the prepared data): every value outside a key's
+    bound is refused naming the key, whatever the file probes then read; no traceback, no hang."""
+    base = _compose(f"data.path={pydoc_data}", f"output_root={tmp_path}")
+    assert _refusal(base) is None
     refused = 0
     for key, path, tp in _numeric_cases():
         shown = path.replace("[].", "[0].")
-        for value in (math.nan, math.inf, -math.inf, 0, -1, HUGE[tp]):
-            value = tp(value) if math.isfinite(value) else value
+        for value in VALUES:
+            if tp is not None and math.isfinite(value):
+                value = tp(value)
             try:
                 cfg = _with(base, path, value)
             except ValidationError as exc:  # an int key given a non-finite float: Hydra refuses it at compose
                 assert tp is int and not math.isfinite(value) and shown.split("[")[0] in str(exc), (key, value, exc)
                 refused += 1
                 continue
-            try:
-                validate_config(cfg, world_size=1)
-            except ConfigError as err:
-                assert shown in str(err), (key, value, str(err))
-                refused += 1
+            block = _refusal(cfg)
+            if block is None:
+                assert math.isfinite(value) and BOUNDS[key].holds(value), f"{shown}={value} was accepted"
                 continue
-            assert math.isfinite(value) and BOUNDS[key].holds(value), f"{shown}={value} was accepted"
+            # a llama3 scaling that is wrong as a whole (low_freq_factor above high_freq_factor) names the mapping
+            named = shown in block or (key.startswith("model.rope_scaling.") and "model.rope_scaling=" in block
+                                       and key.rsplit(".", 1)[1] in block)
+            assert named, (key, value, block)
+            refused += 1
     assert refused >= 3 * len(list(_numeric_cases()))  # every key refuses at least NaN and both infinities
+    assert not any(tmp_path.iterdir())  # the probes created nothing
+
+
+@pytest.mark.parametrize("key", STEPS_OR_AUTO)
+def test_a_step_count_or_auto_refuses_every_other_string(key):
+    """checkpoint.interval and checkpoint.memory.interval hold an int or 'auto' in a string: every number
+    that is not a count of steps >= 0 is refused naming the key; the counts, however large, are steps."""
+    base = _compose()
+    for text in ("nan", "inf", "-inf", "-1", "-7", str(-2**40), "1e3", "1.5", "0x10", "often"):
+        with pytest.raises(ConfigError, match=re.escape(key)):
+            validate_config(_with(base, key, text), world_size=1)
+    for text in ("0", "auto", str(2**62 + 1), str(10**18 + 7)):
+        validate_config(_with(base, key, text), world_size=1)
 
 
 @pytest.mark.parametrize("override, needle", [
@@ -243,6 +293,9 @@ def test_train_py_refuses_non_finite_and_degenerate_numbers(tmp_path, overrides,
                             "eval.batches to at most 23"),
     (["output_root={file}"], "output_root={file}: {file} is a regular file, not a folder"),
     (["checkpoint.dir={file}/ckpt"], "checkpoint.dir={file}/ckpt: {file} is a regular file, not a folder"),
+    (["checkpoint.memory.interval=5", "checkpoint.memory.root={file}"],
+     "checkpoint.memory.root={file}: {file} is a regular file, not a folder"),
+    (["training.seq_len=0"], "training.seq_len=0 must be >= 1"),  # the validation split's size is divided by it
 ])
 def test_the_data_and_the_folders_are_checked_before_anything_is_built(tmp_path, pydoc_data, overrides, needle):
     blocker = tmp_path / "a-file"
@@ -253,6 +306,99 @@ def test_the_data_and_the_folders_are_checked_before_anything_is_built(tmp_path,
         validate_config(cfg, world_size=1, files=True)
     assert needle.format(**fill) in str(err.value) and len(str(err.value).splitlines()) == 2, str(err.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing created
+
+
+class _Cuda:
+    """A stand-in for torch.cuda: ``count`` devices visible."""
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def is_available(self) -> bool:
+        return self.count > 0
+
+    def device_count(self) -> int:
+        return self.count
+
+
+@pytest.mark.parametrize("device, env, count, refused", [
+    ("cuda", {"LOCAL_WORLD_SIZE": "8", "LOCAL_RANK": "0"}, 4, True),  # --nproc-per-node=8 on a 4-GPU node
+    ("auto", {"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"}, 1, True),  # auto picks CUDA: the same
+    ("cuda", {"LOCAL_RANK": "3"}, 2, True),  # a rank whose device does not exist
+    ("cuda", {"LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "3"}, 4, False),
+    ("cuda", {}, 1, False),  # plain python: one process
+    ("auto", {"LOCAL_WORLD_SIZE": "8"}, 0, False),  # auto without CUDA runs on the CPU
+    ("cpu", {"LOCAL_WORLD_SIZE": "8"}, 1, False),
+])
+def test_more_processes_than_gpus_on_a_node_is_refused_before_set_device(monkeypatch, device, env, count, refused):
+    from trainer.checks import device_problems
+
+    for key in ("LOCAL_WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    found = device_problems(_compose(f"parallel.device={device}"), cuda=_Cuda(count))
+    assert bool(found) == refused, found
+    if refused:
+        assert f"parallel.device={device}: " in found[0] and f"torch sees {count} CUDA device" in found[0]
+        assert f"start at most {count} per node (--nproc-per-node={count}" in found[0]
+
+
+def test_a_file_probe_that_fails_is_a_refusal_naming_it(tmp_path, pydoc_data, monkeypatch):
+    import data.checks
+
+    def broken(cfg):
+        raise RuntimeError("the probe broke")
+
+    monkeypatch.setattr(data.checks, "file_problems", broken)
+    cfg = _compose(f"data.path={pydoc_data}", f"output_root={tmp_path}")
+    with pytest.raises(ConfigError, match="the pre-flight could not finish data.checks.file_problems: RuntimeError: "
+                                          "the probe broke"):
+        validate_config(cfg, world_size=1, files=True)
+    with pytest.raises(ConfigError) as err:  # with a value out of bounds the bound is the message, not the probe
+        validate_config(_compose(f"data.path={pydoc_data}", f"output_root={tmp_path}", "training.seq_len=0"),
+                        world_size=1, files=True)
+    assert str(err.value) == "invalid configuration:\n  - training.seq_len=0 must be >= 1"
+
+
+@pytest.mark.parametrize("overrides, world, needle", [
+    # out of bounds: the bound alone, and no search for divisors of the value
+    (["model.dim=99999999999"], 1, "model.dim=99999999999 must be in [1, 2147483647]"),
+    ([f"training.global_batch_size={2**62 + 1}"], 2, f"training.global_batch_size={2**62 + 1} must be in [1, "),
+    ([f"model.vocab_size={2**62 + 1}", "parallel.tp=2"], 2, f"model.vocab_size={2**62 + 1} must be in [1, "),
+    # in bounds, and the suggestions are divisors of a value near 2**31: found by arithmetic, not a scan up to it
+    (["model.n_heads=1073741823", "model.dim=2147483646", "model.n_kv_heads=2"], 1,
+     "model.n_kv_heads=2 does not divide model.n_heads=1073741823; valid n_kv_heads: [1, 3, 7, 9, 11, 21, "),
+    (["training.global_batch_size=2147483647"], 2, "dp sizes that do: [1, 2147483647]"),
+    (["model.vocab_size=2147483647", "parallel.tp=2"], 2, "tp degrees that divide all of them: [1]"),
+])
+def test_huge_values_are_refused_at_once(overrides, world, needle):
+    with pytest.raises(ConfigError) as err:
+        validate_config(_compose(*overrides), world_size=world)
+    assert needle in str(err.value), str(err.value)
+
+
+def test_an_elastic_range_is_checked_at_every_world_size_it_may_form(monkeypatch):
+    """torchrun --nnodes=1:3 --nproc-per-node=1: the launcher's check gets world sizes 1, 2 and 3. The group forms at
+    3 once every node joined: a layout that fails there is refused; one that fails only at a smaller size (a group
+    re-formed after a node is lost) is a warning naming it."""
+    from trainer.checks import CHECK_WORLD_SIZES, world_size_of
+
+    monkeypatch.setenv(CHECK_WORLD_SIZES, "1,2,3")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    cfg = _compose("check_only=true")  # a global batch of 16 in micro-batches of 8: over 1 or 2 ranks, not 3
+    assert world_size_of(cfg) == (1, 2, 3)
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg, world_size_of(cfg))
+    assert ("at world size 3, the largest of the elastic range 1 to 3 (the group torchrun forms once every node "
+            "joined; world sizes [1, 2] of the range work): training.global_batch_size=16 is not divisible by "
+            "dp_size (3)") in str(err.value)
+    one_by_one = ["check_only=true", "training.global_batch_size=12", "training.micro_batch_size=1"]
+    [warning] = validate_config(_compose(*one_by_one), (1, 2, 3, 4, 5, 6))
+    assert warning.startswith("world sizes [5] of the elastic range 1 to 6 cannot run this layout, so a group "
+                              "re-formed at one of them (after a node is lost) stops with exit 2 (at 5: "), warning
+    assert validate_config(_compose(*one_by_one), (1, 2, 3)) == []
+    assert world_size_of(_compose()) == 1  # a worker (not check_only) runs at its WORLD_SIZE
 
 
 def test_cuda_asked_for_without_cuda_is_refused(tmp_path, pydoc_data):
@@ -300,15 +446,110 @@ def test_under_torchrun_one_rank_prints_the_block(tmp_path):
 
 @pytest.mark.distributed
 def test_the_launcher_checks_once_and_exits_2_without_an_agent_traceback(tmp_path):
-    proc = run([sys.executable, str(ROOT / "scripts" / "torchrun_preemptible.py"), "--standalone",
-                "--nproc-per-node=2", str(ROOT / "train.py"), "+experiment=debug", f"output_root={tmp_path}",
-                "run_name=run", "+training.setps=10", "parallel.tp=3"], timeout=300)
+    """scripts/launch_single_node.sh (its preemption_env.sh, then torchrun_preemptible.py's check): a grace that is
+    not a number reaches the config check too, and is refused there with the rest."""
+    proc = run(["bash", "scripts/launch_single_node.sh", "+experiment=debug", f"output_root={tmp_path}",
+                "run_name=run", "+training.setps=10", "parallel.tp=3", "recovery.preemption_grace_s=nan"],
+               timeout=300, env=subprocess_env({"NPROC": "2", "PYTHON": sys.executable}))
     assert proc.returncode == 2, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     assert out.count("error: ConfigError: invalid configuration:") == 1 and "Traceback" not in out
     assert "ChildFailedError" not in out and "did you mean training.steps?" in out
     assert "world size 2 is not divisible by parallel.dp_replicate (1) x parallel.tp (3)" in out  # the world it gets
+    assert "recovery.preemption_grace_s=nan must be" in out
     assert not (tmp_path / "run").exists()
+
+
+def _check_env(monkeypatch, argv, status=0, output="", **environ):
+    """torchrun_preemptible.check_config(argv) with its check's process stood in for: (its status, the
+    environment and keyword arguments the check was started with, or None when none was started)."""
+    script = load_script("torchrun_preemptible")
+    seen = []
+    monkeypatch.setattr(script.subprocess, "run", lambda cmd, env, **kw: seen.append((env, kw)) or
+                        subprocess.CompletedProcess(cmd, status, output, output))
+    for key in ("SLURM_NODEID", "PET_NODE_RANK", "PET_NNODES", "PET_NPROC_PER_NODE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    code = script.check_config(argv)
+    return code, (seen[-1] if seen else None)
+
+
+def test_the_launchers_check_sees_every_world_size_of_an_elastic_range(monkeypatch):
+    code, (env, _) = _check_env(monkeypatch, ["--nnodes=2:4", "--nproc-per-node=8", "--rdzv-backend=c10d",
+                                              "--rdzv-endpoint=localhost:29400", "train.py", "seed=1"])
+    assert code == 0 and env["WORLD_SIZE"] == "16" and env["LOCAL_WORLD_SIZE"] == "8"
+    assert env["TRAINER_CHECK_WORLD_SIZES"] == "16,24,32"
+    code, (env, _) = _check_env(monkeypatch, ["--standalone", "--nproc-per-node=2", "train.py"])
+    assert env["WORLD_SIZE"] == "2" and "TRAINER_CHECK_WORLD_SIZES" not in env
+
+
+def test_the_launchers_check_resolves_the_layout_as_torchrun_does(monkeypatch, capsys):
+    import torch
+
+    code, started = _check_env(monkeypatch, ["--standalone", "--nproc-per-node=gpu", "train.py"])
+    if torch.cuda.is_available():  # the world of the devices torchrun will start a process for
+        assert code == 0 and started[0]["WORLD_SIZE"] == str(torch.cuda.device_count())
+    else:  # torchrun itself would stop with a traceback: a refusal, and no check started
+        assert code == 2 and started is None
+        assert "--nproc-per-node=gpu --nnodes=1:1: Cuda is not available." in capsys.readouterr().err
+    code, started = _check_env(monkeypatch, ["--nnodes=4:2", "--nproc-per-node=2", "train.py"])
+    assert code == 2 and started is None and "MIN <= MAX" in capsys.readouterr().err
+    for bad, needle in (("--rdzv-endpoint=node0:abc", "must be an integer between 0 and 65536"),
+                        ("--rdzv-conf=join_timeout=abc", "join_timeout=abc must be whole numbers")):
+        code, started = _check_env(monkeypatch, ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", bad,
+                                                 "train.py"])
+        assert code == 2 and started is None and needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, environ, prints", [
+    (["--standalone", "--nproc-per-node=2"], {}, True),
+    (["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:29400"], {}, True),
+    (["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=192.0.2.7:29400"], {}, False),
+    (["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=192.0.2.7:29400",
+      "--rdzv-conf=is_host=false"], {}, True),  # the store runs elsewhere: no agent can tell it is the first
+    (["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:29400"],
+     {"SLURM_NODEID": "1"}, False),
+    (["--nnodes=2", "--nproc-per-node=2", "--node-rank=1", "--master-addr=192.0.2.7"], {}, False),
+    (["--nnodes=2", "--nproc-per-node=2", "--node-rank=0", "--master-addr=192.0.2.7"], {}, True),
+])
+def test_one_agent_of_a_multi_node_launch_prints_the_refusal(monkeypatch, capsys, argv, environ, prints):
+    code, (_, kwargs) = _check_env(monkeypatch, [*argv, "train.py", "seed=-1"], status=2, output="the block",
+                                   **environ)
+    err = capsys.readouterr().err
+    assert code == 2 and ("capture_output" not in kwargs) == prints
+    assert ("refused this launch here too (exit 2); the first node prints why" in err) == (not prints)
+
+
+def test_the_workers_of_a_checked_launch_print_no_warning_again(monkeypatch):
+    """The agent's check printed the warnings: its workers run the same checks silently (TRAINER_CONFIG_CHECKED);
+    a TORCH_ELASTIC_SHUTDOWN_TIMEOUT torchrun cannot read is refused before any worker starts."""
+    script = load_script("torchrun_preemptible")
+    started = []
+    monkeypatch.setattr(script, "check_config", lambda argv: 0)
+    monkeypatch.setattr(script, "torchrun_main", lambda: started.append(os.environ.get("TRAINER_CONFIG_CHECKED")))
+    monkeypatch.setattr(script.NoticeForwarder, "install", lambda self: None)
+    monkeypatch.setattr(sys, "argv", ["torchrun_preemptible.py", "--standalone", "train.py"])
+    monkeypatch.setenv("TRAINER_CONFIG_CHECKED", "")  # main() sets it in this process: put back at the end
+    monkeypatch.delenv("TRAINER_CONFIG_CHECKED")
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "150")
+    script.main()
+    assert started == ["1"]
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "1e3")
+    with pytest.raises(SystemExit) as exit_:
+        script.main()
+    assert exit_.value.code == 2 and started == ["1"]
+
+
+@pytest.mark.distributed
+def test_train_py_prints_a_warning_unless_the_launcher_did(tmp_path, pydoc_data):
+    overrides = [f"data.path={pydoc_data}", f"output_root={tmp_path}", "checkpoint.keep_every=15",
+                 "checkpoint.interval=10", "check_only=true"]
+    warning = "warning: checkpoint.keep_every=15 is not a multiple of checkpoint.interval=10"
+    alone = run_train(overrides)
+    assert alone.stderr.count(warning) == 1 and "configuration accepted" in alone.stderr
+    under_launcher = run_train(overrides, extra_env={"TRAINER_CONFIG_CHECKED": "1"})
+    assert warning not in under_launcher.stderr and "configuration accepted" in under_launcher.stderr
 
 
 def test_resume_must_with_a_mistyped_dir_gives_the_fix_and_creates_nothing(tmp_path, pydoc_data):

@@ -15,7 +15,18 @@ import time
 
 import pytest
 
-from checkpoint.durable.lease import ATTEMPTS, RELEASED, Heartbeat, LiveOwner, current_attempt, live_owner, take_lease
+from checkpoint.durable.discovery import clean_uncommitted
+from checkpoint.durable.layout import uncommitted_dir
+from checkpoint.durable.lease import (
+    ATTEMPTS,
+    RELEASED,
+    Heartbeat,
+    LiveOwner,
+    current_attempt,
+    earlier_writers_may_live,
+    live_owner,
+    take_lease,
+)
 from helpers.launch import ROOT, load_script, run_train
 from helpers.processes import start, stop
 from metrics.records import read_metrics, read_rows, step_losses
@@ -69,6 +80,8 @@ def test_a_gone_owner_is_taken_over_at_once(tmp_path, monkeypatch, how):
         monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert live_owner(tmp_path, timeout_s=60) is None
     assert take_lease(tmp_path, timeout_s=60) == 2
+    # its start-up clean-up: a silent owner elsewhere may still write (its saves in flight are spared), the others not
+    assert earlier_writers_may_live(tmp_path, 2) == (how == "silent past the timeout")
     if how == "a zombie on this host":
         zombie.wait()
 
@@ -94,6 +107,26 @@ def test_the_heartbeat_keeps_the_lease_live_and_releases_it(tmp_path):
     assert live_owner(tmp_path, timeout_s=60) is not None  # this process is alive on this host, and beats
     beat.stop()
     assert live_owner(tmp_path, timeout_s=60) is None and current_attempt(tmp_path) == attempt
+
+
+def test_start_up_clean_up_spares_the_saves_a_taken_over_owner_may_still_write(tmp_path):
+    """checkpoint.take_over=true from a live owner elsewhere: the new attempt's clean-up leaves that owner's
+    uncommitted step written to within lease_timeout_s (it may be its save in flight) and removes an older
+    leftover; once the old owner released its lease, the next start removes everything uncommitted."""
+    record = _record(tmp_path, 1, age_s=5)
+    attempt = take_lease(tmp_path, timeout_s=60, take_over=True)
+    in_flight, leftover = uncommitted_dir(tmp_path, 20), uncommitted_dir(tmp_path, 10)
+    for d in (in_flight, leftover):
+        d.mkdir()
+        (d / "__0_0.distcp").write_bytes(b"x" * 64)
+    for p in (leftover / "__0_0.distcp", leftover):
+        os.utime(p, (time.time() - 120, time.time() - 120))
+    assert earlier_writers_may_live(tmp_path, attempt)
+    assert clean_uncommitted(tmp_path, 60) == [leftover.name]
+    assert (in_flight / "__0_0.distcp").read_bytes() == b"x" * 64
+    record.with_name(record.name + RELEASED).touch()  # the old owner closed
+    assert not earlier_writers_may_live(tmp_path, attempt)
+    assert clean_uncommitted(tmp_path, None) == [in_flight.name] and not in_flight.exists()
 
 
 def _slow(delay_s: float) -> str:

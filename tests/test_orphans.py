@@ -142,6 +142,36 @@ def test_a_stale_writer_cannot_commit_over_a_newer_attempt(tmp_path):
     assert not (uncommitted_dir(tmp_path, 12) / "acks").exists()
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_writer_whose_files_a_newer_attempt_removed_stops_as_a_stale_writer(tmp_path, monkeypatch, mode):
+    """Attempt 1 is writing step 12 when attempt 2 takes the directory over (checkpoint.take_over=true, or its
+    heartbeat went silent) and step_12.uncommitted is removed under it. The writer's next file fails with
+    ENOENT: it stops with the StaleWriter message, naming both attempts, not with DCP's FileNotFoundError."""
+    from checkpoint.durable.location import remove_tree
+    from checkpoint.durable.save_errors import rank_errors
+    from checkpoint.durable.writer import RawFileWriter
+
+    old = CheckpointSaver(tmp_path, mode, rank=0, world_size=1, checksum_algorithm="crc32")
+    old.attempt = take_lease(tmp_path)
+    write = RawFileWriter.write_data
+
+    def taken_over_meanwhile(self, plan, planner):
+        take_lease(tmp_path, timeout_s=60, take_over=True)
+        remove_tree(uncommitted_dir(tmp_path, 12))
+        return write(self, plan, planner)
+
+    monkeypatch.setattr(RawFileWriter, "write_data", taken_over_meanwhile)
+    try:
+        with pytest.raises(StaleWriter, match="is owned by attempt 2 .* this process \\(attempt 1") as err:
+            old.save({"w": torch.full((64,), 1.0)}, _manifest(12, "old"))
+            old.wait()  # async: the failure comes with the save in flight
+    finally:
+        old.close()
+    [(_, cause)] = rank_errors(err.value.__cause__, 0)  # what DCP raised: kept as the cause, not the message
+    assert isinstance(cause, FileNotFoundError)
+    assert current_attempt(tmp_path) == 2 and list_committed(tmp_path) == []
+
+
 def test_the_coordinator_refuses_an_acknowledgement_of_another_attempt(tmp_path):
     from checkpoint.durable.commit import acknowledge, collect_acknowledgements
     from checkpoint.durable.manifest import CheckpointError

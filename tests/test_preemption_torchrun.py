@@ -137,13 +137,20 @@ def test_sbatch_without_a_notice_keeps_srun_status_and_does_not_requeue(tmp_path
     (["recovery.preemption_grace_s=300"], {}, "330"),
     ([], {"GRACE_S": "45"}, "75"),
     (["recovery.preemption_grace_s=300"], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "999"}, "999"),  # set by hand: kept
+    (["recovery.preemption_grace_s=1e3"], {}, "1030"),
+    (["recovery.preemption_grace_s=120.5"], {}, "150"),
+    # not a number of seconds: nothing set, and no shell error: the launcher's config check refuses it (exit 2)
+    (["recovery.preemption_grace_s=nan"], {}, ""),
+    (["recovery.preemption_grace_s=inf"], {}, ""),
+    (["recovery.preemption_grace_s=abc"], {}, ""),
+    (["recovery.preemption_grace_s=-5"], {}, ""),
 ])
 def test_launchers_give_the_agent_the_grace_period(args, env, expected):
-    cmd = 'source scripts/preemption_env.sh "$@"; echo "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT"'
+    cmd = 'set -euo pipefail; source scripts/preemption_env.sh "$@"; echo "${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-}"'
     proc = subprocess.run(["bash", "-c", cmd, "bash", *args], cwd=ROOT, capture_output=True, text=True,
                           env={k: v for k, v in {**subprocess_env(), **env}.items()
                                if k != "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" or k in env}, timeout=30)
-    assert proc.stdout.strip() == expected, proc.stderr
+    assert proc.returncode == 0 and proc.stdout.strip() == expected and not proc.stderr, proc.stderr
     for script in ("launch_single_node.sh", "launch_multi_node.sh", "train.sbatch"):
         text = (ROOT / "scripts" / script).read_text()
         assert "source scripts/preemption_env.sh" in text and "scripts/torchrun_preemptible.py" in text, script

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -29,10 +29,16 @@ from configs.checks import ConfigError, Problems
 from configs.schema import numeric_values, unknown_key_problems
 from model.config import model_config
 
+# scripts/torchrun_preemptible.py's check of an elastic --nnodes=MIN:MAX: the world sizes of the range, comma-separated
+CHECK_WORLD_SIZES = "TRAINER_CHECK_WORLD_SIZES"
 
-def world_size_of(cfg: DictConfig) -> int | None:
+
+def world_size_of(cfg: DictConfig) -> int | Tuple[int, ...] | None:
     """The world size train.py will run at: the launcher's WORLD_SIZE, else 1 (plain python); for a
-    dry run or a launcher's check_only the layout's product, or None when dp_shard=-1 leaves it open."""
+    dry run or a launcher's check_only the layout's product, or None when dp_shard=-1 leaves it open;
+    for the launcher's check of an elastic range (CHECK_WORLD_SIZES) each world size it may form."""
+    if cfg.check_only and os.environ.get(CHECK_WORLD_SIZES, "").strip():
+        return tuple(int(n) for n in os.environ[CHECK_WORLD_SIZES].split(","))
     if "WORLD_SIZE" in os.environ:
         return int(os.environ["WORLD_SIZE"])
     if cfg.dry_run or cfg.check_only:
@@ -41,7 +47,8 @@ def world_size_of(cfg: DictConfig) -> int | None:
     return 1
 
 
-def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool = False) -> List[str]:
+def validate_config(cfg: DictConfig, world_size: int | Tuple[int, ...] | None = None,
+                    files: bool = False) -> List[str]:
     """Raise one ConfigError listing every problem of ``cfg`` (a composed training config); return the
     warnings (settings that work but cannot do what they seem to ask).
 
@@ -57,13 +64,9 @@ def validate_config(cfg: DictConfig, world_size: int | None = None, files: bool 
         store_ok = not any(p.startswith("checkpoint.s3.") for p in problems)
         if store_ok:
             configure_from(cfg)  # the probes of an s3:// checkpoint.dir or init_from ask the configured store
-        problems += data.checks.file_problems(cfg)
-        problems += checkpoint.checks.file_problems(cfg) if store_ok else []
-        if not cfg.dry_run:
-            problems += folder_problems(cfg)
-            problems += device_problems(cfg)
+        problems += file_problems(cfg, store_ok)
     refuse(problems)
-    return checkpoint.checks.config_warnings(cfg)
+    return checkpoint.checks.config_warnings(cfg) + parallel.checks.elastic_warnings(cfg, world_size)
 
 
 def fill_from_files(cfg: DictConfig) -> None:
@@ -79,7 +82,7 @@ def value_problems(cfg: DictConfig, world_size: int | None) -> List[str]:
     problems = Problems(unknown_key_problems(cfg))
     bounds = bound_problems(numeric_values(cfg))
     try:
-        _section_problems(cfg, problems, world_size)
+        _section_problems(cfg, problems, world_size, [b.split("=")[0] for b in bounds])
     except (ArithmeticError, TypeError, ValueError):  # a value out of bounds broke a check that reads it
         if not bounds:
             raise
@@ -93,12 +96,26 @@ def refuse(problems: List[str]) -> None:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
 
 
-def _section_problems(cfg: DictConfig, problems: Problems, world_size: int | None) -> None:
-    """Each package's checks of its own section."""
-    problems.check(lambda: model_config(cfg).validate())
+# What the cross-key checks read: the model's shape, and the layout (the batch split, tensor-parallel fit).
+SHAPE_KEYS = ("model.",)
+LAYOUT_KEYS = ("model.", "parallel.", "training.global_batch_size", "training.micro_batch_size", "training.seq_len")
+
+
+def _out_of_bounds(cfg: DictConfig) -> List[str]:
+    """The keys whose value is outside its bound (configs/bounds.py), checked before anything reads them."""
+    return [b.split("=")[0] for b in bound_problems(numeric_values(cfg))]
+
+
+def _section_problems(cfg: DictConfig, problems: Problems, world_size, bad: List[str]) -> None:
+    """Each package's checks of its own section. A check that combines keys (the model's shape, the layout)
+    is left out while one of them (``bad``: the keys out of bounds) is: the bound is the message, and a search
+    over an absurd value (the divisors of model.dim=99999999999) must not run."""
+    reads_bad = lambda keys: any(k.startswith(keys) for k in bad)  # noqa: E731
+    if not reads_bad(SHAPE_KEYS):
+        problems.check(lambda: model_config(cfg).validate())
     data.checks.config_problems(cfg, problems)
     training.checks.config_problems(cfg, problems)
-    parallel.checks.config_problems(cfg, problems, world_size)
+    parallel.checks.config_problems(cfg, problems, None if reads_bad(LAYOUT_KEYS) else world_size)
     checkpoint.checks.config_problems(cfg, problems)
     s3 = cfg.checkpoint.s3
     problems += setting_problems(s3.endpoint_url, s3.region, s3.addressing_style)
@@ -111,12 +128,38 @@ def _named(key: str, problems) -> bool:
     return any(p.startswith((f"{key}=", f"{key} (")) for p in problems)
 
 
+def file_problems(cfg: DictConfig, store_ok: bool = True) -> List[str]:
+    """The pre-flight's file probes (the data, checkpoint.resume and model.init_from, and for a run the folders
+    and the device). A probe that fails is a refusal naming it, not a traceback; one that failed on a value
+    out of bounds (reported already) is left out. ``store_ok`` False (checkpoint.s3's settings are wrong, and
+    said so): nothing is asked of the object store."""
+    probes = {"data.checks.file_problems": lambda: data.checks.file_problems(cfg)}
+    if store_ok:
+        probes["checkpoint.checks.file_problems"] = lambda: checkpoint.checks.file_problems(cfg)
+    if not cfg.dry_run:
+        probes.update({"the folders": lambda: folder_problems(cfg), "the device": lambda: device_problems(cfg)})
+    out = []
+    for name, probe in probes.items():
+        try:
+            out += probe()
+        except Exception as exc:  # noqa: BLE001 - reported in the block
+            if isinstance(exc, ConfigError):
+                out.append(str(exc))
+            elif isinstance(exc, OSError) or not _out_of_bounds(cfg):
+                out.append(f"the pre-flight could not finish {name}: {type(exc).__name__}: {exc}")
+    return out
+
+
 def folder_problems(cfg: DictConfig) -> List[str]:
-    """output_root, run_dir and checkpoint.dir: folders this process can create and write in (each
-    obstacle once: run_dir under a file output_root is the same problem)."""
+    """output_root, run_dir, checkpoint.dir and a required memory tier's checkpoint.memory.root: folders this
+    process can create and write in (each obstacle once: run_dir under a file output_root is the same problem)."""
     out, seen = [], set()
-    for key in ("output_root", "run_dir", "checkpoint.dir"):
-        found = folder_problem(key, OmegaConf.select(cfg, key))
+    folders = [(key, OmegaConf.select(cfg, key)) for key in ("output_root", "run_dir", "checkpoint.dir")]
+    m = cfg.checkpoint.memory
+    if m.root and m.required and str(m.interval).strip() != "0":  # its default, /dev/shm/..., the tier checks
+        folders.append(("checkpoint.memory.root", m.root))
+    for key, path in folders:
+        found = folder_problem(key, path)
         if found and found[0] not in seen:
             seen.add(found[0])
             out.append(found[1])
@@ -143,14 +186,31 @@ def folder_problem(key: str, path: str) -> Optional[tuple]:
     return None
 
 
-def device_problems(cfg: DictConfig) -> List[str]:
-    """parallel.device=cuda on a machine without a usable CUDA device (torch imported here, not before)."""
-    if cfg.parallel.device != "cuda":
+def device_problems(cfg: DictConfig, cuda=None) -> List[str]:
+    """parallel.device=cuda on a machine without a usable CUDA device; on CUDA (cuda, or auto that picks it),
+    more processes on this node (torchrun's LOCAL_WORLD_SIZE, LOCAL_RANK) than devices it sees, where each
+    local rank takes device LOCAL_RANK (parallel/init.py). ``cuda``: torch.cuda, or a stand-in (tests).
+    torch is imported here, not before."""
+    device = cfg.parallel.device
+    if device not in ("cuda", "auto"):
         return []
     import torch
 
-    if torch.cuda.is_available():
-        return []
-    return ["parallel.device=cuda, but torch sees no CUDA device here (torch.cuda.is_available() is False; "
+    cuda = cuda or torch.cuda
+    if not cuda.is_available():
+        return [] if device == "auto" else [
+            "parallel.device=cuda, but torch sees no CUDA device here (torch.cuda.is_available() is False; "
             f"torch {torch.__version__}, CUDA build {torch.version.cuda}); run on a GPU node, or set "
             "parallel.device=auto or cpu"]
+    count = cuda.device_count()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if max(local_world, local_rank + 1) <= count:
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [f"parallel.device={device}: {max(local_world, local_rank + 1)} processes on this node (torchrun "
+            f"--nproc-per-node; LOCAL_WORLD_SIZE={local_world}, LOCAL_RANK={local_rank}), but torch sees {count} "
+            f"CUDA device{'s' if count != 1 else ''} here"
+            + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else "")
+            + f"; each process needs its own: start at most {count} per node (--nproc-per-node={count}, or "
+            "--nproc-per-node=gpu), or make more devices visible"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from checkpoint.manager import CheckpointManager
 from checkpoint.s3.client import configure_from
 from checkpoint.state.training_state import TrainingState
 from configs.checks import ConfigError
+from configs.constants import CONFIG_CHECKED_ENV
 from data.batching import make_batch_plan
 from data.setup import build_data_pipeline
 from metrics.logger import MetricsLogger, memory_gib, setup_logging
@@ -100,7 +102,7 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     setup_logging(cfg.logging.level, world.rank)
     if not launched_alone():
         warnings = check_launch(cfg, world.world_size)
-    if world.is_main:
+    if world.is_main and not os.environ.get(CONFIG_CHECKED_ENV):  # else the launcher's own check printed them
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
     attempt = claim_lease(cfg)  # before anything is built or written: a launch that lost it stops here

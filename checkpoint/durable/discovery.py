@@ -8,6 +8,7 @@ rename and the pointer update loses nothing.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
@@ -112,13 +113,17 @@ def mark_superseded(root: Path, after_step: int, reason: str) -> List[str]:
     return marked
 
 
-def clean_uncommitted(root: Path) -> List[str]:
-    """Remove leftovers of interrupted saves and deletions. Call only when no save is in flight."""
-    removed = []
+def clean_uncommitted(root: Path, spare_younger_than_s: Optional[float] = None) -> List[str]:
+    """Remove leftovers of interrupted saves and deletions. Call only when no save of this process is in flight.
+    With ``spare_younger_than_s`` (a writer of an older attempt may still live: checkpoint/durable/lease.py),
+    a leftover written to less than that many seconds ago is left for a later start: it may be that writer's
+    save in flight (it stops with StaleWriter before committing)."""
+    removed, spared = [], []
     root = location(root)
     if not root.is_dir():
         return removed
     remote = on_object_store(root)
+    now = time.time()
     for d in root.iterdir():
         parsed = parse(d.name)
         if not parsed or not d.is_dir():
@@ -126,18 +131,39 @@ def clean_uncommitted(root: Path) -> List[str]:
         interrupted = parsed[1] == UNCOMMITTED or parsed[1].endswith(DELETING)
         if remote:  # there, an interrupted save is a step_N/ without a manifest
             interrupted = parsed[1] == "" and not (d / MANIFEST).is_file()
-        if interrupted:
+        if interrupted and spare_younger_than_s is not None and now - _last_written(d) < spare_younger_than_s:
+            spared.append(d.name)
+        elif interrupted:
             try:
                 remove_tree(d)
             except OSError:
                 pass  # the next start tries again; discovery never loads it
             removed.append(d.name)
+    if spared:
+        log.warning("left uncommitted %s alone: written to less than %g s ago, while a writer of an older attempt "
+                    "may still live (the next start removes them)", ", ".join(sorted(spared)), spare_younger_than_s)
     if remote:  # parts of uploads a killed writer left open (the store keeps them until aborted)
-        removed += [f"upload of {key}" for key in root.abort_uploads()]
+        older_than = None if spare_younger_than_s is None else now - spare_younger_than_s
+        removed += [f"upload of {key}" for key in root.abort_uploads(older_than)]
     if removed:
         fsync_dir(root)
         log.info("removed uncommitted checkpoint leftovers: %s", ", ".join(sorted(removed)))
     return removed
+
+
+def _last_written(d: Path) -> float:
+    """The newest modification time of directory ``d`` and everything in it (0 when it vanished meanwhile)."""
+    newest = 0.0
+    try:
+        inside = list(d.rglob("*"))
+    except OSError:  # a subfolder removed while it was listed: something is at work in there now
+        return time.time()
+    for p in [d, *inside]:
+        try:
+            newest = max(newest, p.stat().st_mtime)
+        except OSError:  # removed meanwhile (a writer's temporary file)
+            pass
+    return newest
 
 
 def resolve_resume(root: Path, spec: str) -> Optional[Path]:

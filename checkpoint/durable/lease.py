@@ -131,6 +131,30 @@ def live_owner(root: Path, timeout_s: float) -> Optional[str]:
             "gone (a job on a node that cannot be reached), take over with checkpoint.take_over=true")
 
 
+def earlier_writers_may_live(root: Path, attempt: Optional[int]) -> bool:
+    """Whether a writer of an attempt older than ``attempt`` may still be writing into ``root`` (start-up
+    clean-up then spares what it may be writing): not when each older record kept is released, a dead pid on
+    this host, or this torchrun job's (restarted workers: torchrun stopped the old ones). A taken-over owner or
+    one whose heartbeat merely went silent may live. ``attempt`` None (no lease held): False."""
+    if attempt is None:
+        return False
+    run_id = job_id()
+    for older in [n for n in _numbers(root) if n < attempt]:
+        path = _record_path(root, older)
+        if path.with_name(path.name + RELEASED).exists():
+            continue
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return True  # unreadable: nothing proves it gone
+        if rec.get("host") == socket.gethostname() and _pid_gone(int(rec.get("pid", 0))):
+            continue
+        if run_id and rec.get("run_id") == run_id:
+            continue
+        return True
+    return False
+
+
 def take_lease(root: Path, timeout_s: Optional[float] = None, take_over: bool = False) -> int:
     """Become the owner of ``root`` (the coordinator of a new attempt calls it once); returns the
     attempt number every rank of this attempt then checks with ``check_lease``. With ``timeout_s``,

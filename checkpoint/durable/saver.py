@@ -47,7 +47,7 @@ from checkpoint.durable.commit import (
 from checkpoint.durable.discovery import latest_committed
 from checkpoint.durable.integrity import checksum_file
 from checkpoint.durable.layout import committed_dir, uncommitted_dir
-from checkpoint.durable.lease import check_lease
+from checkpoint.durable.lease import StaleWriter, check_lease
 from checkpoint.durable.location import location, on_object_store, remove_tree
 from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest
 from checkpoint.durable.save_errors import CheckpointSaveError, describe_save_failure, rank_errors, storage_errno
@@ -277,9 +277,18 @@ class CheckpointSaver:
             raise RankFailures(phase, failures) from error
 
     def _failed(self, exc: BaseException, step: int, staging: Path) -> BaseException:
-        """What a failed save raises. A storage failure (every rank knows by now): the coordinator
-        removes the uncommitted directory; CheckpointSaveError with the numbers. Anything else
-        (a stale writer, a bug, an injected exception) is raised as it is."""
+        """What a failed save raises. A newer attempt owns the directory: StaleWriter, whatever the failure (its
+        start-up clean-up may have removed this save's files: ENOENT), and nothing is touched. A storage failure
+        (every rank knows by now): the coordinator removes the uncommitted directory; CheckpointSaveError with
+        the numbers. Anything else (a bug, an injected exception) is raised as it is."""
+        if not isinstance(exc, StaleWriter):
+            try:
+                check_lease(self.root, self.attempt)
+            except StaleWriter as stale:
+                stale.__cause__ = exc
+                return stale
+            except OSError:  # the storage that failed the save may not answer either: judged below
+                pass
         code = storage_errno(exc)
         if code is None:
             return exc
