@@ -279,13 +279,14 @@ def test_a_step_where_a_save_a_snapshot_and_the_shadow_check_fall_due_runs_the_p
     from checkpoint.durable.manifest import read_manifest
     from recovery.guards import TrainingGuards
     from recovery.probe import PROBE_METHOD, PROBE_SEQUENCES
+    from trainer.startup import claim_lease
 
     cfg, state, probe, forwards, ckpt, train_step = _probed_run(tmp_path, durable_interval=2)
     seen = []
     guards = TrainingGuards(cfg.recovery.guards, state.model, torch.device("cpu"), tmp_path / "run", 0,
                             shadow_loss=lambda: seen.append(probe()) or seen[-1])
     try:
-        ckpt.preflight()
+        ckpt.preflight(claim_lease(cfg))  # as trainer/run.py: the lease first
         train_step()
         train_step()
         assert ckpt.due(2) and ckpt.memory.due(2) and cfg.recovery.guards.shadow_interval == 2
