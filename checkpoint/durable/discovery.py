@@ -142,9 +142,11 @@ def clean_uncommitted(root: Path, spare_younger_than_s: Optional[float] = None) 
     if spared:
         log.warning("left uncommitted %s alone: written to less than %g s ago, while a writer of an older attempt "
                     "may still live (the next start removes them)", ", ".join(sorted(spared)), spare_younger_than_s)
-    if remote:  # parts of uploads a killed writer left open (the store keeps them until aborted)
-        older_than = None if spare_younger_than_s is None else now - spare_younger_than_s
-        removed += [f"upload of {key}" for key in root.abort_uploads(older_than)]
+    if remote and spare_younger_than_s is None:  # parts of uploads a killed writer left open (kept until aborted)
+        removed += [f"upload of {key}" for key in root.abort_uploads()]
+    elif remote:  # an older writer may still be uploading (a store's upload start times are not trusted here)
+        log.warning("left open multipart uploads alone while a writer of an older attempt may still live "
+                    "(the next start aborts them)")
     if removed:
         fsync_dir(root)
         log.info("removed uncommitted checkpoint leftovers: %s", ", ".join(sorted(removed)))

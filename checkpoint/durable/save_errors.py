@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
-from typing import Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from checkpoint.durable.location import free_bytes, location, on_object_store
 from checkpoint.durable.manifest import CheckpointError
@@ -38,9 +38,33 @@ class CheckpointSaveError(CheckpointError):
         self.step, self.errno = step, errno_
 
 
+class RankFailures(CheckpointError):
+    """A phase of a save failed on some ranks; every rank raises this, with each rank's failure
+    (``failures``: {rank: exception}; storage errors are OSErrors with their errno)."""
+
+    def __init__(self, phase: str, failures: Dict[int, BaseException]):
+        super().__init__(f"{phase} failed on rank(s) {sorted(failures)}: "
+                         + "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(failures.items())))
+        self.failures = failures
+
+
+def outcome_of(error: Optional[BaseException]) -> Optional[tuple]:
+    """This rank's failure of a save phase as a picklable tuple to gather (None: it succeeded); a storage
+    error keeps its errno, so every rank can judge it as storage_errno does."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return ("os", error.errno, error.strerror, error.filename)
+    return None if error is None else ("other", type(error).__name__, str(error), None)
+
+
+def failures_of(outcomes: List[Optional[tuple]]) -> Dict[int, BaseException]:
+    """{rank: its failure} from the gathered ``outcome_of`` tuples."""
+    return {r: OSError(a, b, filename) if what == "os" else CheckpointError(f"{a}: {b}")
+            for r, (what, a, b, filename) in ((r, o) for r, o in enumerate(outcomes) if o is not None)}
+
+
 def rank_errors(exc: BaseException, rank: int) -> List[Tuple[int, BaseException]]:
     """(rank, error) for each failure behind ``exc``: the per-rank failures of a DCP
-    ``CheckpointException`` or of the saver's ``RankFailures`` ({rank: exception or (exception,
+    ``CheckpointException`` or of ``RankFailures`` ({rank: exception or (exception,
     traceback)}), else ``exc`` itself as ``rank``'s."""
     failures = getattr(exc, "failures", None)
     if isinstance(failures, dict) and failures:

@@ -50,7 +50,15 @@ from checkpoint.durable.layout import committed_dir, uncommitted_dir
 from checkpoint.durable.lease import StaleWriter, check_lease
 from checkpoint.durable.location import location, on_object_store, remove_tree
 from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest
-from checkpoint.durable.save_errors import CheckpointSaveError, describe_save_failure, rank_errors, storage_errno
+from checkpoint.durable.save_errors import (
+    CheckpointSaveError,
+    RankFailures,
+    describe_save_failure,
+    failures_of,
+    outcome_of,
+    rank_errors,
+    storage_errno,
+)
 from checkpoint.durable.writer import WRITERS, RawFileWriter
 from checkpoint.state.staging import HostStager
 from configs.constants import ASYNC_MODES
@@ -71,16 +79,6 @@ def _planner() -> DefaultSavePlanner:
 
 def _no_dist() -> bool:
     return not (dist.is_available() and dist.is_initialized())
-
-
-class RankFailures(CheckpointError):
-    """A phase of a save failed on some ranks; every rank raises this, with each rank's failure
-    (``failures``: {rank: exception}; storage errors are OSErrors with their errno)."""
-
-    def __init__(self, phase: str, failures: Dict[int, BaseException]):
-        super().__init__(f"{phase} failed on rank(s) {sorted(failures)}: "
-                         + "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(failures.items())))
-        self.failures = failures
 
 
 @dataclass
@@ -262,17 +260,7 @@ class CheckpointSaver:
             if error is not None:
                 raise error
             return
-        mine = None
-        if isinstance(error, OSError) and error.errno is not None:
-            mine = ("os", error.errno, error.strerror, error.filename)
-        elif error is not None:
-            mine = ("other", type(error).__name__, str(error), None)
-        outcomes = collectives.all_gather_object(mine, self.process_group)
-        failures: Dict[int, BaseException] = {}
-        for r, outcome in enumerate(outcomes):
-            if outcome is not None:
-                what, a, b, filename = outcome
-                failures[r] = OSError(a, b, filename) if what == "os" else CheckpointError(f"{a}: {b}")
+        failures = failures_of(collectives.all_gather_object(outcome_of(error), self.process_group))
         if failures:
             raise RankFailures(phase, failures) from error
 
