@@ -19,7 +19,6 @@ SLOWEST_FIRST = (
     "test_s3_checkpoints.py",  # 2-rank runs against a local S3 server (measured under load: ~10 min; idle less)
     "test_s3_protocol.py",  # a process killed at each phase of an S3 save, and the restart (under load: ~2 min)
     "test_memory_tier.py",  # 128 s: two torchrun agents as two nodes
-    "test_rehearsal_8ranks.py",  # 111 s
     "test_train_run.py",  # 53 s: the 300-step debug experiment
     "test_rendezvous_store.py",  # 43 s
     "test_preemption_torchrun.py",  # 41 s

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from helpers.launch import ROOT, run_train, subprocess_env
+from helpers.launch import RDZV_KEEP_ALIVE, ROOT, run_train, subprocess_env
 from metrics.records import read_metrics, step_losses
 from tools.rehearsal import faults_override
 from tools.runs import tiny_overrides
@@ -55,7 +55,7 @@ def _kill_node(agent_pid: int) -> None:
 def _agent(overrides, port: int, is_host: bool, log):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic-test",
-           f"--rdzv-conf=is_host={str(is_host).lower()},last_call_timeout=5,join_timeout=120",
+           f"--rdzv-conf=is_host={str(is_host).lower()},last_call_timeout=5,join_timeout=120,{RDZV_KEEP_ALIVE}",
            "--max-restarts=3", "--monitor-interval=0.5", str(ROOT / "train.py"), *overrides]
     return subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

@@ -20,7 +20,8 @@ from metrics.records import read_metrics, step_losses
 from tools.rehearsal import divergences, faults_override
 from tools.runs import tiny_overrides
 
-pytestmark = pytest.mark.distributed
+# Not in the default run (pyproject.toml: -m "not rehearsal"): .ci/run runs it after the suite, `pytest -m rehearsal`.
+pytestmark = [pytest.mark.distributed, pytest.mark.rehearsal]
 
 NPROC, STEPS, GRACE_S, BOUND_S = 8, 20, 60, 400
 KILL_STEP = random.Random(8).choice(range(10, 16))

@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from helpers.launch import RDZV_KEEP_ALIVE
 from helpers.processes import alive, children, start, stop, wait_for_faults
 from metrics.records import read_metrics
 from tools.rehearsal import faults_override
@@ -38,7 +39,8 @@ def _free_port() -> int:
 def _agent(overrides, port: int, is_host: bool, log):
     return start([sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
                   "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=store-test",
-                  f"--rdzv-conf=is_host={str(is_host).lower()},last_call_timeout=5,join_timeout=120",
+                  f"--rdzv-conf=is_host={str(is_host).lower()},last_call_timeout=5,join_timeout=120,"
+                  f"{RDZV_KEEP_ALIVE}",
                   "--max-restarts=3", "--monitor-interval=0.5", "train.py", *overrides], log,
                  start_new_session=True)
 

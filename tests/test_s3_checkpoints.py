@@ -111,21 +111,14 @@ def _killed_mid_upload(s3, run_dir: Path, data: Path, root: S3Path, step: int, l
             stop(job)
 
 
-@pytest.mark.parametrize("point", ["mid-upload", "checkpoint_commit"])
-def test_a_sigkill_during_an_s3_save_leaves_no_trusted_torn_checkpoint(s3, local, tmp_path, pydoc_data, point):
-    """A 2-rank train.py killed at a seeded step: while a rank's file is half uploaded, or with every
-    acknowledgement in and no manifest yet (rank 0). (Every phase of a save, the move-aside, the
-    upload and acknowledgement, the commit, `latest` and retention, each with its own kill and
-    restart: tests/test_s3_protocol.py.)"""
-    step = random.Random(f"{SEED}-{point}").choice([4, 6])
-    run_dir, root = tmp_path / "killed", _prefix(f"killed-{point}")
-    if point == "mid-upload":
-        _killed_mid_upload(s3, run_dir, pydoc_data, root, step, tmp_path / "job.log")
-        assert any(u["Key"].startswith(f"{root.key}/") for u in open_uploads(s3))  # what the killed writer left
-    else:
-        kill = {"kind": "sigkill", "phase": point, "step": step, "rank": 0}
-        killed = _train(s3, run_dir, pydoc_data, root, faults_override([kill]), check=False, mode="sync")
-        assert killed.returncode != 0
+def test_a_sigkill_during_an_s3_save_leaves_no_trusted_torn_checkpoint(s3, local, tmp_path, pydoc_data):
+    """A 2-rank train.py killed at a seeded step while a rank's file is half uploaded. (Every phase of
+    a save, the move-aside, the upload and acknowledgement, the commit, `latest` and retention, each
+    with its own SIGKILL and restart, one rank each: tests/test_s3_protocol.py.)"""
+    step = random.Random(f"{SEED}-mid-upload").choice([4, 6])
+    run_dir, root = tmp_path / "killed", _prefix("killed-mid-upload")
+    _killed_mid_upload(s3, run_dir, pydoc_data, root, step, tmp_path / "job.log")
+    assert any(u["Key"].startswith(f"{root.key}/") for u in open_uploads(s3))  # what the killed writer left
     for c in list_checkpoints(root):  # nothing torn is trusted: committed means complete and verified
         if c.committed:
             verify_checkpoint(c.path)

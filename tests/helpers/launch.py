@@ -24,6 +24,10 @@ from typing import Dict, List, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = ROOT / "tests" / "workers"
+# For the tests' multi-node c10d rendezvous (--rdzv-conf): a lost node's agent is declared dead after
+# keep_alive_interval x keep_alive_max_attempt seconds without its heartbeat (torchrun's default 5 x 3 =
+# 15 s; 1 x 3 here), so a node-loss test waits seconds, not a quarter of a minute, for what it tests.
+RDZV_KEEP_ALIVE = "keep_alive_interval=1,keep_alive_max_attempt=3"
 
 
 def subprocess_env(extra: Dict[str, str] | None = None) -> Dict[str, str]:
