@@ -95,9 +95,11 @@ def test_save_retention_resume_and_reshard_on_s3_equal_the_local_disk(s3, local,
 
 def _killed_mid_upload(s3, run_dir: Path, data: Path, root: S3Path, step: int, log_path: Path) -> None:
     """SIGKILL the job (its ranks die with it) while a data file of the save of ``step`` is
-    half uploaded: parts sent, the upload not completed."""
+    half uploaded: parts sent, the upload not completed. The server holds each part 0.3 s, so a
+    file's upload stays open long enough to be seen (a local one takes milliseconds)."""
     cmd = python_or_torchrun(NPROC, "train.py", *_overrides(run_dir, data, root))
     with open(log_path, "w") as log:
+        s3.delay_parts(0.3)
         job = start(cmd, log, extra_env=s3.env, warm=True)
         try:
             deadline = time.monotonic() + 240
@@ -109,6 +111,7 @@ def _killed_mid_upload(s3, run_dir: Path, data: Path, root: S3Path, step: int, l
             job.wait()
         finally:
             stop(job)
+            s3.delay_parts(0)
 
 
 def test_a_sigkill_during_an_s3_save_leaves_no_trusted_torn_checkpoint(s3, local, tmp_path, pydoc_data):

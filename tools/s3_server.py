@@ -2,7 +2,11 @@
 port), started and stopped by whoever needs it, holding its objects in memory (nothing left on disk).
 
 ``env`` is what a process needs to use it (boto3's endpoint and credential variables, and small
-multipart parts so that a debug checkpoint's files are uploaded in several parts)."""
+multipart parts so that a debug checkpoint's files are uploaded in several parts).
+
+``delay_parts(seconds)`` makes the server hold every part upload that long before it answers (moto's
+own app behind a small WSGI wrapper, this file run as a program): a test that must act while a
+file is half uploaded gets a window it can see, instead of the milliseconds a local upload takes."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Dict, Optional
 
@@ -38,7 +43,9 @@ class S3Server:
 
     def start(self, timeout_s: float = 60) -> "S3Server":
         env = {**os.environ, "S3_UPLOAD_PART_MIN_SIZE": str(PART_BYTES), "MOTO_ALLOW_NONEXISTENT_REGION": "true"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+        fd, self.delay_file = tempfile.mkstemp(prefix="s3-part-delay-")
+        os.close(fd)
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(self.port), self.delay_file],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                                      start_new_session=True)
         deadline = time.monotonic() + timeout_s
@@ -56,6 +63,14 @@ class S3Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.proc = None
+        if getattr(self, "delay_file", None):
+            os.unlink(self.delay_file)
+            self.delay_file = None
+
+    def delay_parts(self, seconds: float) -> None:
+        """From now on the server holds each part upload ``seconds`` before it answers (0: at once)."""
+        with open(self.delay_file, "w") as f:
+            f.write(f"{seconds}")
 
     def client(self):
         import boto3
@@ -66,3 +81,28 @@ class S3Server:
     def make_bucket(self, name: str = BUCKET) -> str:
         self.client().create_bucket(Bucket=name)
         return f"s3://{name}"
+
+
+def _serve(port: int, delay_file: str) -> None:
+    """moto's S3 app on 127.0.0.1:``port``; a part upload (PUT ...?partNumber=N&uploadId=...) waits the
+    seconds written in ``delay_file`` first."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import run_simple
+
+    os.environ.setdefault("MOTO_PORT", str(port))  # as python -m moto.server sets it
+    app = DomainDispatcherApplication(create_backend_app)
+
+    def held(environ, start_response):
+        if environ.get("REQUEST_METHOD") == "PUT" and "partNumber=" in environ.get("QUERY_STRING", ""):
+            try:
+                with open(delay_file) as f:
+                    time.sleep(float(f.read().strip() or 0))
+            except (OSError, ValueError):
+                pass
+        return app(environ, start_response)
+
+    run_simple("127.0.0.1", port, held, threaded=True, request_handler=MotoRequestHandler)
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]), sys.argv[2])
