@@ -178,9 +178,14 @@ def _numeric_cases():
             yield f"model.rope_scaling.{leaf}", f"model.rope_scaling.{leaf}", None
 
 
-def _with(base, path: str, value):
+def _with(base, path: str, value, cfg=None):
     """A copy of ``base`` with ``path`` set to ``value`` the way Hydra would (a list key gets one item: a
-    data.mixture entry of the prepared data itself, which then holds no validation split)."""
+    data.mixture entry of the prepared data itself, which then holds no validation split). ``cfg``: such a
+    copy made before for the same ``path``, whose value is replaced (a deep copy of the config costs more
+    than the checks)."""
+    if cfg is not None:
+        OmegaConf.update(cfg, path.replace("[].", "[0]."), value, merge=False)
+        return cfg
     cfg = copy.deepcopy(base)
     if "[]." in path:
         head, leaf = path.split("[].")
@@ -219,12 +224,12 @@ def test_every_numeric_key_refuses_nan_infinities_and_what_it_cannot_be(tmp_path
     assert _refusal(base) is None
     refused = 0
     for key, path, tp in _numeric_cases():
-        shown = path.replace("[].", "[0].")
+        shown, cfg = path.replace("[].", "[0]."), None
         for value in VALUES:
             if tp is not None and math.isfinite(value):
                 value = tp(value)
             try:
-                cfg = _with(base, path, value)
+                cfg = _with(base, path, value, cfg)  # one copy of base per key: each value replaces the last
             except ValidationError as exc:  # an int key given a non-finite float: Hydra refuses it at compose
                 assert tp is int and not math.isfinite(value) and shown.split("[")[0] in str(exc), (key, value, exc)
                 refused += 1

@@ -1,8 +1,9 @@
 """scripts/bench_memory_tier.py: its result.json has every field.
 
-The fast test runs the whole script (its gloo floor for real) with the training launches
-replaced by rows shaped like the ones train.py writes (the memory_snapshot event's fields are
-SnapshotRecord's); the distributed one runs it for real on a tiny model (about 2 minutes).
+The test runs the whole script (its floors for real: the gloo floor starts two processes, so it is
+marked distributed) with the training launches replaced by rows shaped like the ones train.py writes
+(the memory_snapshot event's fields are SnapshotRecord's). The script itself, on a real run, is what
+docs/checkpoint-format.md's memory-tier numbers come from.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from checkpoint.memory.commit import SnapshotRecord
 from helpers.launch import load_script
@@ -125,6 +128,7 @@ def _launch_from_rows(bench_mod, self, tag: str, run_dir: Path, overrides, max_r
     return bench_mod.Launch(tag, t0, [0, 0], rows, logs)
 
 
+@pytest.mark.distributed
 def test_the_result_has_every_field(tmp_path, monkeypatch, pydoc_data):
     bench = load_script("bench_memory_tier")
     monkeypatch.setattr(bench.Bench, "launch", lambda *a, **k: _launch_from_rows(bench, *a, **k))
