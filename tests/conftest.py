@@ -13,24 +13,27 @@ import pytest
 
 pytest.register_assert_rewrite("helpers")  # helpers' asserts report their values, as in a test module
 
-# The files that take longest (seconds of one worker on the idle 2-core machine, December 2026),
-# started first so that the two workers end together rather than one waiting for the other.
+# The files that take longest (seconds of one worker in the suite on the idle 2-core machine, the other
+# worker busy too; 2026-12-03), started first so that the two workers end together rather than one
+# waiting for the other.
 SLOWEST_FIRST = (
-    "test_s3_checkpoints.py",  # 2-rank runs against a local S3 server (measured under load: ~10 min; idle less)
-    "test_s3_protocol.py",  # a process killed at each phase of an S3 save, and the restart (under load: ~2 min)
-    "test_memory_tier.py",  # 128 s: two torchrun agents as two nodes
-    "test_train_run.py",  # 53 s: the 300-step debug experiment
-    "test_rendezvous_store.py",  # 43 s
-    "test_preemption_torchrun.py",  # 41 s
-    "test_recovery_elastic.py",  # 38 s
-    "test_gpu_check.py",  # 38 s: scripts/gpu_check.py --dry-run
-    "test_checkpoint_reshard.py",  # 36 s
-    "test_agreement.py",  # 36 s
-    "test_init_memory.py",  # 33 s
-    "test_save_errors.py",  # 31 s
-    "test_parallel.py",  # 31 s
-    "test_export_memory.py",  # 26 s
-    "test_async_process.py",  # writer processes start an interpreter per rank
+    "test_memory_tier.py",  # 237 s: two torchrun agents as two nodes
+    "test_s3_checkpoints.py",  # 105 s: 2-rank runs against a local S3 server
+    "test_preemption_torchrun.py",  # 89 s
+    "test_train_run.py",  # 82 s: the 300-step debug experiment
+    "test_export_memory.py",  # 74 s
+    "test_init_memory.py",  # 71 s
+    "test_rendezvous_store.py",  # 63 s
+    "test_checkpoint_reshard.py",  # 63 s
+    "test_gpu_check.py",  # 59 s: scripts/gpu_check.py --dry-run
+    "test_agreement.py",  # 59 s
+    "test_s3_protocol.py",  # 49 s: a process killed at each phase of an S3 save, and the restart
+    "test_save_errors.py",  # 46 s
+    "test_parallel.py",  # 43 s
+    "test_checkpoint_trust.py",  # 40 s
+    "test_recovery_launch.py",  # 40 s
+    "test_recovery_elastic.py",  # 35 s
+    "test_async_process.py",  # 33 s: writer processes start an interpreter per rank
     "test_data_engines.py",  # datatrove's executor, megatron-core's writer
 )
 
