@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 
 import checkpoint.checks
 from checkpoint.durable import discovery, reads
-from checkpoint.durable.manifest import CheckpointUnreadable, storage_failure
+from checkpoint.durable.manifest import CheckpointError, CheckpointUnreadable, storage_failure
+from checkpoint.durable.preflight import PreflightError
 from checkpoint.interop.weight_source import SourceError
 from checkpoint.manager import CheckpointManager
 from configs.checks import ConfigError
@@ -147,3 +148,30 @@ def test_every_rank_waits_at_the_data_barrier_whatever_it_found(monkeypatch, tmp
     data.prepare_if_missing = False
     setup.prepare_if_missing(data, SimpleNamespace(local_rank=0))
     assert barriers == [1, 1]  # a config without it has no barrier on any rank
+
+
+@pytest.mark.parametrize("rank0_raised, expected", [
+    ((0, "the files of checkpoint.resume and model.init_from could not be read after 3 retries: EIO"),
+     CheckpointUnreadable),
+    ((2, "checkpoint.resume=8: step_00000008 has no manifest.json"), CheckpointError),
+    ((3, "[Errno 13] Permission denied: '/ckpt/manifest.json'"), CheckpointUnreadable),
+])
+def test_a_read_that_failed_on_rank_0_is_raised_alike_and_printed_once(monkeypatch, tmp_path, pydoc_data,
+                                                                       rank0_raised, expected):
+    """Rank 0's reads ended in an error (retries spent, a damaged checkpoint, a permission refused):
+    rank 1 raises the same kind, marked ``agreed``, so train.py prints it on rank 0 alone (an OSError
+    is not a traceback on 512 ranks but one CheckpointError naming the fix)."""
+    cfg = _compose(f"data.path={pydoc_data}", f"output_root={tmp_path}", "run_name=run")
+    _as_rank_1(monkeypatch, [None, rank0_raised])
+    with pytest.raises(expected) as err:
+        startup.check_launch(cfg, 2)
+    assert err.value.agreed and rank0_raised[1] in str(err.value)
+
+
+def test_a_lease_rank_0_could_not_write_is_refused_alike(monkeypatch, tmp_path):
+    """claim_lease: rank 0 could not write checkpoint.dir; every rank raises the same PreflightError, agreed."""
+    cfg = _compose(f"output_root={tmp_path}", "run_name=run")
+    _as_rank_1(monkeypatch, [None, (1, "[Errno 30] Read-only file system: '/ckpt'")])
+    with pytest.raises(PreflightError, match="is not writable by this process.*Read-only file system") as err:
+        startup.claim_lease(cfg)
+    assert err.value.agreed

@@ -15,7 +15,8 @@ ranks would read the same manifests. So trainer/run.py checks a launch in this o
    model.init_from's shape. Every rank applies the same config changes, checks the values (the
    same everywhere) and what it sees itself (data.path, its folders); all agree on one block. A
    refused launch raises the same ConfigError on every rank, marked ``agreed`` (train.py prints
-   it once and every rank exits 2), before the model, the optimizer or the data exist and before
+   it once and every rank exits 2); a read that failed for good raises the same CheckpointError
+   everywhere (printed once, exit 1), before the model, the optimizer or the data exist and before
    anything is written into the run directory.
 4. ``claim_lease``: rank 0 takes this attempt's lease on checkpoint.dir (checkpoint/durable/
    lease.py); every rank learns the attempt, or gets the same LiveOwner (exit 2). Of two launches
@@ -34,7 +35,7 @@ import checkpoint.checks
 import data.checks
 from checkpoint.durable.lease import LiveOwner, take_lease
 from checkpoint.durable.location import location
-from checkpoint.durable.manifest import CheckpointError
+from checkpoint.durable.manifest import CheckpointError, CheckpointUnreadable
 from checkpoint.durable.preflight import PreflightError
 from checkpoint.durable.reads import read_on_rank0
 from checkpoint.s3.client import setting_problems
@@ -77,12 +78,15 @@ def check_launch(cfg: DictConfig, world_size: int) -> List[str]:
         refuse(setting_problems(s3.endpoint_url, s3.region, s3.addressing_style))
     except ConfigError as exc:
         raise agreed(exc)
-    try:
-        changes, shared = read_on_rank0(lambda: _read_shared(cfg), "the files of checkpoint.resume and "
-                                        "model.init_from", rc.read_retries, rc.read_retry_backoff_s,
+    what = "the files of checkpoint.resume and model.init_from"
+    try:  # whatever rank 0's reads raised, every rank raises alike (and train.py prints it once)
+        changes, shared = read_on_rank0(lambda: _read_shared(cfg), what, rc.read_retries, rc.read_retry_backoff_s,
                                         errors=(ConfigError, CheckpointError))
-    except ConfigError as exc:
+    except (ConfigError, CheckpointError) as exc:
         raise agreed(exc)
+    except OSError as exc:  # an answer that does not change on a second look (a permission refused)
+        raise agreed(CheckpointUnreadable(f"{what} could not be read: {exc}. Check that this job may read "
+                                          "checkpoint.dir and model.init_from")) from exc
     for key, value in changes.items():
         OmegaConf.update(cfg, key, value, merge=False)
     problems = value_problems(cfg, world_size)
@@ -144,7 +148,8 @@ def _merged(per_rank: List[List[str]]) -> List[str]:
 
 def claim_lease(cfg: DictConfig) -> int:
     """Rank 0 takes this attempt's lease on checkpoint.dir; every rank gets the attempt number, or the
-    same LiveOwner (another launch took it first) or PreflightError (checkpoint.dir not writable)."""
+    same LiveOwner (another launch took it first) or PreflightError (checkpoint.dir not writable),
+    marked ``agreed``."""
     c = cfg.checkpoint
     root = location(c.dir)
 
@@ -157,5 +162,5 @@ def claim_lease(cfg: DictConfig) -> int:
     except LiveOwner as exc:
         raise agreed(exc)
     except OSError as exc:
-        raise PreflightError(f"checkpoint.dir={root} is not writable by this process: {exc}. Make it writable, "
-                             "or point checkpoint.dir at a writable volume") from exc
+        raise agreed(PreflightError(f"checkpoint.dir={root} is not writable by this process: {exc}. Make it "
+                                    "writable, or point checkpoint.dir at a writable volume")) from exc
