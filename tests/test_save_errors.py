@@ -271,3 +271,31 @@ def test_only_rank_0_lists_the_checkpoint_directory_for_the_preflight(tmp_path, 
     room = preflight.room_for(tmp_path, 1000, keep_last=2, held=held)
     assert (room.checkpoint_bytes, room.committed, room.to_write) == (5000, 2, 1)
     assert room.free == shutil.disk_usage(tmp_path).free + 7000
+
+
+@pytest.mark.parametrize("coordinator_saw_newer", [True, False])
+def test_whether_a_newer_attempt_owns_the_directory_is_the_coordinators_answer(tmp_path, monkeypatch,
+                                                                              coordinator_saw_newer):
+    """A save phase failed on every rank (ENOSPC on rank 0): rank 1 does not read the lease itself
+    but takes the coordinator's answer, so every rank raises the same kind (StaleWriter stops the run;
+    a CheckpointSaveError with on_save_error=continue trains on: mixed, the ranks would hang). Here
+    rank 1's own read would say the opposite of the coordinator's."""
+    from checkpoint.durable import saver as saver_module
+    from checkpoint.durable.lease import StaleWriter, take_lease
+    from checkpoint.durable.save_errors import RankFailures
+    from parallel import collectives
+
+    mine, newer = take_lease(tmp_path), take_lease(tmp_path)  # the newer attempt owns it now
+    saver = CheckpointSaver(tmp_path, "sync", rank=1, world_size=2, checksum_algorithm="crc32")
+    saver.attempt = mine if not coordinator_saw_newer else newer  # what rank 1 alone would conclude: the opposite
+    answer = f"{tmp_path} is owned by attempt {newer}" if coordinator_saw_newer else None
+    sent = []
+    monkeypatch.setattr(saver_module, "_no_dist", lambda: False)
+    monkeypatch.setattr(collectives, "broadcast_object", lambda obj, *a, **k: sent.append(obj) or answer)
+    failed = RankFailures("acknowledging the checkpoint files", {0: OSError(errno.ENOSPC, "No space left")})
+    raised = saver._failed(failed, 4, uncommitted_dir(tmp_path, 4))
+    assert sent == [None]  # rank 1 sends nothing of its own
+    if coordinator_saw_newer:
+        assert isinstance(raised, StaleWriter) and str(raised) == answer and raised.__cause__ is failed
+    else:
+        assert isinstance(raised, CheckpointSaveError) and raised.errno == errno.ENOSPC

@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
@@ -270,13 +271,10 @@ class CheckpointSaver:
         (every rank knows by now): the coordinator removes the uncommitted directory; CheckpointSaveError with
         the numbers. Anything else (a bug, an injected exception) is raised as it is."""
         if not isinstance(exc, StaleWriter):
-            try:
-                check_lease(self.root, self.attempt)
-            except StaleWriter as stale:
+            stale = self._newer_attempt(exc)
+            if stale is not None:
                 stale.__cause__ = exc
                 return stale
-            except OSError:  # the storage that failed the save may not answer either: judged below
-                pass
         code = storage_errno(exc)
         if code is None:
             return exc
@@ -299,3 +297,24 @@ class CheckpointSaver:
         err = CheckpointSaveError(message, step, code)
         err.__cause__ = exc
         return err
+
+    def _newer_attempt(self, exc: BaseException) -> Optional[StaleWriter]:
+        """StaleWriter if a newer attempt owns the directory. A failure every rank met (an agreed phase,
+        DCP's gathered errors) is judged once: the coordinator reads the lease and every rank takes its
+        answer, since ranks judging alone could end differently (StaleWriter here, a CheckpointSaveError
+        that on_save_error=continue trains past there) and then hang in different collectives."""
+        def look() -> Optional[str]:
+            try:
+                check_lease(self.root, self.attempt)
+            except StaleWriter as stale:
+                return str(stale)
+            except Exception:  # noqa: BLE001 - the storage that failed the save may not answer either
+                pass
+            return None
+
+        every_rank = isinstance(exc, (RankFailures, CheckpointException)) and not _no_dist() and self.world_size > 1
+        if every_rank:
+            found = collectives.broadcast_object(look() if self.is_coordinator else None, group=self.process_group)
+        else:
+            found = look()
+        return StaleWriter(found) if found is not None else None
