@@ -245,3 +245,30 @@ def test_apply_init_from_restarts_the_ema_and_is_skipped_after_a_resume(hf_folde
     said = apply_init_from(str(folder), resumed, SimpleNamespace(init_from=None), "from X", torch.device("cpu"))
     assert said == "from X; model.init_from ignored (resumed: the checkpoint's weights win)"
     assert torch.equal(resumed.model.tok_embeddings.weight, before)
+
+
+def test_init_from_reads_again_as_recovery_read_retries_says(hf_folder, monkeypatch):
+    """The storage fails every read of model.init_from (EIO): rank 0 reads again recovery.read_retries
+    times, then the run stops with CheckpointUnreadable (the defaults, 3 retries from 2 s, were used
+    whatever the config said)."""
+    import errno
+    from types import SimpleNamespace
+
+    from checkpoint.durable.manifest import CheckpointUnreadable
+    from checkpoint.interop import init_from
+    from checkpoint.interop.weight_source import SourceError
+    from model.llama import build_model
+
+    opened = []
+
+    def failing(path):
+        opened.append(path)
+        raise SourceError(f"model.init_from={path}: unreadable") from OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(init_from, "open_source", failing)
+    state = SimpleNamespace(model=build_model(DEBUG, seed=5), ema=None, step=0, weights_version=0)
+    folder, _ = hf_folder
+    with pytest.raises(CheckpointUnreadable, match="could not be read after 1 retries"):
+        init_from.apply_init_from(str(folder), state, SimpleNamespace(init_from=None), "fresh start",
+                                  torch.device("cpu"), reads=(1, 0.0))
+    assert len(opened) == 2  # opened once per try: no second open to check the shape

@@ -150,7 +150,8 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     ckpt.preflight(attempt)  # room for the saves to come, on every rank
     metrics.attempt = attempt  # metrics.jsonl rows name it from now on (metrics/records.py)
     resumed = rt.resume(state, probe, dims, plan)  # verified, with bounded fallback
-    resumed = apply_init_from(mcfg.init_from, state, ckpt, resumed, world.device)  # pretrained weights, step 0 only
+    resumed = apply_init_from(mcfg.init_from, state, ckpt, resumed, world.device,  # pretrained weights, step 0 only
+                              (cfg.recovery.read_retries, cfg.recovery.read_retry_backoff_s))
     if world.is_main:  # the launch is accepted (the resume included): now it may say what it runs
         write_run_config(run_dir, cfg, overrides)
     start_step = state.step

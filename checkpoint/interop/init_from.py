@@ -21,7 +21,7 @@ import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, TypeVar
+from typing import Callable, List, Optional, Tuple, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -33,11 +33,11 @@ from checkpoint.durable.integrity import checksum_file, default_algorithm
 from checkpoint.durable.loader import read_metadata, verification_shares
 from checkpoint.durable.manifest import CheckpointError, check_files, read_manifest, storage_failure
 from checkpoint.durable.reader import RawFileReader
-from checkpoint.durable.reads import read_on_rank0
+from checkpoint.durable.reads import READ_RETRIES, READ_RETRY_BACKOFF_S, read_on_rank0
 from checkpoint.durable.writer import RAW
 from checkpoint.interop.hf_config import hf_name, rotary_heads
 from checkpoint.interop.safetensors_io import SafetensorsReader, source_tensors
-from checkpoint.interop.weight_source import SourceError, WeightSource, open_source, source_problems
+from checkpoint.interop.weight_source import SourceError, WeightSource, open_source, shape_problems
 from model.config import ModelConfig
 from parallel import collectives
 
@@ -53,19 +53,23 @@ def _rank_world() -> tuple:
     return (dist.get_rank(), dist.get_world_size()) if _dist() else (0, 1)
 
 
-def _on_rank0(read: Callable[[], T], what: str) -> T:
-    """``read()`` on rank 0 (again while the storage fails), its answer on every rank; a failure is
-    the same CheckpointError on every rank (checkpoint/durable/reads.py)."""
-    return read_on_rank0(read, f"model.init_from={what}", errors=(CheckpointError,))
+Reads = Tuple[int, float]  # recovery.read_retries and recovery.read_retry_backoff_s
+DEFAULT_READS: Reads = (READ_RETRIES, READ_RETRY_BACKOFF_S)
 
 
-def source_hash(source: WeightSource) -> str:
-    """A content hash of the source: a checkpoint's manifest (it holds every file's checksum; read on
-    rank 0), or the checksums of the safetensors files (rank r checksums files r, r + world, ...) and
-    config.json. A rank that cannot read its share stops every rank with the same error."""
+def _on_rank0(read: Callable[[], T], what: str, reads: Reads) -> T:
+    """``read()`` on rank 0 (again while the storage fails, ``reads`` = (retries, backoff)), its answer on
+    every rank; a failure is the same CheckpointError on every rank (checkpoint/durable/reads.py)."""
+    return read_on_rank0(read, f"model.init_from={what}", *reads, errors=(CheckpointError,))
+
+
+def source_hash(source: WeightSource, reads: Reads = DEFAULT_READS) -> str:
+    """A content hash of the source: a checkpoint's manifest (it holds every file's checksum; hashed
+    when rank 0 opened the source), or the checksums of the safetensors files (rank r checksums files
+    r, r + world, ...) and config.json. A rank that cannot read its share stops every rank with the
+    same error."""
     if source.kind == "checkpoint":
-        return _on_rank0(lambda: hashlib.sha256((source.path / "manifest.json").read_bytes()).hexdigest()[:16],
-                         str(source.path))
+        return source.manifest_hash
     rank, world = _rank_world()
     algorithm = default_algorithm()
     try:
@@ -80,7 +84,7 @@ def source_hash(source: WeightSource) -> str:
     for name, (size, checksum) in sorted(kv for part in parts for kv in part.items()):
         digest.update(f"{name} {size} {checksum}\n".encode())
     if source.kind == "hf":
-        digest.update(_on_rank0(lambda: (source.path / "config.json").read_bytes(), str(source.path)))
+        digest.update(_on_rank0(lambda: (source.path / "config.json").read_bytes(), str(source.path), reads))
     return digest.hexdigest()[:16]
 
 
@@ -100,17 +104,17 @@ def _safetensors_reader(source: WeightSource, keys: List[str], cfg: ModelConfig)
     return SafetensorsReader(source_tensors(source.tensors, names, heads))
 
 
-def _checkpoint_reader(path: Path, device: torch.device) -> RawFileReader:
+def _checkpoint_reader(path: Path, reads: Reads) -> RawFileReader:
     """A reader that checksums this rank's share of the data files while it streams them (raw
     format), or after checking them up front (stock DCP format, which deserialises)."""
-    manifest = _on_rank0(lambda: read_manifest(path), str(path))  # one reader of the small files
+    manifest = _on_rank0(lambda: read_manifest(path), str(path), reads)  # one reader of the small files
     rank, world = _rank_world()
     others, data = verification_shares(manifest, rank, world)
     checksums = manifest.checksum_algorithm is not None
     problems = check_files(path, manifest, others, checksums=checksums) + \
         check_files(path, manifest, sorted(data), checksums=False)
     reader = RawFileReader(path, algorithm=manifest.checksum_algorithm)
-    reader._metadata = _on_rank0(lambda: read_metadata(reader), str(path))
+    reader._metadata = _on_rank0(lambda: read_metadata(reader), str(path), reads)
     meta = reader.read_metadata()
     raw = all(list(info.transform_descriptors or ()) == [RAW] for idx, info in meta.storage_data.items()
               if isinstance(meta.state_dict_metadata[idx.fqn], TensorStorageMetadata))
@@ -124,7 +128,8 @@ def _checkpoint_reader(path: Path, device: torch.device) -> RawFileReader:
 
 
 @torch.no_grad()
-def load_initial_weights(model: torch.nn.Module, source: WeightSource, device: torch.device) -> int:
+def load_initial_weights(model: torch.nn.Module, source: WeightSource, device: torch.device,
+                         reads: Reads = DEFAULT_READS) -> int:
     """Overwrite every rank's shards of ``model`` with ``source``'s weights; the bytes this rank read
     from safetensors files (0 for a checkpoint, whose reads include verification)."""
     sd = get_model_state_dict(model)
@@ -132,7 +137,7 @@ def load_initial_weights(model: torch.nn.Module, source: WeightSource, device: t
     # Tied: the output layer is the embedding; read it once (the state dict may hold a copy per name).
     wanted = {k: v for k, v in sd.items() if not (tied and k == "output.weight")}
     if source.kind == "checkpoint":
-        reader = _checkpoint_reader(source.path, device)
+        reader = _checkpoint_reader(source.path, reads)
         dcp.load({"model": wanted}, storage_reader=reader, no_dist=not _dist())
         if collectives.any_rank(bool(reader.problems)):
             raise CheckpointError(f"model.init_from={source.path} failed verification while loading: "
@@ -149,48 +154,44 @@ def load_initial_weights(model: torch.nn.Module, source: WeightSource, device: t
     return read
 
 
-def _checkpoint_hf_config(source: WeightSource) -> Optional[Dict]:
-    """The config.json a checkpoint's weights were imported with (its manifest's init_from), if any."""
-    if source.kind != "checkpoint":
-        return None
-    return _on_rank0(lambda: (read_manifest(source.path).init_from or {}).get("hf_config"), str(source.path))
-
-
-def _open_on_rank0(cfg: ModelConfig, init_from: str) -> WeightSource:
-    """The source, opened and checked against the model on rank 0; every rank gets it (or the same error)."""
+def _open_on_rank0(cfg: ModelConfig, init_from: str, reads: Reads) -> WeightSource:
+    """The source, opened once and checked against the model on rank 0; every rank gets it (or the same error)."""
     def open_checked() -> WeightSource:
-        problems = source_problems(cfg, init_from)
+        try:
+            source = open_source(init_from)
+        except SourceError as exc:
+            if storage_failure(exc) is not None:  # the storage failed (EIO, ESTALE): read again
+                raise
+            problems = [str(exc)]
+        else:
+            problems = shape_problems(cfg, source)
         if problems:
             raise CheckpointError(f"model.init_from={init_from} does not fit the model: " + "; ".join(problems))
-        try:
-            return open_source(init_from)
-        except SourceError as exc:
-            if storage_failure(exc) is not None:
-                raise
-            raise CheckpointError(str(exc)) from exc
-    return _on_rank0(open_checked, init_from)
+        return source
+    return _on_rank0(open_checked, init_from, reads)
 
 
-def apply_init_from(init_from: Optional[str], state, ckpt, resumed: str, device: torch.device) -> str:
+def apply_init_from(init_from: Optional[str], state, ckpt, resumed: str, device: torch.device,
+                    reads: Reads = DEFAULT_READS) -> str:
     """trainer/run.py's one call, right after the resume: load ``init_from`` into a fresh run (and
-    restart the EMA from it); returns the banner's resume text, which says what happened."""
+    restart the EMA from it); returns the banner's resume text, which says what happened. ``reads``:
+    (recovery.read_retries, recovery.read_retry_backoff_s) for the reads rank 0 makes for everyone."""
     if not init_from:
         return resumed
     if state.step > 0:
         log.warning("model.init_from=%s ignored: this run resumed from a checkpoint (step %d), whose weights win",
                     init_from, state.step)
         return f"{resumed}; model.init_from ignored (resumed: the checkpoint's weights win)"
-    source = _open_on_rank0(state.model.cfg, init_from)
+    source = _open_on_rank0(state.model.cfg, init_from, reads)
     t0 = time.perf_counter()
-    read = load_initial_weights(state.model, source, device)
+    read = load_initial_weights(state.model, source, device, reads)
     state.weights_version += 1
     if state.ema is not None:  # the EMA starts from the weights the run starts from
         state.ema.load_state_dict({n: p.detach() for n, p in state.ema.params.items()})
-    digest = source_hash(source)
+    digest = source_hash(source, reads)
     record = {"path": str(source.path.resolve()), "kind": source.kind, "hash": digest}
-    hf = source.config if source.kind == "hf" else _checkpoint_hf_config(source)
-    if hf:  # the config.json the weights came with: an export writes it back (hf_config.OWNED_FIELDS aside)
-        record["hf_config"] = hf
+    if source.hf_config:  # the config.json the weights came with: an export writes it back (OWNED_FIELDS aside)
+        record["hf_config"] = source.hf_config
     if source.generation_config:  # and its generation_config.json (sampling defaults), written back likewise
         record["hf_generation_config"] = source.generation_config
     ckpt.init_from = record

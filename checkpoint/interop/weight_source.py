@@ -15,6 +15,7 @@ imported; checkpoint/interop/init_from.py then reads the tensors.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from dataclasses import dataclass, field
@@ -46,6 +47,10 @@ class WeightSource:
     # generation_config.json the weights came with: the folder's (hf), or the one a checkpoint's weights
     # were imported with (its manifest's init_from); an export writes it back (hf_config.py)
     generation_config: Optional[Dict] = None
+    # config.json the weights came with, likewise (the folder's, or a checkpoint's import record's)
+    hf_config: Optional[Dict] = None
+    # a checkpoint's content hash: of its manifest.json, which holds every file's checksum
+    manifest_hash: Optional[str] = None
 
 
 def read_safetensors_header(path: Path) -> Tuple[Dict[str, Dict], Dict[str, str]]:
@@ -75,7 +80,7 @@ def _hf(path: Path) -> WeightSource:
                           f"(safetensors; convert .bin weights with save_pretrained(safe_serialization=True)); "
                           f"it holds {found}")
     generation = path / HF_GENERATION
-    source = WeightSource(path, "hf", config, files,
+    source = WeightSource(path, "hf", config, files, hf_config=config,
                           generation_config=json.loads(generation.read_text()) if generation.is_file() else None)
     for f in files:
         header, _ = read_safetensors_header(f)
@@ -95,7 +100,8 @@ def _export(path: Path) -> WeightSource:
 
 
 def _checkpoint(path: Path) -> WeightSource:
-    manifest = json.loads((path / MANIFEST).read_text())
+    text = (path / MANIFEST).read_bytes()
+    manifest = json.loads(text)
     model = (manifest.get("config") or {}).get("model")
     if not model:
         raise SourceError(f"model.init_from={path}: its manifest records no model config")
@@ -103,7 +109,8 @@ def _checkpoint(path: Path) -> WeightSource:
         raise SourceError(f"model.init_from={path}: the checkpoint holds no model weights "
                           f"(components {manifest.get('components')})")
     imported = manifest.get("init_from") or {}
-    return WeightSource(path, "checkpoint", model, generation_config=imported.get("hf_generation_config"))
+    return WeightSource(path, "checkpoint", model, generation_config=imported.get("hf_generation_config"),
+                        hf_config=imported.get("hf_config"), manifest_hash=hashlib.sha256(text).hexdigest()[:16])
 
 
 def open_source(path: str | Path) -> WeightSource:
@@ -139,7 +146,11 @@ def source_problems(cfg: ModelConfig, path: str | Path) -> List[str]:
         if storage_failure(exc) is not None:  # the storage failed (EIO, ESTALE): read again, not a verdict
             raise
         return [str(exc)]
-    where = str(source.path)
+    return shape_problems(cfg, source)
+
+
+def shape_problems(cfg: ModelConfig, source: WeightSource) -> List[str]:
+    """Why the opened ``source`` cannot initialise a model of shape ``cfg`` (empty: it can)."""
     if source.kind == "hf":
-        return hf_shape_problems(cfg, source.config, where)
-    return project_shape_problems(cfg, source.config, where)
+        return hf_shape_problems(cfg, source.config, str(source.path))
+    return project_shape_problems(cfg, source.config, str(source.path))
