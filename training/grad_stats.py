@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -55,7 +55,20 @@ def _copies(grad: torch.Tensor, world_size: int) -> int:
 
 
 def _is_pending(grad) -> bool:
-    return hasattr(grad, "placements") and any(p.is_partial() for p in grad.placements)
+    return grad is not None and hasattr(grad, "placements") and any(p.is_partial() for p in grad.placements)
+
+
+def _pending_batches(params: List[nn.Parameter]) -> List[Tuple[Tuple[int, ...], bool, List[int]]]:
+    """(partial dims, reduced by sum, parameter indices) for the gradients that arrive as partial sums,
+    one batch per mesh, partial dims and dtype: each batch is summed in one coalesced all-reduce."""
+    batches: Dict[tuple, List[int]] = {}
+    for i, p in enumerate(params):
+        grad = p.grad
+        if grad is not None and _is_pending(grad):
+            dims = tuple(d for d, pl in enumerate(grad.placements) if pl.is_partial())
+            summed = all(getattr(grad.placements[d], "reduce_op", None) == "sum" for d in dims)
+            batches.setdefault((id(grad.device_mesh), dims, grad.dtype, summed), []).append(i)
+    return [(dims, summed, members) for (_, dims, _, summed), members in batches.items()]
 
 
 @dataclass
@@ -76,7 +89,8 @@ class GradStats:
         self.loss_copies = loss_copies  # ranks that hold the same loss share (tp): each adds 1/copies
         self.params: List[nn.Parameter] = []
         self.weights: Optional[torch.Tensor] = None  # [groups, params]: 1/copies where a param is in a group
-        self.pending: List[int] = []  # params whose gradients arrive as partial sums
+        # params whose gradients arrive as partial sums, batched by (mesh, partial dims, dtype, is a sum)
+        self.pending: List[Tuple[Tuple[int, ...], bool, List[int]]] = []
 
     def _first_gradients(self) -> None:
         """Once, from the first step's gradients (their placements do not change): which arrive as
@@ -88,7 +102,7 @@ class GradStats:
         if self.model is not None:
             self.groups = layer_groups(self.model)
         self.params = [p for params in self.groups.values() for p in params]
-        self.pending = [i for i, p in enumerate(self.params) if _is_pending(p.grad)]
+        self.pending = _pending_batches(self.params)
         self._resolve_pending()
         weights = torch.zeros(len(self.groups), len(self.params), dtype=torch.float64)
         col = 0
@@ -105,14 +119,10 @@ class GradStats:
         the layer norms' gradients under sequence parallel)."""
         from torch.distributed.tensor import DTensor, Replicate
 
-        batches: Dict[tuple, List[int]] = {}
-        for i in self.pending:
-            grad = self.params[i].grad
-            if grad is not None and _is_pending(grad):
-                dims = tuple(d for d, p in enumerate(grad.placements) if p.is_partial())
-                summed = all(getattr(grad.placements[d], "reduce_op", None) == "sum" for d in dims)
-                batches.setdefault((id(grad.device_mesh), dims, grad.dtype, summed), []).append(i)
-        for (_, dims, _, summed), members in batches.items():
+        for dims, summed, batch in self.pending:
+            members = [i for i in batch if _is_pending(self.params[i].grad)]  # not None: used this step
+            if not members:
+                continue
             grads = [self.params[i].grad for i in members]
             if not summed:  # another reduction: left to DTensor, tensor by tensor
                 for i, grad in zip(members, grads):
