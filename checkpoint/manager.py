@@ -18,7 +18,6 @@ import logging
 import os
 import time
 from concurrent import futures
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -64,7 +63,7 @@ class CheckpointManager:
         self.manifests = ManifestBuilder(cfg, state, world_size, self.layout, probe)
         self.events = CheckpointEvents(metrics)
         self._fault_hook = fault_hook  # the saver's phases, and checkpoint_read while loading
-        self._housekeeping = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-retention")
+        self._housekeeping = futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-retention")
         group = None
         if collectives.distributed() and world_size > 1:
             # Own gloo group: DCP's collectives (from a background thread in async mode) must not

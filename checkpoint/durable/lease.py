@@ -120,11 +120,8 @@ def live_owner(root: Path, timeout_s: float) -> Optional[str]:
         rec = json.loads(path.read_text())
     except (OSError, ValueError):  # created a moment ago and not yet written (a launch at the same moment
         rec = {}  # took it): live while its age says so
-    if rec.get("host") == socket.gethostname() and _pid_gone(int(rec.get("pid", 0))):
-        return None  # died on this host: no need to wait for the timeout
-    run_id = job_id()
-    if run_id and rec.get("run_id") == run_id:
-        return None  # the same torchrun job (restarting its workers, or a requeue of it): the old ones are gone
+    if _known_gone(rec):
+        return None
     return (f"{root} is in use by a live run: {describe(root, owner)}, heartbeat {age:.0f} s ago (a run is live while "
             f"its heartbeat is younger than checkpoint.lease_timeout_s={timeout_s:g}). Nothing was changed. Wait "
             "for it to finish, give this launch another run_name (or checkpoint.dir), or, if that run is really "
@@ -138,7 +135,6 @@ def earlier_writers_may_live(root: Path, attempt: Optional[int]) -> bool:
     one whose heartbeat merely went silent may live. ``attempt`` None (no lease held): False."""
     if attempt is None:
         return False
-    run_id = job_id()
     for older in [n for n in _numbers(root) if n < attempt]:
         path = _record_path(root, older)
         if path.with_name(path.name + RELEASED).exists():
@@ -147,12 +143,19 @@ def earlier_writers_may_live(root: Path, attempt: Optional[int]) -> bool:
             rec = json.loads(path.read_text())
         except (OSError, ValueError):
             return True  # unreadable: nothing proves it gone
-        if rec.get("host") == socket.gethostname() and _pid_gone(int(rec.get("pid", 0))):
-            continue
-        if run_id and rec.get("run_id") == run_id:
-            continue
-        return True
+        if not _known_gone(rec):
+            return True
     return False
+
+
+def _known_gone(record: dict) -> bool:
+    """Whether the writer of a lease ``record`` is known to have stopped: its pid died on this host (no
+    need to wait for the timeout), or it was this torchrun job's (workers restarted, or a requeue of the
+    job: the launcher stopped the old ones)."""
+    if record.get("host") == socket.gethostname() and _pid_gone(int(record.get("pid", 0))):
+        return True
+    run_id = job_id()
+    return bool(run_id) and record.get("run_id") == run_id
 
 
 def take_lease(root: Path, timeout_s: Optional[float] = None, take_over: bool = False) -> int:
