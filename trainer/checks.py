@@ -156,7 +156,7 @@ def folder_problems(cfg: DictConfig) -> List[str]:
     out, seen = [], set()
     folders = [(key, OmegaConf.select(cfg, key)) for key in ("output_root", "run_dir", "checkpoint.dir")]
     m = cfg.checkpoint.memory
-    if m.root and m.required and str(m.interval).strip() != "0":  # its default, /dev/shm/..., the tier checks
+    if m.root and m.required and _interval_on(m.interval):  # its default, /dev/shm/..., the tier checks
         folders.append(("checkpoint.memory.root", m.root))
     for key, path in folders:
         found = folder_problem(key, path)
@@ -164,6 +164,15 @@ def folder_problems(cfg: DictConfig) -> List[str]:
             seen.add(found[0])
             out.append(found[1])
     return out
+
+
+def _interval_on(value) -> bool:
+    """checkpoint.memory.interval turns the tier on (a step count > 0, or auto); a value the value
+    checks refuse is not looked at here."""
+    try:
+        return checkpoint.checks.parse_interval(value, "checkpoint.memory.interval") != 0
+    except ValueError:
+        return False
 
 
 def folder_problem(key: str, path: str) -> Optional[tuple]:

@@ -96,11 +96,15 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     configure_from(cfg)  # checkpoint.s3: the object store an s3:// checkpoint.dir or init_from is on
     # The launch's checks (trainer/startup.py): a lone process checks everything first; under torchrun
     # the shared files are read on rank 0 once the process group exists, and every rank agrees.
-    warnings = check_launch(cfg, 1) if launched_alone() else check_device(cfg)
+    alone = launched_alone()
+    if alone:
+        warnings = check_launch(cfg, 1)
+    else:
+        check_device(cfg)
     world = init_distributed(cfg.parallel.device, cfg.parallel.collective_timeout_s, cfg.parallel.force_fsdp)
     shutdown.add(90, "the process group", shutdown_distributed)
     setup_logging(cfg.logging.level, world.rank)
-    if not launched_alone():
+    if not alone:
         warnings = check_launch(cfg, world.world_size)
     if world.is_main and not os.environ.get(CONFIG_CHECKED_ENV):  # else the launcher's own check printed them
         for warning in warnings:

@@ -59,7 +59,7 @@ def launched_alone() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) == 1
 
 
-def check_device(cfg: DictConfig) -> List[str]:
+def check_device(cfg: DictConfig) -> None:
     """Before the process group: the values starting it reads, and the device on this host."""
     p, problems = cfg.parallel, Problems()
     problems.choice("parallel.device", p.device, DEVICES)
@@ -67,7 +67,6 @@ def check_device(cfg: DictConfig) -> List[str]:
     if not problems:
         problems += device_problems(cfg)
     refuse(problems)
-    return []
 
 
 def check_launch(cfg: DictConfig, world_size: int) -> List[str]:
