@@ -61,3 +61,6 @@ RESUME_WORDS = ("auto", "never", "must")  # checkpoint.resume, besides a step nu
 # Set by scripts/torchrun_preemptible.py for its workers once its own config check passed (and printed
 # the warnings): train.py and trainer/run.py print no warning again.
 CONFIG_CHECKED_ENV = "TRAINER_CONFIG_CHECKED"
+# scripts/torchrun_preemptible.py's check of an elastic --nnodes=MIN:MAX: the world sizes of the range,
+# comma-separated (trainer/checks.py world_size_of).
+CHECK_WORLD_SIZES_ENV = "TRAINER_CHECK_WORLD_SIZES"

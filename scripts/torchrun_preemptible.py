@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import List, Optional, Tuple
 
 from torch.distributed.elastic.rendezvous.utils import (
@@ -40,6 +41,9 @@ from torch.distributed.elastic.rendezvous.utils import (
 )
 from torch.distributed.run import determine_local_world_size, parse_args, parse_min_max_nnodes
 from torch.distributed.run import main as torchrun_main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the project's packages
+from configs.constants import CHECK_WORLD_SIZES_ENV, CONFIG_CHECKED_ENV  # noqa: E402 - after the path
 
 NOTICES = (signal.SIGTERM, signal.SIGUSR1)
 TORCHRUN_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"  # torchrun's default list less the notices
@@ -101,8 +105,6 @@ class NoticeForwarder:
                 pass
 
 
-CHECKED_ENV = "TRAINER_CONFIG_CHECKED"  # set for the workers once the check passed: train.py prints no warning again
-CHECK_WORLD_SIZES_ENV = "TRAINER_CHECK_WORLD_SIZES"  # an elastic range's world sizes, for the check (trainer/checks.py)
 
 
 def _prints_the_check(args) -> bool:
@@ -166,7 +168,8 @@ def check_config(argv: List[str]) -> int:
         print(f"\nerror: {exc}\n", file=sys.stderr)
         return 2
     env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", CHECK_WORLD_SIZES_ENV, CHECKED_ENV)}
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", CHECK_WORLD_SIZES_ENV,
+                        CONFIG_CHECKED_ENV)}
     env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"] = str(sizes[0]), str(nproc)  # each rank then takes a device
     if len(sizes) > 1:  # elastic: the layout and the batch split must work at every node count of the range
         env[CHECK_WORLD_SIZES_ENV] = ",".join(map(str, sizes))
@@ -187,7 +190,7 @@ def main() -> None:
     status = check_config(sys.argv[1:])
     if status != 0:
         sys.exit(status)
-    os.environ[CHECKED_ENV] = "1"
+    os.environ[CONFIG_CHECKED_ENV] = "1"
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(DEFAULT_SHUTDOWN_S))
     shutdown = os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"].strip()
     if not (shutdown.isdigit() and int(shutdown) > 0):  # torchrun reads it with int()

@@ -387,9 +387,10 @@ def test_an_elastic_range_is_checked_at_every_world_size_it_may_form(monkeypatch
     """torchrun --nnodes=1:3 --nproc-per-node=1: the launcher's check gets world sizes 1, 2 and 3. The group forms at
     3 once every node joined: a layout that fails there is refused; one that fails only at a smaller size (a group
     re-formed after a node is lost) is a warning naming it."""
-    from trainer.checks import CHECK_WORLD_SIZES, world_size_of
+    from configs.constants import CHECK_WORLD_SIZES_ENV
+    from trainer.checks import world_size_of
 
-    monkeypatch.setenv(CHECK_WORLD_SIZES, "1,2,3")
+    monkeypatch.setenv(CHECK_WORLD_SIZES_ENV, "1,2,3")
     monkeypatch.setenv("WORLD_SIZE", "1")
     cfg = _compose("check_only=true")  # a global batch of 16 in micro-batches of 8: over 1 or 2 ranks, not 3
     assert world_size_of(cfg) == (1, 2, 3)

@@ -26,19 +26,17 @@ from checkpoint.interop.model_shape import fill_model_shape
 from checkpoint.s3.client import configure_from, setting_problems
 from configs.bounds import bound_problems
 from configs.checks import ConfigError, Problems
+from configs.constants import CHECK_WORLD_SIZES_ENV
 from configs.schema import numeric_values, unknown_key_problems
 from model.config import model_config
-
-# scripts/torchrun_preemptible.py's check of an elastic --nnodes=MIN:MAX: the world sizes of the range, comma-separated
-CHECK_WORLD_SIZES = "TRAINER_CHECK_WORLD_SIZES"
 
 
 def world_size_of(cfg: DictConfig) -> int | Tuple[int, ...] | None:
     """The world size train.py will run at: the launcher's WORLD_SIZE, else 1 (plain python); for a
     dry run or a launcher's check_only the layout's product, or None when dp_shard=-1 leaves it open;
-    for the launcher's check of an elastic range (CHECK_WORLD_SIZES) each world size it may form."""
-    if cfg.check_only and os.environ.get(CHECK_WORLD_SIZES, "").strip():
-        return tuple(int(n) for n in os.environ[CHECK_WORLD_SIZES].split(","))
+    for the launcher's check of an elastic range (CHECK_WORLD_SIZES_ENV) each world size it may form."""
+    if cfg.check_only and os.environ.get(CHECK_WORLD_SIZES_ENV, "").strip():
+        return tuple(int(n) for n in os.environ[CHECK_WORLD_SIZES_ENV].split(","))
     if "WORLD_SIZE" in os.environ:
         return int(os.environ["WORLD_SIZE"])
     if cfg.dry_run or cfg.check_only:
