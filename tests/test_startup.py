@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import checkpoint.checks
@@ -23,17 +22,12 @@ from checkpoint.manager import CheckpointManager
 from configs.checks import ConfigError
 from configs.schema import register
 from data import setup
-from helpers.launch import ROOT
+from helpers.config import compose_debug as _compose
 from parallel import collectives
 from trainer import startup
 from trainer.checks import validate_config
 
 register()
-
-
-def _compose(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose(config_name="config", overrides=["+experiment=debug", *overrides])
 
 
 def _as_rank_1(monkeypatch, rank0_answer, rank0_sees=([], [])):

@@ -71,17 +71,13 @@ def adopt(state, other) -> None:
 def protocol_config(root: str, **checkpoint):
     """The trainer's composed config (configs/), saving to ``root`` synchronously every 2 steps and
     keeping 2, resolved to plain values (as a worker process reads it back from YAML)."""
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from configs.schema import register
-    from helpers.launch import ROOT
+    from helpers.config import compose
 
     global _composed
     if _composed is None:  # composed once per process (Hydra takes seconds)
-        register()
-        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-            _composed = OmegaConf.to_container(compose(config_name="config"), resolve=True)
+        _composed = OmegaConf.to_container(compose(), resolve=True)
     cfg = OmegaConf.create(_composed)
     for k, v in {"dir": root, "async_mode": "sync", "interval": 2, "keep_last": 2, **checkpoint}.items():
         OmegaConf.update(cfg, f"checkpoint.{k}", v)
