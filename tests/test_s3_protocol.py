@@ -319,6 +319,11 @@ KILLS = {
 }
 
 
+def test_every_kill_point_of_the_worker_has_its_expected_outcome():
+    """KILLS (this file) and KILL_POINTS (where the worker can die) name the same points: none untested."""
+    assert set(KILLS) == set(KILL_POINTS)
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("point", list(KILLS))
 def test_a_sigkill_at_any_phase_of_an_s3_save_leaves_no_trusted_torn_checkpoint(s3, base, tmp_path, point):
@@ -330,7 +335,6 @@ def test_a_sigkill_at_any_phase_of_an_s3_save_leaves_no_trusted_torn_checkpoint(
 
     from helpers.launch import run, worker
 
-    assert set(KILLS) == set(KILL_POINTS)
     (step, trajectory), trusted = KILLS[point]
     root, cfg = _copy(base, f"kill-{list(KILLS).index(point)}")
     if step == 4:
