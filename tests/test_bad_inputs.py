@@ -481,7 +481,7 @@ def test_the_launchers_check_sees_every_world_size_of_an_elastic_range(monkeypat
     assert code == 0 and env["WORLD_SIZE"] == "16" and env["LOCAL_WORLD_SIZE"] == "8"
     assert env["TRAINER_CHECK_WORLD_SIZES"] == "16,24,32"
     code, (env, _) = _check_env(monkeypatch, ["--standalone", "--nproc-per-node=2", "train.py"])
-    assert env["WORLD_SIZE"] == "2" and "TRAINER_CHECK_WORLD_SIZES" not in env
+    assert code == 0 and env["WORLD_SIZE"] == "2" and "TRAINER_CHECK_WORLD_SIZES" not in env
 
 
 def test_the_launchers_check_resolves_the_layout_as_torchrun_does(monkeypatch, capsys):
