@@ -93,10 +93,11 @@ def _killed_mid_upload(s3, run_dir: Path, data: Path, root: S3Path, step: int, l
     half uploaded: parts sent, the upload not completed. The server holds each part 0.3 s, so a
     file's upload stays open long enough to be seen (a local one takes milliseconds)."""
     cmd = python_or_torchrun(NPROC, "train.py", *_overrides(run_dir, data, root))
+    job = None
     with open(log_path, "w") as log:
-        s3.delay_parts(0.3)
-        job = start(cmd, log, extra_env=s3.env, warm=True)
         try:
+            s3.delay_parts(0.3)
+            job = start(cmd, log, extra_env=s3.env, warm=True)
             deadline = time.monotonic() + 240
             while not any(u["Key"].startswith(f"{root.key}/step_{step:08d}/") for u in open_uploads(s3)):
                 assert job.poll() is None, f"the run ended before step {step}'s upload: {log_path.read_text()[-3000:]}"
@@ -105,7 +106,8 @@ def _killed_mid_upload(s3, run_dir: Path, data: Path, root: S3Path, step: int, l
             job.send_signal(signal.SIGKILL)
             job.wait()
         finally:
-            stop(job)
+            if job is not None:
+                stop(job)
             s3.delay_parts(0)
 
 
