@@ -115,16 +115,18 @@ def test_a_rollback_waits_for_retention_in_bounded_polls_every_rank_joins(monkey
     rank joins (an agreed flag), so no rank sits in one collective longer than that. Here rank 0 (its
     retention busy for 0.4 s), then rank 1 (nothing queued; rank 0 busy for three polls)."""
     release, polls = threading.Event(), []
-    rank0 = SimpleNamespace(_housekeeping=ThreadPoolExecutor(1))
-    rank0._housekeeping.submit(release.wait)
-    monkeypatch.setattr(collectives, "any_rank", lambda flag, group=None: polls.append(flag) or flag)
-    threading.Timer(0.4, release.set).start()
-    CheckpointManager.wait_for_retention(rank0, poll_s=0.05)
+    with ThreadPoolExecutor(1) as housekeeping:
+        rank0 = SimpleNamespace(_housekeeping=housekeeping)
+        rank0._housekeeping.submit(release.wait)
+        monkeypatch.setattr(collectives, "any_rank", lambda flag, group=None: polls.append(flag) or flag)
+        threading.Timer(0.4, release.set).start()
+        CheckpointManager.wait_for_retention(rank0, poll_s=0.05)
     assert polls[-1] is False and polls.count(True) >= 3, polls
     busy = iter([True, True, True])
     polls.clear()
     monkeypatch.setattr(collectives, "any_rank", lambda flag, group=None: polls.append(flag) or next(busy, flag))
-    CheckpointManager.wait_for_retention(SimpleNamespace(_housekeeping=ThreadPoolExecutor(1)), poll_s=0.05)
+    with ThreadPoolExecutor(1) as housekeeping:
+        CheckpointManager.wait_for_retention(SimpleNamespace(_housekeeping=housekeeping), poll_s=0.05)
     assert polls == [False] * 4  # its own flag each time, in each of rank 0's polls
 
 
