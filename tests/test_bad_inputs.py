@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 from configs.bounds import BOUNDS
 from configs.checks import ConfigError
 from configs.schema import DataSourceConfig, FaultConfig, numeric_keys, register
+from helpers.config import compose_debug as _compose
 from helpers.launch import ROOT, load_script, run, run_train, subprocess_env, torchrun
 from trainer.checks import validate_config
 
@@ -85,11 +85,6 @@ BAD = [
     ("checkpoint.lease_timeout_s=0.001", ["checkpoint.lease_timeout_s=0.001", "in [10, ", "heartbeat beats every "
                                           "lease_timeout_s / 4", "use >= 10 s"]),
 ]
-
-
-def _compose(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose(config_name="config", overrides=["+experiment=debug", *overrides])
 
 
 @pytest.mark.parametrize("override, needles", BAD, ids=[b[0] for b in BAD])
@@ -487,7 +482,7 @@ def test_the_launchers_check_sees_every_world_size_of_an_elastic_range(monkeypat
     assert code == 0 and env["WORLD_SIZE"] == "16" and env["LOCAL_WORLD_SIZE"] == "8"
     assert env["TRAINER_CHECK_WORLD_SIZES"] == "16,24,32"
     code, (env, _) = _check_env(monkeypatch, ["--standalone", "--nproc-per-node=2", "train.py"])
-    assert env["WORLD_SIZE"] == "2" and "TRAINER_CHECK_WORLD_SIZES" not in env
+    assert code == 0 and env["WORLD_SIZE"] == "2" and "TRAINER_CHECK_WORLD_SIZES" not in env
 
 
 def test_the_launchers_check_resolves_the_layout_as_torchrun_does(monkeypatch, capsys):

@@ -164,7 +164,10 @@ def test_acknowledge_uses_the_writers_checksum_and_refuses_a_file_that_changed(t
 
 @pytest.mark.distributed
 def test_chunks_reshard_bitwise_across_layouts(tmp_path):
-    """Row-sharded reads go straight into the shard; column blocks go through a copy."""
+    """Row-sharded reads go straight into the shard; column blocks go through a copy. Then, at 2 ranks,
+    plan caching: two saves of the same structure through CheckpointSaver plan once (one global plan on
+    the coordinator, an empty local plan the second time) and the second holds its own values
+    (tests/workers/storage_worker.py)."""
     proc = run(torchrun(2, worker("storage_worker"), str(tmp_path)), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 

@@ -139,10 +139,10 @@ def _losses(run_dir):
 
 @pytest.mark.distributed
 def test_launches_into_a_live_run_are_refused_and_it_finishes_as_if_alone(tmp_path, pydoc_data):
-    """Two launches of the same command at the same moment (timed from their start: neither holds the
-    lease when the other is checked): one takes it and runs, the other exits 2 naming it, before it
-    builds or writes anything. Then one with another seed while the first runs: refused too. The run
-    finishes with the losses of a lone run, bitwise, and its own config.yaml."""
+    """Two launches of the same command started back to back (which checks the lease first, and whether
+    the other holds it by then, is left to the moment and not checked): one takes it and runs, the other
+    exits 2 naming it, before it builds or writes anything. Then one with another seed while the first
+    runs: refused too. The run finishes with the losses of a lone run, bitwise, and its own config.yaml."""
     live, lone = tmp_path / "live", tmp_path / "lone"
     base = tiny_overrides(live, pydoc_data, 40, 10, async_mode="async")
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
@@ -152,7 +152,10 @@ def test_launches_into_a_live_run_are_refused_and_it_finishes_as_if_alone(tmp_pa
             deadline = time.monotonic() + 300
             while all(t.poll() is None for t in twins) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            lost = next(i for i, t in enumerate(twins) if t.poll() is not None)  # the first to end
+            ended = [i for i, t in enumerate(twins) if t.poll() is not None]
+            assert ended, ("neither launch ended in 300 s: one of them should have been refused (exit 2)\n"
+                           + "\n".join(log.read_text()[-1500:] for log in logs))
+            lost = ended[0]  # the first to end
             first = twins[1 - lost]
             other_seed = run_train([*base, "seed=7"], check=False)
             still_running = first.poll() is None

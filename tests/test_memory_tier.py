@@ -174,23 +174,17 @@ def _probed_run(tmp_path, durable_interval: int = 0):
     durable tier every ``durable_interval`` steps, off by default)."""
     from types import SimpleNamespace
 
-    from hydra import compose, initialize_config_dir
-
     from checkpoint.manager import CheckpointManager
-    from configs.schema import register
+    from helpers.config import compose_debug
     from model.config import model_config
     from model.llama import build_model
     from recovery.probe import PROBE_SEQUENCES, Probe
     from training.optimizer import build_optimizer
     from training.schedule import build_scheduler
 
-    register()
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "+experiment=debug", f"output_root={tmp_path}", "run_name=probe-count",
-            f"checkpoint.interval={durable_interval}", "recovery.guards.shadow_interval=2",
-            "checkpoint.memory.interval=2", f"checkpoint.memory.root={tmp_path / 'shm'}",
-            "checkpoint.memory.replicas=0"])
+    cfg = compose_debug(f"output_root={tmp_path}", "run_name=probe-count", f"checkpoint.interval={durable_interval}",
+                        "recovery.guards.shadow_interval=2", "checkpoint.memory.interval=2",
+                        f"checkpoint.memory.root={tmp_path / 'shm'}", "checkpoint.memory.replicas=0")
     model = build_model(model_config(cfg), seed=0)
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.training.steps)

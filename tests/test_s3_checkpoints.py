@@ -23,11 +23,10 @@ from checkpoint.interop.export import export_safetensors, load_tensors
 from checkpoint.s3.path import S3Path
 from helpers.launch import load_script, python_or_torchrun, run_train
 from helpers.processes import start, stop
-from helpers.s3 import open_uploads, serving
+from helpers.s3 import in_bucket, open_uploads, serving
 from metrics.records import read_metrics, step_losses
 from tools.rehearsal import faults_override
 from tools.runs import tiny_overrides
-from tools.s3_server import BUCKET
 
 pytestmark = pytest.mark.distributed
 
@@ -58,10 +57,6 @@ def local(tmp_path_factory, pydoc_data, s3) -> Path:
     return run_dir
 
 
-def _prefix(name: str) -> S3Path:
-    return S3Path(f"s3://{BUCKET}/{name}")
-
-
 def _committed(root) -> list:
     return [c.checkpoint_id for c in list_checkpoints(root) if c.committed]
 
@@ -71,7 +66,7 @@ def _after(run_dir: Path, step: int) -> dict:
 
 
 def test_save_retention_resume_and_reshard_on_s3_equal_the_local_disk(s3, local, tmp_path, pydoc_data):
-    run_dir, root = tmp_path / "s3", _prefix("equal")
+    run_dir, root = tmp_path / "s3", in_bucket("equal")
     _train(s3, run_dir, pydoc_data, root)
     assert step_losses(run_dir) == step_losses(local)
     assert _committed(root) == _committed(local / "checkpoints") == ["step_00000008", "step_00000006"]
@@ -98,10 +93,11 @@ def _killed_mid_upload(s3, run_dir: Path, data: Path, root: S3Path, step: int, l
     half uploaded: parts sent, the upload not completed. The server holds each part 0.3 s, so a
     file's upload stays open long enough to be seen (a local one takes milliseconds)."""
     cmd = python_or_torchrun(NPROC, "train.py", *_overrides(run_dir, data, root))
+    job = None
     with open(log_path, "w") as log:
-        s3.delay_parts(0.3)
-        job = start(cmd, log, extra_env=s3.env, warm=True)
         try:
+            s3.delay_parts(0.3)
+            job = start(cmd, log, extra_env=s3.env, warm=True)
             deadline = time.monotonic() + 240
             while not any(u["Key"].startswith(f"{root.key}/step_{step:08d}/") for u in open_uploads(s3)):
                 assert job.poll() is None, f"the run ended before step {step}'s upload: {log_path.read_text()[-3000:]}"
@@ -110,7 +106,8 @@ def _killed_mid_upload(s3, run_dir: Path, data: Path, root: S3Path, step: int, l
             job.send_signal(signal.SIGKILL)
             job.wait()
         finally:
-            stop(job)
+            if job is not None:
+                stop(job)
             s3.delay_parts(0)
 
 
@@ -119,7 +116,7 @@ def test_a_sigkill_during_an_s3_save_leaves_no_trusted_torn_checkpoint(s3, local
     a save, the move-aside, the upload and acknowledgement, the commit, `latest` and retention, each
     with its own SIGKILL and restart, one rank each: tests/test_s3_protocol.py.)"""
     step = random.Random(f"{SEED}-mid-upload").choice([4, 6])
-    run_dir, root = tmp_path / "killed", _prefix("killed-mid-upload")
+    run_dir, root = tmp_path / "killed", in_bucket("killed-mid-upload")
     _killed_mid_upload(s3, run_dir, pydoc_data, root, step, tmp_path / "job.log")
     assert any(u["Key"].startswith(f"{root.key}/") for u in open_uploads(s3))  # what the killed writer left
     for c in list_checkpoints(root):  # nothing torn is trusted: committed means complete and verified
@@ -137,7 +134,7 @@ def test_a_sigkill_during_an_s3_save_leaves_no_trusted_torn_checkpoint(s3, local
 def saved(s3, tmp_path_factory, pydoc_data) -> S3Path:
     """A run's checkpoints on S3 (steps 6 and 8), copied for the test that damages them. The run finds
     the store by checkpoint.s3.endpoint_url alone: boto3's AWS_ENDPOINT_URL_S3 points where nothing listens."""
-    root = _prefix("saved")
+    root = in_bucket("saved")
     run_train(_overrides(tmp_path_factory.mktemp("s3") / "saved", pydoc_data, root,
                          f"checkpoint.s3.endpoint_url={s3.url}", "checkpoint.s3.addressing_style=path"),
               nproc=NPROC, extra_env={**s3.env, "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9"})
@@ -149,7 +146,7 @@ def test_a_damaged_object_is_found_and_the_resume_falls_back(s3, saved, tmp_path
     """train.py's resume on S3: a changed byte in rank 1's object of step 8 is found at load, the run
     falls back to step 6. (Every kind of damage, changed bytes, a missing object and a truncated
     upload, through the same verifier and fallback in one process: tests/test_s3_protocol.py.)"""
-    root = _prefix("damaged")
+    root = in_bucket("damaged")
     saved.copy_tree(root)
     victim = root / "step_00000008" / "__1_0.distcp"
     data = bytearray(victim.read_bytes())
@@ -200,7 +197,7 @@ def test_the_server_stopped_during_a_save_stops_or_continues_by_on_save_error_an
     run) and the failed save's open uploads are aborted. That restart, with on_save_error=continue, loses the
     endpoint after step 8: the save of step 10 fails, training goes on, step 12 commits; a second
     restart resumes from step 12 and no upload is left open."""
-    run_dir, root, log_path = tmp_path / "outage", _prefix("outage"), tmp_path / "job.log"
+    run_dir, root, log_path = tmp_path / "outage", in_bucket("outage"), tmp_path / "job.log"
     slow = faults_override([{"kind": "slow", "phase": "step", "step": -1, "rank": 0, "delay_s": 0.25}])
 
     def cmd(policy: str):

@@ -25,7 +25,17 @@ from checkpoint.durable.manifest import CheckpointError, read_manifest, verify_c
 from checkpoint.s3 import client as s3_client
 from checkpoint.s3.path import S3Path
 from checkpoint.s3.streams import MultipartWriter, RangedReader
-from helpers.s3 import KILL_POINTS, adopt, manager, open_uploads, protocol_config, serving, tensors_of, tiny_state
+from helpers.s3 import (
+    KILL_POINTS,
+    adopt,
+    in_bucket,
+    manager,
+    open_uploads,
+    protocol_config,
+    serving,
+    tensors_of,
+    tiny_state,
+)
 from tools.s3_server import BUCKET, PART_BYTES
 
 
@@ -33,10 +43,6 @@ from tools.s3_server import BUCKET, PART_BYTES
 def s3():
     with serving() as server:
         yield server
-
-
-def _prefix(name: str) -> S3Path:
-    return S3Path(f"s3://{BUCKET}/{name}")
 
 
 def _trusted(root) -> list:
@@ -67,7 +73,7 @@ def test_s3path_names_like_pathlib_and_refuses_what_is_no_s3_url():
 def test_a_file_is_uploaded_in_parts_read_back_by_exact_ranges_and_an_abandoned_upload_is_aborted(s3):
     data = torch.randint(0, 256, (5 * PART_BYTES // 2,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     data = data.numpy().tobytes()  # two and a half parts
-    obj = _prefix("streams") / "file.distcp"
+    obj = in_bucket("streams") / "file.distcp"
     with MultipartWriter(BUCKET, obj.key) as w:
         for i in range(0, len(data), 100_000):  # writes smaller than a part, as DCP's items are
             w.write(data[i:i + 100_000])
@@ -89,21 +95,21 @@ def test_a_file_is_uploaded_in_parts_read_back_by_exact_ranges_and_an_abandoned_
         s3_client.client().meta.events.unregister("before-parameter-build.s3.GetObject", unique_id="ranges")
     assert asked == [f"bytes={PART_BYTES - 10}-{PART_BYTES + 19}", f"bytes={len(data) - 5}-{len(data) - 1}"]
 
-    left = MultipartWriter(BUCKET, _prefix("streams").key + "/left.distcp")
+    left = MultipartWriter(BUCKET, in_bucket("streams").key + "/left.distcp")
     left.write(data)  # parts sent, never completed: what a killed writer leaves
-    abandoned = MultipartWriter(BUCKET, _prefix("streams").key + "/abandoned.distcp")
+    abandoned = MultipartWriter(BUCKET, in_bucket("streams").key + "/abandoned.distcp")
     abandoned.write(data)
     abandoned.abort()  # a failed writer gives up: its parts are deleted, nothing becomes visible
     assert [u["Key"] for u in open_uploads(s3, "streams/")] == ["streams/left.distcp"]
-    assert _prefix("streams").abort_uploads() == ["streams/left.distcp"]
-    assert not open_uploads(s3, "streams/") and sorted(_prefix("streams").keys()) == ["streams/file.distcp"]
+    assert in_bucket("streams").abort_uploads() == ["streams/left.distcp"]
+    assert not open_uploads(s3, "streams/") and sorted(in_bucket("streams").keys()) == ["streams/file.distcp"]
 
 
 def test_the_server_refuses_a_second_conditional_put_of_a_manifest(s3):
     """The commit is the manifest PUT with If-None-Match: * (checkpoint/durable/commit.py). A second
     commit of the same step (another writer, a replayed request) must be refused by the server and
     leave the first manifest as it was; a store that ignored the header would let it through."""
-    root = _prefix("conditional")
+    root = in_bucket("conditional")
     final = root / "step_00000010"
     (final / "__0_0.distcp").write_bytes(b"x" * 100)
     first = read_manifest_like(10)
@@ -132,7 +138,7 @@ def read_manifest_like(step: int):
 def base(s3, tmp_path_factory):
     """Steps 2 and 4 of trajectory 0 committed on S3 by the CheckpointManager, and its config as
     YAML (what the worker processes read). Each test copies them to its own prefix (server-side)."""
-    root = _prefix("base")
+    root = in_bucket("base")
     cfg = protocol_config(str(root))
     for step in (2, 4):
         with manager(cfg, tiny_state(step)) as mgr:
@@ -142,7 +148,7 @@ def base(s3, tmp_path_factory):
 
 
 def _copy(base: S3Path, name: str):
-    root = _prefix(name)
+    root = in_bucket(name)
     base.copy_tree(root)
     return root, protocol_config(str(root))
 
@@ -207,7 +213,7 @@ def test_a_rank_fetches_only_the_slices_it_loads(s3):
 
     g = torch.Generator().manual_seed(0)
     saved = {k: torch.randn(256, 256, generator=g) for k in ("model.0.weight", "optim.exp_avg", "optim.exp_avg_sq")}
-    path, algorithm = _prefix("ranged") / "step_00000002", default_algorithm()
+    path, algorithm = in_bucket("ranged") / "step_00000002", default_algorithm()
     writer = RawFileWriter(path, algorithm)
     dcp.save(saved, storage_writer=writer, no_dist=True)
     file_size = writer.written["__0_0.distcp"].size
@@ -280,13 +286,13 @@ def test_the_endpoint_comes_from_checkpoint_s3_before_the_environment(s3, monkey
         s3_client.configure(s3.url, "eu-west-1", "path")
         c = s3_client.client()
         c.meta.events.register("before-send.s3", lambda request, **kw: sent.append(request.url), unique_id="u")
-        assert _prefix("").is_dir()
+        assert in_bucket("").is_dir()
         assert (c.meta.endpoint_url, c.meta.region_name, c.meta.config.s3) == (
             s3.url, "eu-west-1", {"addressing_style": "path"})
         assert sent and all(u.startswith(f"{s3.url}/{BUCKET}") for u in sent), sent
         s3_client.configure(None)  # back to the environment's endpoint, where nothing answers
         with pytest.raises(OSError, match="S3 endpoint unreachable"):
-            _prefix("").keys()
+            in_bucket("").keys()
     finally:
         s3_client.configure(None)
     assert s3_client.setting_problems("minio:9000", "", "sideways") == [
@@ -313,6 +319,11 @@ KILLS = {
 }
 
 
+def test_every_kill_point_of_the_worker_has_its_expected_outcome():
+    """KILLS (this file) and KILL_POINTS (where the worker can die) name the same points: none untested."""
+    assert set(KILLS) == set(KILL_POINTS)
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("point", list(KILLS))
 def test_a_sigkill_at_any_phase_of_an_s3_save_leaves_no_trusted_torn_checkpoint(s3, base, tmp_path, point):
@@ -324,7 +335,6 @@ def test_a_sigkill_at_any_phase_of_an_s3_save_leaves_no_trusted_torn_checkpoint(
 
     from helpers.launch import run, worker
 
-    assert set(KILLS) == set(KILL_POINTS)
     (step, trajectory), trusted = KILLS[point]
     root, cfg = _copy(base, f"kill-{list(KILLS).index(point)}")
     if step == 4:

@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import checkpoint.checks
@@ -24,17 +23,12 @@ from checkpoint.manager import CheckpointManager
 from configs.checks import ConfigError
 from configs.schema import register
 from data import setup
-from helpers.launch import ROOT
+from helpers.config import compose_debug as _compose
 from parallel import collectives
 from trainer import startup
 from trainer.checks import validate_config
 
 register()
-
-
-def _compose(*overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose(config_name="config", overrides=["+experiment=debug", *overrides])
 
 
 def _as_rank_1(monkeypatch, rank0_answer, rank0_sees=([], [])):
@@ -122,16 +116,18 @@ def test_a_rollback_waits_for_retention_in_bounded_polls_every_rank_joins(monkey
     rank joins (an agreed flag), so no rank sits in one collective longer than that. Here rank 0 (its
     retention busy for 0.4 s), then rank 1 (nothing queued; rank 0 busy for three polls)."""
     release, polls = threading.Event(), []
-    rank0 = SimpleNamespace(_housekeeping=ThreadPoolExecutor(1))
-    rank0._housekeeping.submit(release.wait)
-    monkeypatch.setattr(collectives, "any_rank", lambda flag, group=None: polls.append(flag) or flag)
-    threading.Timer(0.4, release.set).start()
-    CheckpointManager.wait_for_retention(rank0, poll_s=0.05)
+    with ThreadPoolExecutor(1) as housekeeping:
+        rank0 = SimpleNamespace(_housekeeping=housekeeping)
+        rank0._housekeeping.submit(release.wait)
+        monkeypatch.setattr(collectives, "any_rank", lambda flag, group=None: polls.append(flag) or flag)
+        threading.Timer(0.4, release.set).start()
+        CheckpointManager.wait_for_retention(rank0, poll_s=0.05)
     assert polls[-1] is False and polls.count(True) >= 3, polls
     busy = iter([True, True, True])
     polls.clear()
     monkeypatch.setattr(collectives, "any_rank", lambda flag, group=None: polls.append(flag) or next(busy, flag))
-    CheckpointManager.wait_for_retention(SimpleNamespace(_housekeeping=ThreadPoolExecutor(1)), poll_s=0.05)
+    with ThreadPoolExecutor(1) as housekeeping:
+        CheckpointManager.wait_for_retention(SimpleNamespace(_housekeeping=housekeeping), poll_s=0.05)
     assert polls == [False] * 4  # its own flag each time, in each of rank 0's polls
 
 

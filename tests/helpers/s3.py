@@ -1,5 +1,8 @@
-"""The local S3 server of the S3 test files (tools/s3_server.py: moto on 127.0.0.1), with its bucket,
-and this process's environment pointed at it while it runs."""
+"""What the S3 test files (test_s3_protocol.py, test_s3_checkpoints.py) and tests/workers/s3_save_worker.py
+share: the local S3 server (tools/s3_server.py: moto on 127.0.0.1) with its bucket and this process's
+environment pointed at it while it runs, the bucket's prefixes and its open multipart uploads; a small
+training state saved and resumed by the real CheckpointManager in one process (the state, its tensors,
+the composed config and the manager); and KILL_POINTS, where the worker SIGKILLs itself during a save."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import os
 from contextlib import contextmanager
 from typing import Iterator, List
 
+from checkpoint.s3.path import S3Path
 from tools.s3_server import BUCKET, S3Server
 
 
@@ -24,6 +28,11 @@ def serving() -> Iterator[S3Server]:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         server.stop()
+
+
+def in_bucket(name: str) -> S3Path:
+    """The prefix ``name`` of BUCKET (``s3://BUCKET/name``): a test's own part of the bucket."""
+    return S3Path(f"s3://{BUCKET}/{name}")
 
 
 def open_uploads(server: S3Server, prefix: str = "") -> List[dict]:
@@ -71,17 +80,13 @@ def adopt(state, other) -> None:
 def protocol_config(root: str, **checkpoint):
     """The trainer's composed config (configs/), saving to ``root`` synchronously every 2 steps and
     keeping 2, resolved to plain values (as a worker process reads it back from YAML)."""
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from configs.schema import register
-    from helpers.launch import ROOT
+    from helpers.config import compose
 
     global _composed
     if _composed is None:  # composed once per process (Hydra takes seconds)
-        register()
-        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-            _composed = OmegaConf.to_container(compose(config_name="config"), resolve=True)
+        _composed = OmegaConf.to_container(compose(), resolve=True)
     cfg = OmegaConf.create(_composed)
     for k, v in {"dir": root, "async_mode": "sync", "interval": 2, "keep_last": 2, **checkpoint}.items():
         OmegaConf.update(cfg, f"checkpoint.{k}", v)
