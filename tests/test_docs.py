@@ -123,6 +123,9 @@ def path_problems(doc: Path, text: str) -> List[str]:
             ok = (ROOT / ref).exists()
         if not ok:
             out.append(f"{where(doc, line_of(text, m.start(1)))}: {ref}: no such file or folder in the repository")
+    for m in re.finditer(r"\.\./shared/\S*", text):  # the developers' notes are not shipped with a fork
+        out.append(f"{where(doc, line_of(text, m.start()))}: {m.group(0).rstrip('.,:;)`')}: points outside the "
+                   "repository; write the fact here in the docs' own words")
     for m in BARE_MD_RE.finditer(text):
         name = m.group(1)
         if not any((base / name).exists() for base in (ROOT, ROOT / "docs", doc.parent)):
@@ -490,6 +493,7 @@ def test_the_checks_can_fail(tmp_path):
         "python train.py +experiment=debug 'recovery.faults=[{kind: bitflip_grad, phase: step}]'",  # 8
         "```",
         "Run `python train.py +experiment=nonexistent`, with `model=nope`.",     # 10
+        "The measured facts are in ../shared/PYTORCH-CPU-FACTS.md.",            # 11
     ])
     found = scan(doc, text)
     composed = compose_problems([(doc, text)])
@@ -500,6 +504,7 @@ def test_the_checks_can_fail(tmp_path):
         ("bad.md:5", "required option --data"), ("bad.md:6", "--no-such-flag"),
         ("bad.md:7", "recovery.no_such_key"), ("bad.md:8", "bitflip_grad"),
         ("bad.md:10", "+experiment=nonexistent"), ("bad.md:10", "no configs/model/nope.yaml"),
+        ("bad.md:11", "../shared/PYTORCH-CPU-FACTS.md: points outside the repository"),
     ]
     for line, ref in expected:
         assert any(line in p and ref in p for p in everything.splitlines()), (line, ref, everything)
