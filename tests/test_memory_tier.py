@@ -137,9 +137,9 @@ def _tiny_state(seed: int) -> TrainingState:
 
 
 def _flat(state: TrainingState) -> dict:
-    from checkpoint.memory.snapshot import _leaves
+    from checkpoint.memory.snapshot import state_leaves
 
-    return {p: (v.clone() if isinstance(v, torch.Tensor) else v) for p, v in _leaves(state.state_dict())
+    return {p: (v.clone() if isinstance(v, torch.Tensor) else v) for p, v in state_leaves(state.state_dict())
             if p[0] not in ("rng", "meta")}
 
 

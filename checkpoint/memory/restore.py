@@ -27,7 +27,14 @@ from typing import Dict, List, Optional
 import torch
 
 from checkpoint.durable.manifest import ConfigMismatch, Manifest
-from checkpoint.memory.snapshot import SnapshotError, _leaves, _local, apply_snapshot, checksum_buffer, parse_index
+from checkpoint.memory.snapshot import (
+    SnapshotError,
+    apply_snapshot,
+    checksum_buffer,
+    local_tensor,
+    parse_index,
+    state_leaves,
+)
 
 log = logging.getLogger("trainer")
 
@@ -173,7 +180,7 @@ def check_applied(state, buf: torch.Tensor) -> None:
     a SnapshotError naming it. Compared where the tensor lives (one copy of the snapshot's bytes to
     the device on a GPU): no hash, no forward."""
     entries, base = parse_index(buf)
-    live = dict(_leaves(state.state_dict()))
+    live = dict(state_leaves(state.state_dict()))
     wrong = []
     for e in entries:
         if e["kind"] != "tensor":
@@ -182,7 +189,7 @@ def check_applied(state, buf: torch.Tensor) -> None:
         raw = buf[base + e["offset"]:base + e["offset"] + e["nbytes"]]
         got = None
         if isinstance(t, torch.Tensor):
-            local = _local(t).detach()
+            local = local_tensor(t).detach()
             got = local.contiguous().reshape(-1).view(torch.uint8) if local.numel() else raw[:0]
         if got is None or got.numel() != raw.numel() or not torch.equal(got, raw.to(got.device)):
             wrong.append(".".join(map(str, e["path"])))

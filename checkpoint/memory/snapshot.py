@@ -41,16 +41,17 @@ class SnapshotError(RuntimeError):
     """A snapshot that cannot be applied here: damaged, or from another layout or model."""
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t`` (a DTensor's local shard; a plain tensor itself)."""
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _leaves(obj: Any, path: Tuple = ()) -> List[Tuple[Tuple, Any]]:
+def state_leaves(obj: Any, path: Tuple = ()) -> List[Tuple[Tuple, Any]]:
     """(key path, leaf) of every leaf of nested dicts and lists, in a fixed order."""
     if isinstance(obj, dict):
-        return [leaf for k in obj for leaf in _leaves(obj[k], path + (k,))]
+        return [leaf for k in obj for leaf in state_leaves(obj[k], path + (k,))]
     if isinstance(obj, list):
-        return [leaf for i, v in enumerate(obj) for leaf in _leaves(v, path + (i,))]
+        return [leaf for i, v in enumerate(obj) for leaf in state_leaves(v, path + (i,))]
     return [(path, obj)]
 
 
@@ -71,8 +72,8 @@ class Staged:
 def _layout(sd: Dict[str, Any]):
     """(path, leaf, local tensor or None) of every leaf, and the signature of the tensor layout."""
     leaves, sig = [], []
-    for path, leaf in _leaves(sd):
-        t = _local(leaf).detach() if isinstance(leaf, torch.Tensor) else None
+    for path, leaf in state_leaves(sd):
+        t = local_tensor(leaf).detach() if isinstance(leaf, torch.Tensor) else None
         leaves.append((path, leaf, t))
         if t is not None:
             sig.append((path, t.dtype, tuple(t.shape)))
@@ -231,7 +232,7 @@ def apply_snapshot(state, buf: torch.Tensor) -> None:
     entries, base = parse_index(buf)
     _allocate_adam_state(state.optimizer)
     sd = state.state_dict()
-    live = dict(_leaves(sd))
+    live = dict(state_leaves(sd))
     saved = {e["path"] for e in entries}
     if saved != set(live):
         missing = sorted(map(str, set(live) - saved))[:3]
@@ -249,7 +250,7 @@ def apply_snapshot(state, buf: torch.Tensor) -> None:
         if e["kind"] == "bytes":
             _set(sd, path, raw.numpy().tobytes())
             continue
-        dst = _local(live[path])
+        dst = local_tensor(live[path])
         dtype = getattr(torch, e["dtype"])
         if tuple(dst.shape) != tuple(e["shape"]) or dst.dtype != dtype:
             raise SnapshotError(f"{'.'.join(map(str, path))}: snapshot {e['dtype']}{list(e['shape'])}, "
