@@ -185,15 +185,31 @@ def all_gather_object(obj, group: Optional[dist.ProcessGroup] = None) -> list:
     return out
 
 
+MAX_RANKS_NAMED = 8  # a problem met by some ranks names the first few (512 rank numbers help nobody)
+
+
+def problems_by_rank(per_rank: Sequence[Sequence[str]]) -> List[str]:
+    """Each rank's problems (``per_rank[r]``: rank r's), each distinct one once in the order first
+    seen, naming the ranks that met it unless every rank did. Pure: every rank computes the same."""
+    ranks: Dict[str, List[int]] = {}
+    for rank, found in enumerate(per_rank):
+        for problem in found:
+            ranks.setdefault(problem, []).append(rank)
+    out = []
+    for problem, seen in ranks.items():
+        if len(seen) == len(per_rank):
+            out.append(problem)
+            continue
+        named = ", ".join(map(str, seen[:MAX_RANKS_NAMED])) + (", ..." if len(seen) > MAX_RANKS_NAMED else "")
+        out.append(f"{problem} (on {len(seen)} of {len(per_rank)} ranks: {named})")
+    return out
+
+
 def agree_on_problems(problem: Optional[str], group: Optional[dist.ProcessGroup] = None) -> Optional[str]:
-    """Every rank's ``problem`` joined, each distinct one once (with the ranks that met it, unless
-    every rank did), on every rank; None on every rank when no rank has one."""
-    found = [(r, p) for r, p in enumerate(all_gather_object(problem, group)) if p]
-    if not found:
-        return None
-    ranks = {p: [r for r, q in found if q == p] for _, p in found}
-    size = world(_control_or(group)) if distributed() else 1
-    return "; ".join(p if len(r) == size else f"ranks {r}: {p}" for p, r in ranks.items())
+    """Every rank's ``problem`` joined (``problems_by_rank``), on every rank; None on every rank when
+    no rank has one."""
+    found = problems_by_rank([[p] if p else [] for p in all_gather_object(problem, group)])
+    return "; ".join(found) if found else None
 
 
 def barrier(group: Optional[dist.ProcessGroup] = None) -> None:

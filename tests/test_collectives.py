@@ -178,3 +178,13 @@ def test_on_a_cpu_run_the_control_group_is_the_default_group(monkeypatch):
     assert collectives.init_control_group(60.0) is fake.group.WORLD  # no second gloo group on CPU
     collectives.all_reduce(torch.zeros(1))
     assert fake.sent == [("all_reduce", "cpu", "gloo")]
+
+
+def test_problems_by_rank_names_the_ranks_that_met_each_and_at_most_eight():
+    """One wording for every agreed block (start-up, pre-flight, the memory tier's room): a problem
+    every rank met once, plain; one some ranks met, with the first eight of them."""
+    per_rank = [["disk full"], ["disk full", "no /dev/shm"], ["disk full"]]
+    assert collectives.problems_by_rank(per_rank) == ["disk full", "no /dev/shm (on 1 of 3 ranks: 1)"]
+    many = [["slow"] if r % 2 else [] for r in range(512)]
+    assert collectives.problems_by_rank(many) == ["slow (on 256 of 512 ranks: 1, 3, 5, 7, 9, 11, 13, 15, ...)"]
+    assert collectives.problems_by_rank([[], []]) == []

@@ -45,7 +45,6 @@ from parallel import collectives
 from trainer.checks import device_problems, fill_from_files, folder_problems, refuse, value_problems
 
 MISSING = "???"  # a key the config leaves unset (configs/model/hf.yaml's shape)
-MAX_RANKS_NAMED = 8
 
 
 def agreed(exc: BaseException) -> BaseException:
@@ -90,7 +89,8 @@ def check_launch(cfg: DictConfig, world_size: int) -> List[str]:
         OmegaConf.update(cfg, key, value, merge=False)
     problems = value_problems(cfg, world_size)
     seen = collectives.all_gather_object(_local_problems(cfg))  # what each rank sees itself
-    problems += _merged([s[0] for s in seen]) + shared + _merged([s[1] for s in seen])
+    by_rank = collectives.problems_by_rank
+    problems += by_rank([s[0] for s in seen]) + shared + by_rank([s[1] for s in seen])
     try:
         refuse(problems)
     except ConfigError as exc:
@@ -127,22 +127,6 @@ def _local_problems(cfg: DictConfig) -> Tuple[List[str], List[str]]:
         except Exception as exc:  # noqa: BLE001 - any failure is reported in the agreed block
             found.append([f"the start-up check failed on this rank: {type(exc).__name__}: {exc}"])
     return found[0], found[1]
-
-
-def _merged(per_rank: List[List[str]]) -> List[str]:
-    """Each rank's problems, each once in the order first seen, naming the ranks unless every rank saw it."""
-    ranks: Dict[str, List[int]] = {}
-    for rank, found in enumerate(per_rank):
-        for problem in found:
-            ranks.setdefault(problem, []).append(rank)
-    out = []
-    for problem, seen in ranks.items():
-        if len(seen) == len(per_rank):
-            out.append(problem)
-            continue
-        named = ", ".join(map(str, seen[:MAX_RANKS_NAMED])) + (", ..." if len(seen) > MAX_RANKS_NAMED else "")
-        out.append(f"{problem} (on {len(seen)} of {len(per_rank)} ranks: {named})")
-    return out
 
 
 def claim_lease(cfg: DictConfig) -> int:

@@ -61,8 +61,9 @@ class PeerGroup:
         return collectives.all_gather_object(obj, self.group)
 
     def agree(self, problem: Optional[str]) -> Optional[str]:
-        """Every rank's problems, joined, if any rank has one (else None)."""
-        found = list(dict.fromkeys(p for p in self.gather(problem) if p))  # the same on every rank
+        """Every rank's problems, joined (naming the ranks that met each, unless all did), if any
+        rank has one (else None); the same on every rank."""
+        found = collectives.problems_by_rank([[p] if p else [] for p in self.gather(problem)])
         return "; ".join(found) if found else None
 
     def exchange(self, staged: Staged, info: dict, d: Path) -> dict:
