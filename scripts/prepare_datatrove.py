@@ -49,8 +49,8 @@ def own_then_eos(tokenizer: str, eos: str):
     its own when there is none."""
     from tokenizers import Tokenizer
 
-    spec = json.loads(Tokenizer.from_file(str(tokenizer)).to_str())
-    eos_id = Tokenizer.from_file(str(tokenizer)).token_to_id(eos)
+    loaded = Tokenizer.from_file(str(tokenizer))
+    spec, eos_id = json.loads(loaded.to_str()), loaded.token_to_id(eos)
     own = spec.get("post_processor")
     steps = [] if own is None else own["processors"] if own["type"] == "Sequence" else [own]
     kinds = sorted({p["type"] for p in steps} - {"ByteLevel", "TemplateProcessing"})

@@ -31,6 +31,7 @@ measurement.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -182,7 +183,7 @@ class LayoutPlan:
         tokens = self.workload.global_batch * self.workload.seq_len / self.dims.world_size
         return self.model_flops_per_token * tokens / (self.step_s * self.device.tflops * 1e12)
 
-    @property
+    @functools.cached_property  # (a frozen dataclass without slots keeps it in __dict__)
     def save(self) -> "SaveCost":
         """What one save costs each rank (save_cost: the same arithmetic scripts/plan_checkpointing.py uses)."""
         w = self.workload
