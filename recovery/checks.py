@@ -3,7 +3,9 @@ timeouts, stragglers, preemption, fallback, failure model, injected faults, guar
 
 from __future__ import annotations
 
+import math
 import signal
+from typing import Optional
 
 from configs.checks import Problems
 from configs.constants import GUARD_ACTIONS, WATCHDOG_PHASES
@@ -29,6 +31,9 @@ def config_problems(cfg, problems: Problems) -> None:
     problems.at_least("recovery.max_fallbacks", r.max_fallbacks, 0)
     problems.at_least("recovery.read_retries", r.read_retries, 0, "0 skips an unreadable checkpoint at once")
     problems.positive("recovery.read_retry_backoff_s", r.read_retry_backoff_s)
+    too_long = _read_retries_problem(r.read_retries, r.read_retry_backoff_s, cfg.parallel)
+    if too_long:
+        problems.append(too_long)
     problems.positive("recovery.device_mtbf_hours", r.device_mtbf_hours)
     problems.at_least("recovery.devices", r.devices, 0, "0 uses the world size")
     for i, fault in enumerate(r.faults):
@@ -44,3 +49,25 @@ def config_problems(cfg, problems: Problems) -> None:
         problems.at_least(f"recovery.guards.{key}", g[key], 0)
     for key in ("max_consecutive_skips", "max_rollbacks"):
         problems.at_least(f"recovery.guards.{key}", g[key], 1)
+
+
+def _read_retries_problem(retries, backoff_s, parallel) -> Optional[str]:
+    """Rank 0 reads the shared files for everyone, again after backoff_s, 2 x backoff_s, ... while every
+    other rank waits in one collective (checkpoint/durable/reads.py). Its waits must end before that
+    collective times out, or the ranks fail with the collective's timeout instead of the storage's error.
+    A rollback reads mid-run, under the timeout after the first step; so the smaller timeout bounds it."""
+    try:
+        retries, backoff_s = int(retries), float(backoff_s)
+        limit = min(float(parallel.collective_timeout_s), float(parallel.collective_timeout_after_first_step_s))
+    except (TypeError, ValueError, OverflowError):
+        return None  # refused by the values' own checks
+    if not (retries > 0 and 0 < backoff_s < math.inf and 0 < limit < math.inf):
+        return None  # (NaN fails every comparison)
+    waits = backoff_s * (2.0 ** min(retries, 512) - 1)
+    if waits < limit:
+        return None
+    return (f"recovery.read_retries={retries} with recovery.read_retry_backoff_s={backoff_s:g} lets rank 0 wait "
+            f"{waits:,.0f} s in all before its last read, while every other rank waits in one collective that "
+            f"fails after {limit:g} s (parallel.collective_timeout_s={float(parallel.collective_timeout_s):g}, "
+            f"collective_timeout_after_first_step_s={float(parallel.collective_timeout_after_first_step_s):g}): "
+            "lower read_retries or read_retry_backoff_s, or raise the collective timeouts")

@@ -52,6 +52,8 @@ BAD = [
     ("+recovery.timeouts.stepp=3", ["recovery.timeouts", "['stepp']", PHASES]),
     ("recovery.timeouts.step=0", ["recovery.timeouts.step=0.0", "> 0"]),
     ("recovery.checkpoint_write_timeout_s=0", ["recovery.checkpoint_write_timeout_s=0.0", "> 0"]),
+    ("recovery.read_retries=6", ["recovery.read_retries=6 with recovery.read_retry_backoff_s=2", "126 s",
+                                 "fails after 120 s", "lower read_retries or read_retry_backoff_s"]),
     ("recovery.faults=[{kind:explode}]", ["recovery.faults[0].kind='explode'", "'sigkill', 'hang'", "'disk_full'"]),
     ("recovery.faults=[{phase:lunch}]", ["recovery.faults[0].phase='lunch'", "'step', 'data_wait', 'gradients'"]),
     ("recovery.faults=[{kind:corrupt,phase:step}]", ["recovery.faults[0]", "corrupt", "phase=checkpoint_committed",
