@@ -3,6 +3,9 @@ configs/ with the structured schema registered (no train.py started, so a test s
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from omegaconf import DictConfig
@@ -10,12 +13,19 @@ from omegaconf import DictConfig
 from configs.schema import register
 from helpers.launch import ROOT
 
+# Where a composed config's run and data would be unless a test says: a folder nobody writes. The
+# defaults (outputs/, outputs/data/pydoc-byte) are the user's own runs: a check with files=True would
+# find `python train.py +experiment=debug`'s checkpoints there and judge them (checkpoint.resume=auto).
+UNUSED = Path(tempfile.gettempdir()) / "llm-trainer-tests-nothing-here"
+
 
 def compose(*overrides: str) -> DictConfig:
-    """configs/config.yaml with ``overrides`` applied (Hydra's command-line syntax)."""
+    """configs/config.yaml with ``overrides`` applied (Hydra's command-line syntax), its output_root
+    and data.path in an empty place (``UNUSED``) unless ``overrides`` name them (the last value wins)."""
     register()  # idempotent: the schema the config's defaults name
+    isolated = [f"output_root={UNUSED}", f"data.path={UNUSED}/data/pydoc-byte"]  # a name prepare_if_missing builds
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+        return hydra_compose(config_name="config", overrides=[*isolated, *overrides])
 
 
 def compose_debug(*overrides: str) -> DictConfig:
