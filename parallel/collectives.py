@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
 DEFAULT_TIMEOUT_S = 1800.0  # torch's default for a process group
 _control: Optional[dist.ProcessGroup] = None  # set by init_control_group
 _devices: Dict[int, frozenset] = {}  # id(group) -> device types its backends take
@@ -193,7 +194,7 @@ def problems_by_rank(per_rank: Sequence[Sequence[str]]) -> List[str]:
     seen, naming the ranks that met it unless every rank did. Pure: every rank computes the same."""
     ranks: Dict[str, List[int]] = {}
     for rank, found in enumerate(per_rank):
-        for problem in found:
+        for problem in dict.fromkeys(found):  # a rank that met one problem twice counts once
             ranks.setdefault(problem, []).append(rank)
     out = []
     for problem, seen in ranks.items():
@@ -217,10 +218,16 @@ def barrier(group: Optional[dist.ProcessGroup] = None) -> None:
         dist.barrier(group=_control_or(group))
 
 
+def agreed(exc: E) -> E:
+    """Mark ``exc`` as raised alike on every rank (train.py then prints it once, on rank 0)."""
+    exc.agreed = True
+    return exc
+
+
 def decided_on_rank0(decide: Callable[[], T], errors: Tuple[Type[Exception], ...] = ()) -> T:
     """Run ``decide`` on rank 0 only and give every rank its (picklable) answer. An exception of one
-    of the ``errors`` types that it raises is raised on every rank, with the same type and message;
-    any other exception propagates on rank 0 alone, as it would without this helper."""
+    of the ``errors`` types that it raises is raised on every rank, with the same type and message
+    (marked ``agreed``); any other exception propagates on rank 0 alone, as it would without this helper."""
     outcome: list = [None, None]  # (answer, (index into errors, message) of what decide raised)
     if not distributed() or dist.get_rank() == 0:
         try:
@@ -229,7 +236,7 @@ def decided_on_rank0(decide: Callable[[], T], errors: Tuple[Type[Exception], ...
             outcome[1] = (next(i for i, e in enumerate(errors) if isinstance(exc, e)), str(exc))
     outcome = broadcast_object(outcome)
     if outcome[1] is not None:
-        raise errors[outcome[1][0]](outcome[1][1])
+        raise agreed(errors[outcome[1][0]](outcome[1][1]))
     return outcome[0]
 
 

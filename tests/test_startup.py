@@ -171,3 +171,20 @@ def test_a_lease_rank_0_could_not_write_is_refused_alike(monkeypatch, tmp_path):
     with pytest.raises(PreflightError, match="is not writable by this process.*Read-only file system") as err:
         startup.claim_lease(cfg)
     assert err.value.agreed
+
+
+def test_init_froms_verification_is_one_block_whichever_rank_found_the_damage(monkeypatch):
+    """model.init_from's files checked on every rank: rank 0 found a damaged file, rank 1 nothing.
+    Both raise the same CheckpointError naming the file and the rank, marked agreed (printed once);
+    before, rank 1 said "another rank" and rank 0 the file, each printing its own block."""
+    from checkpoint.interop import init_from
+
+    _as_rank_1(monkeypatch, None, rank0_sees="__0_0.distcp: xxh3_64 mismatch")
+    with pytest.raises(CheckpointError) as err:
+        init_from._refuse_if_any([], "model.init_from=/w/step_00000008 failed verification")
+    assert str(err.value) == ("model.init_from=/w/step_00000008 failed verification: __0_0.distcp: xxh3_64 mismatch "
+                              "(on 1 of 2 ranks: 0)") and err.value.agreed
+    _as_rank_1(monkeypatch, [None, (0, "model.init_from=/w: config.json could not be read after 3 retries")])
+    with pytest.raises(CheckpointUnreadable) as err:  # what rank 0's reads raised, here too
+        reads.read_on_rank0(lambda: None, "model.init_from=/w")
+    assert err.value.agreed

@@ -42,15 +42,10 @@ from checkpoint.s3.client import setting_problems
 from configs.checks import ConfigError, Problems
 from configs.constants import DEVICES
 from parallel import collectives
+from parallel.collectives import agreed
 from trainer.checks import device_problems, fill_from_files, folder_problems, refuse, value_problems
 
 MISSING = "???"  # a key the config leaves unset (configs/model/hf.yaml's shape)
-
-
-def agreed(exc: BaseException) -> BaseException:
-    """Mark ``exc`` as raised alike on every rank (train.py then prints it once, on rank 0)."""
-    exc.agreed = True
-    return exc
 
 
 def launched_alone() -> bool:

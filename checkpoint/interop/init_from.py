@@ -79,7 +79,8 @@ def source_hash(source: WeightSource, reads: Reads = DEFAULT_READS) -> str:
     parts = collectives.all_gather_object(mine)
     failed = [p for p in parts if isinstance(p, str)]
     if failed:
-        raise CheckpointError(f"model.init_from={source.path}: its files could not be checksummed: {'; '.join(failed)}")
+        raise collectives.agreed(CheckpointError(f"model.init_from={source.path}: its files could not be "
+                                                 f"checksummed: {'; '.join(failed)}"))  # the same on every rank
     digest = hashlib.sha256(algorithm.encode())
     for name, (size, checksum) in sorted(kv for part in parts for kv in part.items()):
         digest.update(f"{name} {size} {checksum}\n".encode())
@@ -100,7 +101,8 @@ def _safetensors_reader(source: WeightSource, keys: List[str], cfg: ModelConfig)
             heads[key] = rotary_heads(key, cfg)
     missing = sorted(f"{theirs} (for {key})" for key, theirs in names.items() if theirs not in source.tensors)
     if missing:
-        raise CheckpointError(f"model.init_from={source.path} lacks tensors the model needs: {', '.join(missing)}")
+        raise collectives.agreed(CheckpointError(  # the source and the model are the same on every rank
+            f"model.init_from={source.path} lacks tensors the model needs: {', '.join(missing)}"))
     return SafetensorsReader(source_tensors(source.tensors, names, heads))
 
 
@@ -122,9 +124,16 @@ def _checkpoint_reader(path: Path, reads: Reads) -> RawFileReader:
         reader.verify = data
     elif not problems:
         problems = check_files(path, manifest, sorted(data), checksums=checksums)
-    if collectives.any_rank(bool(problems)):
-        raise CheckpointError(f"model.init_from={path} failed verification: {'; '.join(problems) or 'another rank'}")
+    _refuse_if_any(problems, f"model.init_from={path} failed verification")
     return reader
+
+
+def _refuse_if_any(problems: List[str], what: str, after: str = "") -> None:
+    """Every rank's ``problems`` gathered: the same CheckpointError (marked agreed: printed once) on every
+    rank if any rank found one."""
+    found = collectives.agree_on_problems("; ".join(problems) or None)
+    if found is not None:
+        raise collectives.agreed(CheckpointError(f"{what}: {found}{after}"))
 
 
 @torch.no_grad()
@@ -139,10 +148,8 @@ def load_initial_weights(model: torch.nn.Module, source: WeightSource, device: t
     if source.kind == "checkpoint":
         reader = _checkpoint_reader(source.path, reads)
         dcp.load({"model": wanted}, storage_reader=reader, no_dist=not _dist())
-        if collectives.any_rank(bool(reader.problems)):
-            raise CheckpointError(f"model.init_from={source.path} failed verification while loading: "
-                                  f"{'; '.join(reader.problems) or 'on another rank'} (the weights are partly "
-                                  "overwritten; the run stops)")
+        _refuse_if_any(reader.problems, f"model.init_from={source.path} failed verification while loading",
+                       " (the weights are partly overwritten; the run stops)")
         read = 0
     else:
         reader = _safetensors_reader(source, list(wanted), model.cfg)
