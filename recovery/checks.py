@@ -63,11 +63,15 @@ def _read_retries_problem(retries, backoff_s, parallel) -> Optional[str]:
         return None  # refused by the values' own checks
     if not (retries > 0 and 0 < backoff_s < math.inf and 0 < limit < math.inf):
         return None  # (NaN fails every comparison)
-    waits = backoff_s * (2.0 ** min(retries, 512) - 1)
-    if waits < limit:
+    # the waits, backoff_s x (2**retries - 1), reach the limit from this many retries on (no 2**retries)
+    reaching = max(1, math.ceil(math.log2(limit / backoff_s + 1)))
+    if retries < reaching:
         return None
+    waits = backoff_s * (2.0 ** reaching - 1)
+    seconds = f"{waits:,.0f} s" if waits < 1e9 else f"{waits:.3g} s"
+    said = seconds if retries == reaching else f"at least {seconds} (from {reaching} retries on)"
     return (f"recovery.read_retries={retries} with recovery.read_retry_backoff_s={backoff_s:g} lets rank 0 wait "
-            f"{waits:,.0f} s in all before its last read, while every other rank waits in one collective that "
+            f"{said} in all before its last read, while every other rank waits in one collective that "
             f"fails after {limit:g} s (parallel.collective_timeout_s={float(parallel.collective_timeout_s):g}, "
             f"collective_timeout_after_first_step_s={float(parallel.collective_timeout_after_first_step_s):g}): "
             "lower read_retries or read_retry_backoff_s, or raise the collective timeouts")

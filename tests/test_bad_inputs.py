@@ -566,3 +566,21 @@ def test_resume_must_with_a_mistyped_dir_gives_the_fix_and_creates_nothing(tmp_p
             f"checkpoint.dir and run_name for a typo (runs with checkpoints under output_root={tmp_path}: ['real'])"
             ) in str(err.value)
     assert not (tmp_path / "reel").exists()
+
+
+@pytest.mark.parametrize("retries, backoff_s, said", [
+    (5, 2.0, None),  # 62 s of waits: under 120 s
+    (6, 2.0, "wait 126 s in all"),
+    (10**18, 2.0, "at least 126 s (from 6 retries on)"),  # no 2**(10**18)
+    (10**18, 1e-200, "at least 196 s (from 672 retries on)"),  # a tiny backoff still adds up
+    (1, 1e300, "wait 1e+300 s in all"),
+    (7, float("nan"), None), (7, float("inf"), None), (0, 2.0, None),  # the values' own checks refuse these
+])
+def test_the_read_retries_bound_takes_any_number(retries, backoff_s, said):
+    from types import SimpleNamespace
+
+    from recovery.checks import _read_retries_problem
+
+    timeouts = SimpleNamespace(collective_timeout_s=600.0, collective_timeout_after_first_step_s=120.0)
+    problem = _read_retries_problem(retries, backoff_s, timeouts)
+    assert (problem is None) if said is None else (said in problem and "fails after 120 s" in problem), problem

@@ -4,6 +4,7 @@ configs/ with the structured schema registered (no train.py started, so a test s
 from __future__ import annotations
 
 import tempfile
+import uuid
 from pathlib import Path
 
 from hydra import compose as hydra_compose
@@ -16,7 +17,8 @@ from helpers.launch import ROOT
 # Where a composed config's run and data would be unless a test says: a folder nobody writes. The
 # defaults (outputs/, outputs/data/pydoc-byte) are the user's own runs: a check with files=True would
 # find `python train.py +experiment=debug`'s checkpoints there and judge them (checkpoint.resume=auto).
-UNUSED = Path(tempfile.gettempdir()) / "llm-trainer-tests-nothing-here"
+# (A name of this process's own: a folder of that name another user or run left would be seen.)
+UNUSED = Path(tempfile.gettempdir()) / f"llm-trainer-tests-nothing-here-{uuid.uuid4().hex}"
 
 
 def compose(*overrides: str) -> DictConfig:

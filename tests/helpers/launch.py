@@ -91,7 +91,8 @@ def run_train(overrides: Sequence[str], nproc: int = 1, timeout: float = 600, ch
 
 
 def load_script(name: str) -> ModuleType:
-    """scripts/<name>.py imported as a module (scripts/ is not a package), without touching sys.path."""
+    """scripts/<name>.py imported as a module (scripts/ is not a package); sys.path is left as the script
+    leaves it (some put the repository root first, as when run as a file)."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
