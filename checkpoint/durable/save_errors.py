@@ -13,7 +13,8 @@ import errno
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from checkpoint.durable.location import free_bytes, location, on_object_store
+from checkpoint.durable.discovery import latest_committed
+from checkpoint.durable.location import free_bytes, location, on_object_store, remove_tree
 from checkpoint.durable.manifest import CheckpointError
 
 # errno -> what the storage said, and the first thing to do about it
@@ -126,3 +127,29 @@ def describe_save_failure(step: int, root: Path, staging: Path, errors: Iterable
             f"  what to do: {fix}, or lower checkpoint.keep_last; then relaunch: the run resumes from the newest "
             "committed checkpoint. checkpoint.on_save_error=continue trains on when a save fails (an alarm in "
             "metrics.jsonl; the next interval tries again).")
+
+
+def refused_save(exc: BaseException, code: int, step: int, root: Path, staging: Path, rank: int,
+                 expected_bytes: Optional[int], coordinator: bool) -> CheckpointSaveError:
+    """The CheckpointSaveError of a save the storage refused (``code``, from ``exc``), on every rank:
+    the coordinator removes the uncommitted directory first; each rank lists the newest committed
+    checkpoint for the message (nothing else depends on it)."""
+    removed = None  # the coordinator's job
+    if coordinator:
+        try:
+            remove_tree(staging)
+            removed = True
+        except FileNotFoundError:  # never created
+            removed = True
+        except OSError:
+            removed = False  # removed at the next start
+    try:
+        newest, listed = latest_committed(root), True
+    except (OSError, CheckpointError):  # the storage that failed the save may not answer a listing either
+        newest, listed = None, False
+    errors = [f"rank {r}: {e}" for r, e in rank_errors(exc, rank)]
+    message = describe_save_failure(step, root, staging, errors, code, expected_bytes,
+                                    newest.checkpoint_id if newest else None, removed, listed)
+    err = CheckpointSaveError(message, step, code)
+    err.__cause__ = exc
+    return err

@@ -45,21 +45,12 @@ from checkpoint.durable.commit import (
     seal,
     update_latest,
 )
-from checkpoint.durable.discovery import latest_committed
 from checkpoint.durable.integrity import checksum_file
 from checkpoint.durable.layout import committed_dir, uncommitted_dir
-from checkpoint.durable.lease import StaleWriter, check_lease
-from checkpoint.durable.location import location, on_object_store, remove_tree
-from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest
-from checkpoint.durable.save_errors import (
-    CheckpointSaveError,
-    RankFailures,
-    describe_save_failure,
-    failures_of,
-    outcome_of,
-    rank_errors,
-    storage_errno,
-)
+from checkpoint.durable.lease import StaleWriter, check_lease, newer_owner
+from checkpoint.durable.location import location, on_object_store
+from checkpoint.durable.manifest import FileEntry, Manifest
+from checkpoint.durable.save_errors import RankFailures, failures_of, outcome_of, refused_save, storage_errno
 from checkpoint.durable.writer import WRITERS, RawFileWriter
 from checkpoint.state.staging import HostStager
 from configs.constants import ASYNC_MODES
@@ -278,43 +269,10 @@ class CheckpointSaver:
         code = storage_errno(exc)
         if code is None:
             return exc
-        removed = None  # the coordinator's job
-        if self.is_coordinator:
-            try:
-                remove_tree(staging)
-                removed = True
-            except FileNotFoundError:  # never created
-                removed = True
-            except OSError:
-                removed = False  # removed at the next start
-        try:
-            newest, listed = latest_committed(self.root), True
-        except (OSError, CheckpointError):  # the storage that failed the save may not answer a listing either
-            newest, listed = None, False
-        errors = [f"rank {r}: {e}" for r, e in rank_errors(exc, self.rank)]
-        message = describe_save_failure(step, self.root, staging, errors, code, self.expected_bytes,
-                                        newest.checkpoint_id if newest else None, removed, listed)
-        err = CheckpointSaveError(message, step, code)
-        err.__cause__ = exc
-        return err
+        return refused_save(exc, code, step, self.root, staging, self.rank, self.expected_bytes, self.is_coordinator)
 
     def _newer_attempt(self, exc: BaseException) -> Optional[StaleWriter]:
-        """StaleWriter if a newer attempt owns the directory. A failure every rank met (an agreed phase,
-        DCP's gathered errors) is judged once: the coordinator reads the lease and every rank takes its
-        answer, since ranks judging alone could end differently (StaleWriter here, a CheckpointSaveError
-        that on_save_error=continue trains past there) and then hang in different collectives."""
-        def look() -> Optional[str]:
-            try:
-                check_lease(self.root, self.attempt)
-            except StaleWriter as stale:
-                return str(stale)
-            except Exception:  # noqa: BLE001 - the storage that failed the save may not answer either
-                pass
-            return None
-
+        """StaleWriter if a newer attempt owns the directory; a failure every rank met (an agreed phase,
+        DCP's gathered errors) is judged once, by the coordinator (lease.newer_owner)."""
         every_rank = isinstance(exc, (RankFailures, CheckpointException)) and not _no_dist() and self.world_size > 1
-        if every_rank:
-            found = collectives.broadcast_object(look() if self.is_coordinator else None, group=self.process_group)
-        else:
-            found = look()
-        return StaleWriter(found) if found is not None else None
+        return newer_owner(self.root, self.attempt, self.is_coordinator if every_rank else None, self.process_group)
