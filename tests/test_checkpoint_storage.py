@@ -17,6 +17,15 @@ from checkpoint.durable.writer import RawFileWriter
 from helpers.launch import run, torchrun, worker
 
 
+@pytest.fixture(autouse=True)
+def _quick_reread(monkeypatch):
+    """Damage found while loading is read again after REREAD_DELAY_S (1 s: a network file system's
+    cache); the second read still happens here, after 10 ms, since the wait is not what these tests check."""
+    from checkpoint.durable import reader
+
+    monkeypatch.setattr(reader, "REREAD_DELAY_S", 0.01)
+
+
 def sample_state() -> dict:
     g = torch.Generator().manual_seed(1)
     return {
