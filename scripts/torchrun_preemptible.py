@@ -105,8 +105,6 @@ class NoticeForwarder:
                 pass
 
 
-
-
 def _prints_the_check(args) -> bool:
     """Whether this agent prints the config check's block: under a multi-node launch one agent does (SLURM's node
     0, the static rendezvous' --node-rank 0, or the agent on the c10d rendezvous host, as torchrun picks its store

@@ -255,7 +255,7 @@ def test_init_from_reads_again_as_recovery_read_retries_says(hf_folder, monkeypa
     from types import SimpleNamespace
 
     from checkpoint.durable.manifest import CheckpointUnreadable
-    from checkpoint.interop import init_from
+    from checkpoint.interop import init_from, weight_source
     from checkpoint.interop.weight_source import SourceError
     from model.llama import build_model
 
@@ -265,7 +265,7 @@ def test_init_from_reads_again_as_recovery_read_retries_says(hf_folder, monkeypa
         opened.append(path)
         raise SourceError(f"model.init_from={path}: unreadable") from OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(init_from, "open_source", failing)
+    monkeypatch.setattr(weight_source, "open_source", failing)
     state = SimpleNamespace(model=build_model(DEBUG, seed=5), ema=None, step=0, weights_version=0)
     folder, _ = hf_folder
     with pytest.raises(CheckpointUnreadable, match="could not be read after 1 retries"):

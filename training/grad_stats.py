@@ -64,7 +64,7 @@ def _pending_batches(params: List[nn.Parameter]) -> List[Tuple[Tuple[int, ...], 
     batches: Dict[tuple, List[int]] = {}
     for i, p in enumerate(params):
         grad = p.grad
-        if grad is not None and _is_pending(grad):
+        if _is_pending(grad):
             dims = tuple(d for d, pl in enumerate(grad.placements) if pl.is_partial())
             summed = all(getattr(grad.placements[d], "reduce_op", None) == "sum" for d in dims)
             batches.setdefault((id(grad.device_mesh), dims, grad.dtype, summed), []).append(i)

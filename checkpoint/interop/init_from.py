@@ -31,13 +31,13 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 
 from checkpoint.durable.integrity import checksum_file, default_algorithm
 from checkpoint.durable.loader import read_metadata, verification_shares
-from checkpoint.durable.manifest import CheckpointError, check_files, read_manifest, storage_failure
+from checkpoint.durable.manifest import CheckpointError, check_files, read_manifest
 from checkpoint.durable.reader import RawFileReader
 from checkpoint.durable.reads import READ_RETRIES, READ_RETRY_BACKOFF_S, read_on_rank0
 from checkpoint.durable.writer import RAW
 from checkpoint.interop.hf_config import hf_name, rotary_heads
 from checkpoint.interop.safetensors_io import SafetensorsReader, source_tensors
-from checkpoint.interop.weight_source import SourceError, WeightSource, open_source, shape_problems
+from checkpoint.interop.weight_source import WeightSource, open_checked
 from model.config import ModelConfig
 from parallel import collectives
 
@@ -163,19 +163,12 @@ def load_initial_weights(model: torch.nn.Module, source: WeightSource, device: t
 
 def _open_on_rank0(cfg: ModelConfig, init_from: str, reads: Reads) -> WeightSource:
     """The source, opened once and checked against the model on rank 0; every rank gets it (or the same error)."""
-    def open_checked() -> WeightSource:
-        try:
-            source = open_source(init_from)
-        except SourceError as exc:
-            if storage_failure(exc) is not None:  # the storage failed (EIO, ESTALE): read again
-                raise
-            problems = [str(exc)]
-        else:
-            problems = shape_problems(cfg, source)
+    def opened() -> WeightSource:
+        source, problems = open_checked(cfg, init_from)
         if problems:
             raise CheckpointError(f"model.init_from={init_from} does not fit the model: " + "; ".join(problems))
         return source
-    return _on_rank0(open_checked, init_from, reads)
+    return _on_rank0(opened, init_from, reads)
 
 
 def apply_init_from(init_from: Optional[str], state, ckpt, resumed: str, device: torch.device,

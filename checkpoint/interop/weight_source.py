@@ -140,13 +140,19 @@ def open_source(path: str | Path) -> WeightSource:
 
 def source_problems(cfg: ModelConfig, path: str | Path) -> List[str]:
     """Why model.init_from=``path`` cannot initialise a model of shape ``cfg`` (empty: it can)."""
+    return open_checked(cfg, path)[1]
+
+
+def open_checked(cfg: ModelConfig, path: str | Path) -> Tuple[Optional[WeightSource], List[str]]:
+    """(the source, or None if it cannot be opened; why it cannot initialise a model of shape ``cfg``).
+    A storage failure (EIO, ESTALE) is raised: read again, it is not a verdict."""
     try:
         source = open_source(path)
     except SourceError as exc:
-        if storage_failure(exc) is not None:  # the storage failed (EIO, ESTALE): read again, not a verdict
+        if storage_failure(exc) is not None:
             raise
-        return [str(exc)]
-    return shape_problems(cfg, source)
+        return None, [str(exc)]
+    return source, shape_problems(cfg, source)
 
 
 def shape_problems(cfg: ModelConfig, source: WeightSource) -> List[str]:

@@ -63,8 +63,7 @@ class PeerGroup:
     def agree(self, problem: Optional[str]) -> Optional[str]:
         """Every rank's problems, joined (naming the ranks that met each, unless all did), if any
         rank has one (else None); the same on every rank."""
-        found = collectives.problems_by_rank([[p] if p else [] for p in self.gather(problem)])
-        return "; ".join(found) if found else None
+        return problem if self.group is None else collectives.agree_on_problems(problem, self.group)
 
     def exchange(self, staged: Staged, info: dict, d: Path) -> dict:
         """Send this rank's staged snapshot to the peer and receive the source's, then write it to
