@@ -27,10 +27,10 @@ from configs.schema import register
 from data.prepared import DataError
 from model.config import model_config
 from model.counting import count_params, flops_per_token
+from planner.plan import format_plan, plan_from_config
 from recovery.guards.rollback import RollbackError
 from recovery.verify import RecoveryError
 from trainer.checks import validate_config, world_size_of
-from trainer.plan import format_plan, plan_from_config
 from trainer.run import run
 
 register()
@@ -47,7 +47,7 @@ _composed = False  # set once Hydra has composed the config and called main
 
 def dry_run(cfg: DictConfig) -> None:
     """Print the composed config, the model's size and the per-rank plan of the parallel
-    layout (trainer/plan.py); nothing is allocated."""
+    layout (planner/plan.py); nothing is allocated."""
     mcfg = model_config(cfg)
     params = count_params(mcfg)
     print(OmegaConf.to_yaml(cfg, resolve=True))

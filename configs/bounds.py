@@ -2,7 +2,7 @@
 
 The per-package checks (``<package>/checks.py``) say why a value is wrong in their own words; this
 table is the floor under them, so that NaN, an infinity, a zero divisor or a seed numpy refuses never
-reaches the model. ``tests/test_bad_inputs.py`` enumerates the schema's numeric keys and fails on one
+reaches the model. ``tests/integration/test_bad_inputs.py`` enumerates the schema's numeric keys and fails on one
 missing here, so a new key must declare what it can be. Torch-free, no project imports.
 
 Keys: dotted; ``[]`` stands for any list index (``recovery.faults[].step``), ``*`` for any key of a

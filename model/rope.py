@@ -7,7 +7,7 @@ original / low_freq_factor positions are divided by ``factor``, those shorter th
 high_freq_factor are kept, and the band between is interpolated linearly in original /
 wavelength. The cos/sin tables are not rescaled (attention factor 1). This is Meta's
 ``apply_scaling`` and transformers' ``_compute_llama3_parameters``, step for step in fp32, so
-the tables are bitwise theirs (tests/test_llama3_rope.py).
+the tables are bitwise theirs (tests/integration/test_llama3_rope.py).
 """
 
 from __future__ import annotations

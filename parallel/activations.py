@@ -20,7 +20,7 @@ AC_MODES = ACTIVATION_CHECKPOINTING
 # the row-parallel matmuls, which would otherwise run again in backward), recompute the cheap,
 # memory-heavy elementwise work (norms, rotary, SwiGLU gate, residual adds). The all-gathers
 # before the column-parallel matmuls are recomputed: keeping their full-sequence outputs would
-# cost two activations of the whole sequence per block (tests/test_parallel.py counts both).
+# cost two activations of the whole sequence per block (tests/integration/test_parallel.py counts both).
 _SAVE_OPS = {
     torch.ops.aten.mm.default,
     torch.ops.aten.addmm.default,

@@ -14,7 +14,7 @@ Two kinds of traffic, two kinds of group:
 Each helper checks that the group's backend takes the tensor's device before sending
 (``check_device``): a CPU tensor on an NCCL group fails here with the group and the fix, not as
 "No backend type associated with device type cpu" deep inside a 512-rank job. gloo takes every
-device, so CPU tests cannot see that rule; tests/test_collectives.py checks it with stand-in
+device, so CPU tests cannot see that rule; tests/unit/test_collectives.py checks it with stand-in
 groups, and fails on any torch.distributed collective called elsewhere.
 
 Agreement: a choice that decides which collectives a rank runs next (load this checkpoint or that

@@ -9,7 +9,7 @@ the process group starts with ``parallel.collective_timeout_s`` (minutes). After
 step a hung peer should be noticed in seconds to minutes, not NCCL's 30: trainer/run.py then calls
 ``set_collective_timeout(parallel.collective_timeout_after_first_step_s, groups)`` for the
 training groups (the default group and the device mesh's sub-groups). Verified on gloo by
-tests/test_parallel.py (a stalled peer on a mesh sub-group fails after the new timeout).
+tests/integration/test_parallel.py (a stalled peer on a mesh sub-group fails after the new timeout).
 
 Under torchrun a worker must not outlive its launcher (an orphan would train on and commit
 next to the relaunched job): ``init_distributed`` first asks the kernel to SIGKILL this process
@@ -35,7 +35,7 @@ import torch.distributed as dist
 from configs.constants import DEVICES
 from parallel import collectives
 
-# Connecting to torchrun's store (with the client's retries it took up to 2.2x this: tests/test_orphans.py);
+# Connecting to torchrun's store (with the client's retries it took up to 2.2x this: tests/integration/test_orphans.py);
 # once connected, waits on the store get the collective timeout.
 STORE_CONNECT_TIMEOUT_S = 30.0
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

@@ -3,7 +3,7 @@
 Each rank allocates only its own shards and fills them with model/init.py, whose values are a
 pure function of (seed, parameter name, position): the global parameters are bitwise those of
 one process with the same seed, at any layout, and no rank ever holds more than its shards
-plus one band of random tiles (memory O(shard), time O(shard); tests/test_init_memory.py
+plus one band of random tiles (memory O(shard), time O(shard); tests/integration/test_init_memory.py
 measures it on the 1b preset). No communication. The same path serves one process (the
 "shard" is the whole tensor), FSDP2, TP and HSDP, on CPU and CUDA.
 

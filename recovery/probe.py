@@ -9,7 +9,7 @@ durable resume; a memory snapshot runs none: checkpoint/memory/restore.py compar
 one sequence at a time, and with ``loss_parallel`` the cross entropy on the vocabulary-sharded
 logits, so the full logits (4 x 8192 x 128256 at 70B: 8.4 GB in bf16, twice that in fp32) never
 exist on one device. Its largest tensor is one sequence's logits of this rank's vocabulary shard,
-in fp32 (tests/test_probe.py). The value is cached for the weights it was computed on
+in fp32 (tests/unit/test_probe.py). The value is cached for the weights it was computed on
 (``weights_version``: the training state's counter, which every optimizer step and every load
 advances; tensors' own version counters do not see FSDP2's updates of its shards), so a step where
 a durable save is due and the shadow check runs computes it once.

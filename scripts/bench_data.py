@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from configs.schema import DataConfig
 from data.batching import make_batch_plan
 from data.setup import build_data_pipeline
-from tools.runs import prepare_debug_data
+from rehearsal.runs import prepare_debug_data
 
 WORLD = SimpleNamespace(local_rank=0, device=torch.device("cpu"))
 

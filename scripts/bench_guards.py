@@ -32,7 +32,7 @@ from model.config import ModelConfig
 from model.llama import build_model
 from recovery.guards import TrainingGuards
 from recovery.probe import Probe
-from tools.runs import prepare_debug_data
+from rehearsal.runs import prepare_debug_data
 from training.grad_stats import GradStats
 from training.optimizer import build_optimizer
 from training.schedule import build_scheduler

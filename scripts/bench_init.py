@@ -9,7 +9,7 @@ step it resets the kernel's peak-RSS counter (/proc/self/clear_refs, Linux) and 
 peak RSS growth (VmHWM after minus VmRSS before), the bytes of the rank's own shards, and the
 wall time, next to the time torch's own host RNG (one ``normal_()``, not layout-invariant)
 takes for as many elements on the same rank; the full fp32 model is 4 bytes x parameters.
-tests/test_init_memory.py asserts the memory bound on the `1b` preset; nothing asserts the time.
+tests/integration/test_init_memory.py asserts the memory bound on the `1b` preset; nothing asserts the time.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ directory under a per-run memory root in --shm (removed at the end): a replica r
 "nodes" (rank r's copy goes to the other agent's directory over the tier's gloo group). The
 model is the debug experiment's reshaped to --dim/--layers/--vocab (FSDP over the 2 ranks, so
 each rank snapshots half of the state), trained on the debug experiment's text (--data, prepared
-by tools.runs.prepare_debug_data when missing) with evaluation off. Durable checkpoints are
+by rehearsal.runs.prepare_debug_data when missing) with evaluation off. Durable checkpoints are
 async, on disk under --out.
 
 1. Throughput, one run per configuration of --steps steps: no checkpointing (first and again
@@ -169,7 +169,7 @@ class Bench:
         self.n_heads = max(1, a.dim // 64)
 
     def overrides(self, run_dir: Path, steps: int, durable: int, memory: int, extra=()) -> List[str]:
-        from tools.runs import debug_overrides
+        from rehearsal.runs import debug_overrides
 
         return debug_overrides(run_dir, self.a.data, steps, [
             f"model.dim={self.a.dim}", f"model.n_layers={self.a.layers}", f"model.n_heads={self.n_heads}",
@@ -270,7 +270,7 @@ class Bench:
 
     def crash(self) -> dict:
         """(a) rank 1 SIGKILLed at CRASH_STEP, torchrun restarts the workers (--max-restarts 1)."""
-        from tools.rehearsal import faults_override
+        from rehearsal.chains import faults_override
 
         run_dir = self.runs / "restore-crash"
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -524,7 +524,7 @@ def main(argv=None) -> None:
     bench_checkpoint = _script("bench_checkpoint")
     from model.config import ModelConfig
     from model.counting import count_params
-    from tools.runs import prepare_debug_data
+    from rehearsal.runs import prepare_debug_data
 
     prepare_debug_data(a.data)
     for d in (a.out / "runs", a.out / "logs", a.out / "backup", a.shm):

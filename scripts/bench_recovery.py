@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from recovery.watchdog import read_records
-from tools.rehearsal import faults_override
-from tools.runs import tiny_overrides
+from rehearsal.chains import faults_override
+from rehearsal.runs import tiny_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
 

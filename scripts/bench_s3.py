@@ -30,7 +30,7 @@ from checkpoint.durable.integrity import default_algorithm  # noqa: E402
 from checkpoint.durable.reader import RawFileReader  # noqa: E402
 from checkpoint.durable.writer import RawFileWriter  # noqa: E402
 from checkpoint.s3.path import S3Path  # noqa: E402
-from tools.s3_server import S3Server  # noqa: E402
+from rehearsal.s3_server import S3Server  # noqa: E402
 
 
 def _timed(fn, repeat: int) -> float:

@@ -17,7 +17,7 @@ A Hugging Face folder gives the weights (safetensors), the shape (config.json, m
 and the tokenizer (its tokenizer.json, run with the tokenizers package as transformers' fast
 tokenizer does, special tokens such as BOS added by its post-processor); generation stops at any
 of config.json's eos_token_id (generation_config.json's when present). Greedy output equals
-transformers' ``generate(do_sample=False)`` on the same folder (tests/test_generate.py).
+transformers' ``generate(do_sample=False)`` on the same folder (tests/integration/test_generate.py).
 """
 
 from __future__ import annotations

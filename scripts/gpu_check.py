@@ -7,11 +7,11 @@ Every part has its own time limit (LIMITS) inside one overall budget (--budget-s
 the start, data preparation included) and records pass, fail or skipped with the reason, so one failure
 does not hide the rest:
 
-  environment       torch, CUDA, the GPU's name and memory, NCCL (tools/instrumented.py env)
+  environment       torch, CUDA, the GPU's name and memory, NCCL (scripts/instrumented.py env)
   cuda_tests        pytest -m cuda: every test that needs a CUDA device
   fsdp_eager        train.py, one process under FSDP2 (parallel.force_fsdp: fully_shard on a size-1
                     mesh, bf16 gathered parameters, fp32 masters), bf16 autocast, the 8b shape with layers
-  fsdp_compile      removed until the planner (trainer/plan.py) says it fits the GPU; eager, then
+  fsdp_compile      removed until the planner (planner/plan.py) says it fits the GPU; eager, then
                     parallel.compile=true: tokens/s, MFU against the GPU's peak
                     (metrics/throughput.py PEAK_TFLOPS), torch.cuda.max_memory_reserved against the
                     planner's total for that exact config
@@ -25,7 +25,7 @@ does not hide the rest:
                     CUBLAS_WORKSPACE_CONFIG (within TOLERANCE where determinism is refused)
   memory_tier       checkpoint.memory snapshots: the stall against the same copy floor
 
-Every training run is the real train.py in a subprocess (through tools/instrumented.py, which
+Every training run is the real train.py in a subprocess (through scripts/instrumented.py, which
 adds the allocator's peaks and the copy floor at exit); its metrics.jsonl gives the numbers.
 At one process the trainer applies no FSDP2 wrapper unless parallel.force_fsdp=true, which the two
 fsdp parts set (the planner plans that exact config: gathered bf16 units, no bf16 weight copies); the
@@ -120,7 +120,7 @@ class Check:
     env: Dict[str, object] = field(default_factory=dict)
     parts: Dict[str, Part] = field(default_factory=dict)
     fit_layers: Optional[int] = None
-    reports: Dict[str, dict] = field(default_factory=dict)  # tools/instrumented.py's, by part
+    reports: Dict[str, dict] = field(default_factory=dict)  # scripts/instrumented.py's, by part
 
     @property
     def cuda(self) -> bool:
@@ -154,19 +154,19 @@ class Check:
 
     def train(self, run_dir: Path, shape: dict, extra: dict, deadline: float, steps: int = STEPS,
               deterministic: bool = False, floor_bytes: int = 0, env: Optional[dict] = None, label: str = ""):
-        """train.py (through tools/instrumented.py) with the shape and ``extra``; (process, its report).
+        """train.py (through scripts/instrumented.py) with the shape and ``extra``; (process, its report).
         The log and the report are written beside ``run_dir`` as <label or run_dir's name>.log/.json."""
         overrides = self.overrides(run_dir, shape, extra, steps)
         label = label or run_dir.name
         report = run_dir.parent / f"{label}.instrumented.json"
-        cmd = [sys.executable, "-m", "tools.instrumented", "train", "--report", str(report),
+        cmd = [sys.executable, str(ROOT / "scripts" / "instrumented.py"), "train", "--report", str(report),
                "--floor-bytes", str(floor_bytes), *(["--deterministic"] if deterministic else []), "--", *overrides]
         proc = self.run(cmd, deadline, run_dir.parent / f"{label}.log", env)
         return proc, (json.loads(report.read_text()) if report.exists() else {})
 
     def overrides(self, run_dir: Path, shape: dict, extra: dict, steps: int = STEPS) -> List[str]:
         """train.py's Hydra overrides for a run of ``shape`` with ``extra`` (the planner plans the same)."""
-        from tools.runs import debug_overrides
+        from rehearsal.runs import debug_overrides
 
         base = {"parallel.device": self.device, "parallel.dp_shard": 1, "eval.interval": 0, "optim.warmup_steps": 1,
                 "recovery.guards.shadow_interval": 0, "logging.peak_tflops": self.peak_tflops}
@@ -174,14 +174,14 @@ class Check:
 
     @property
     def peak_tflops(self) -> float:
-        from trainer.plan import DEFAULT_DEVICE_TFLOPS
+        from planner.plan import DEFAULT_DEVICE_TFLOPS
 
         return float(self.env.get("peak_tflops") or DEFAULT_DEVICE_TFLOPS)
 
     def plan(self, shape: dict, extra: dict):
         """The planner's plan for the config train.py composes from ``shape`` and ``extra``, on this GPU."""
-        from tools.supervisor import compose
-        from trainer.plan import Device, plan_from_config
+        from planner.plan import Device, plan_from_config
+        from rehearsal.supervisor import compose
 
         overrides = self.overrides(self.out / "plan", shape, extra)
         cuda = self.cuda
@@ -205,7 +205,8 @@ def _tail(proc: subprocess.CompletedProcess) -> str:
 # --- the parts ------------------------------------------------------------------------------------------------------
 
 def environment(check: Check, deadline: float) -> tuple:
-    proc = check.run([sys.executable, "-m", "tools.instrumented", "env"], deadline, check.out / "environment.log")
+    proc = check.run([sys.executable, str(ROOT / "scripts" / "instrumented.py"), "env"], deadline,
+                     check.out / "environment.log")
     if proc.returncode != 0:
         return "fail", f"exit {proc.returncode}: {_tail(proc)}", {}
     check.env = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -217,7 +218,7 @@ def environment(check: Check, deadline: float) -> tuple:
 
 
 def cuda_tests(check: Check, deadline: float) -> tuple:
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
                    if "pytest.mark.cuda" in p.read_text())
     xml = check.out / "cuda_tests.xml"
     proc = check.run([sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider", "-m", "cuda",
@@ -384,7 +385,7 @@ def async_checkpoint(check: Check, deadline: float) -> tuple:
 def sigkill_resume(check: Check, deadline: float) -> tuple:
     """An uninterrupted run, then one SIGKILLed at step KILL_STEP and run again: the same losses."""
     from metrics.records import read_metrics, step_losses
-    from tools.rehearsal import divergences, faults_override
+    from rehearsal.chains import divergences, faults_override
 
     root = check.out / "sigkill_resume"
     extra = {"checkpoint.interval": 2, "checkpoint.async_mode": "async", "checkpoint.keep_last": 1}
@@ -503,7 +504,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.budget_s is None:
         args.budget_s = DRY_BUDGET_S if args.dry_run else BUDGET_S
-    from tools.runs import prepare_debug_data
+    from rehearsal.runs import prepare_debug_data
 
     started = time.monotonic()  # the budget covers everything from here, data preparation included
     out = (args.out or ROOT / "outputs" / "gpu_check" / time.strftime("%Y%m%d-%H%M%S")).resolve()

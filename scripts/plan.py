@@ -13,7 +13,7 @@ a checkpoint. Nothing is allocated (meta device, fake process group).
 other option overrides one of them.
 
 Arguments other than the --options are Hydra overrides, as for train.py. The arithmetic
-lives in trainer/plan.py.
+lives in planner/plan.py.
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ def main(argv=None) -> int:
     from hydra import compose, initialize_config_dir
 
     from configs.schema import register
-    from trainer.checks import validate_config
-    from trainer.comm_model import DEFAULT_SYSTEM, SYSTEMS
-    from trainer.plan import (
+    from planner.comm_model import DEFAULT_SYSTEM, SYSTEMS
+    from planner.plan import (
         DEFAULT_HOST_COPY_GBPS,
         DEFAULT_STORAGE_GBPS,
         Device,
@@ -40,6 +39,7 @@ def main(argv=None) -> int:
         plan_as_dict,
         plan_from_config,
     )
+    from trainer.checks import validate_config
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-size", type=int, default=None, help="needed when parallel.dp_shard=-1")

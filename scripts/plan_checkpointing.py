@@ -13,7 +13,7 @@ plus the Young/Daly interval T* = sqrt(2 M C) for both, with M = device MTBF / d
 The state is parameters + AdamW moments in fp32 (12 bytes per parameter, --bytes-per-param).
 Every durable save first runs the probe (recovery/probe.py: a forward of 4 sequences of
 --seq-len tokens; a memory snapshot runs none, its restore compares bytes); the save's cost is the
-planner's (trainer/plan.py ``save_cost``, the numbers scripts/plan.py prints) with the state fully
+planner's (planner/plan.py ``save_cost``, the numbers scripts/plan.py prints) with the state fully
 sharded over the devices and each model at its tp degree (PROBE_TP).
 
 A second table: goodput (useful time / wall time) at 1k, 10k and 100k devices (--scales) with
@@ -22,7 +22,7 @@ read of the whole state) and with a node-local memory tier in front of it (a sna
 --memory-interval steps, each rank's state in its node's host memory plus a replica on a peer
 node; a node loss restarts with R plus a memory/peer read and loses half a memory interval;
 only when the peer's copy is gone too, with probability P both, does it reload from storage).
-``goodput`` is the analytic model; --simulate adds the seeded Monte Carlo of tools/simulate.py.
+``goodput`` is the analytic model; --simulate adds the seeded Monte Carlo of planner/simulate.py.
 
     python scripts/plan_checkpointing.py --devices 1024 --out outputs/plan_checkpointing
     python scripts/plan_checkpointing.py --no-plots --simulate --memory-stall-s 0.5 --memory-restore-s 10
@@ -39,6 +39,8 @@ from omegaconf import OmegaConf
 from model.config import ModelConfig
 from model.counting import count_params
 from parallel.dims import resolve_parallel_dims
+from planner.plan import DEFAULT_HOST_COPY_GBPS, Device, SaveCost, save_cost
+from planner.simulate import TwoTier, memory_interval, simulate_two_tier
 from recovery.interval import (
     DEFAULT_DEVICE_MTBF_HOURS,
     choose_interval_steps,
@@ -46,8 +48,6 @@ from recovery.interval import (
     work_lost_per_failure_s,
     young_daly_interval_s,
 )
-from tools.simulate import TwoTier, memory_interval, simulate_two_tier
-from trainer.plan import DEFAULT_HOST_COPY_GBPS, Device, SaveCost, save_cost
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("1b", "8b", "70b")
@@ -162,7 +162,7 @@ def double_loss_probability(policy: TwoTier, mtbf_s: float) -> float:
 
 
 def goodput(policy: TwoTier, mtbf_s: float, double_loss_p: float | None = None) -> float:
-    """Useful training time / wall time of ``policy`` at cluster MTBF ``mtbf_s`` (tools/simulate.py checks it).
+    """Useful training time / wall time of ``policy`` at cluster MTBF ``mtbf_s`` (planner/simulate.py checks it).
 
     Durable only: every segment ends in a save, a failure reloads from storage. With the memory tier: k
     snapshot segments per durable save, a failure restores from memory, and a fraction P both of failures
@@ -340,7 +340,7 @@ def parser() -> argparse.ArgumentParser:
                      help="measured memory snapshot stall (default: the per-device shard / --host-copy-gbps)")
     two.add_argument("--memory-restore-s", type=float, default=None,
                      help="measured memory/peer restore time (default: twice the shard copy: peer, then device)")
-    two.add_argument("--simulate", action="store_true", help="add the Monte Carlo of tools/simulate.py")
+    two.add_argument("--simulate", action="store_true", help="add the Monte Carlo of planner/simulate.py")
     two.add_argument("--trials", type=int, default=10)
     two.add_argument("--seed", type=int, default=0)
     return p

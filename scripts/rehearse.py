@@ -29,8 +29,8 @@ from pathlib import Path
 
 from metrics.plots import plot_runs
 from metrics.records import read_metrics, step_losses
-from tools.rehearsal import faults_override
-from tools.runs import prepare_debug_data, tiny_overrides
+from rehearsal.chains import faults_override
+from rehearsal.runs import prepare_debug_data, tiny_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
 

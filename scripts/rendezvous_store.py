@@ -3,7 +3,7 @@
 With ``--rdzv-backend c10d`` the store that forms the group (and that the workers' process
 groups bootstrap from) lives inside the torchrun agent whose host matches
 ``--rdzv-endpoint``: when that node is lost, every other agent loses the store and the job
-ends (tests/test_rendezvous_store.py measures both). Run this on a host that trains nothing
+ends (tests/integration/test_rendezvous_store.py measures both). Run this on a host that trains nothing
 (a login or service node, a small CPU pod), point every agent's ``--rdzv-endpoint`` at it and
 give them ``--rdzv-conf is_host=false``: then any training node may die and the survivors
 re-form the group (``--nnodes MIN:MAX``).

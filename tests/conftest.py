@@ -1,5 +1,6 @@
-"""Shared fixtures and the suite's order. Shared code lives in the ``helpers`` package
-(tests/helpers/), programs that tests run as separate processes in tests/workers/.
+"""Shared fixtures and the suite's order. Tests live in tests/unit/ (no process started) and tests/integration/
+(real processes); shared code in the ``support`` package (tests/support/), programs that tests run as separate
+processes in tests/support/workers/.
 
 The suite runs on two pytest-xdist workers, a file per worker at a time (``-n 2 --dist loadfile``
 in pyproject.toml): one file's module fixtures (a shared training run) are built once.
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.register_assert_rewrite("helpers")  # helpers' asserts report their values, as in a test module
+pytest.register_assert_rewrite("support")  # support's asserts report their values, as in a test module
 
 # The files that take longest (seconds of one worker in the suite on the idle 2-core machine, the other
 # worker busy too; 2026-12-03), started first so that the two workers end together rather than one
@@ -47,7 +48,7 @@ def pytest_collection_modifyitems(items):
 def pydoc_data(tmp_path_factory) -> Path:
     """The debug experiment's corpus (pydoc topics, byte tokenizer, its held-out validation split),
     prepared once per test session as data.prepare_if_missing builds it."""
-    from tools.runs import prepare_debug_data
+    from rehearsal.runs import prepare_debug_data
 
     return prepare_debug_data(tmp_path_factory.mktemp("data") / "pydoc-byte")
 

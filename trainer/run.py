@@ -2,7 +2,7 @@
 run the loop, and shut everything down on every exit path.
 
 train.py (the Hydra entry point) calls ``run``; so does the rehearsal supervisor
-(tools/supervisor.py), which forks it from a warm parent.
+(rehearsal/supervisor.py), which forks it from a warm parent.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ RESUME_MUTABLE = RESUME_SCHEDULE + (
     "training.micro_batch_size", "data.num_workers", "data.prefetch_factor", "data.prepare_if_missing",
     # Where the data lives may change; what it is is checked by the data state's fingerprint.
     "data.path", "data.allow_resume_changes",
-    # Evaluation does not change the trajectory (tests/test_evaluate.py shows the losses stay bitwise).
+    # Evaluation does not change the trajectory (tests/integration/test_evaluate.py shows the losses stay bitwise).
     "eval", "data.validation", "data.validation_fraction",
 )
 

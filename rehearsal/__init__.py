@@ -1,0 +1,8 @@
+"""The rehearsal kit: what exercises the trainer from outside, for tests, benchmarks and a fork's CI.
+Nothing a training run imports (tests/unit/test_layout.py checks it).
+
+  supervisor   the restart loop: forks training runs (trainer.run) from a warm parent
+  chains       seeded kill-point chains and their checks (tests, scripts/rehearse.py)
+  runs         the small debug-run overrides that tests, rehearsals and benchmarks share
+  s3_server    a local S3 server (moto, on 127.0.0.1) for tests and benchmarks of s3:// checkpoints
+"""

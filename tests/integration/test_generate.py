@@ -1,0 +1,162 @@
+"""Text generation: the KV cache gives the full forward's logits, greedy decoding with it equals
+step-by-step argmax over the whole sequence, sampling follows its rules, and scripts/generate.py
+reads a tensor-parallel checkpoint and its export alike."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+from checkpoint.durable.discovery import list_committed
+from model.config import ModelConfig
+from model.generation import Sampling, generate, next_token
+from model.kv_cache import KVCache
+from model.llama import build_model
+from rehearsal.runs import debug_overrides
+from support.launch import ROOT, load_script, run, run_train
+
+GQA = ModelConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=320, max_seq_len=64)
+
+
+def test_the_cache_gives_the_full_forward_logits():
+    model = build_model(GQA, seed=1).eval()
+    tokens = torch.randint(0, GQA.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = KVCache(GQA, 2, 40, "cpu")
+        parts = [model(tokens[:, :17], cache=cache)]  # a prompt, then one token at a time, then a chunk
+        parts += [model(tokens[:, i:i + 1], cache=cache) for i in range(17, 30)]
+        parts.append(model(tokens[:, 30:], cache=cache))
+    assert cache.pos == 40
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="the KV cache holds 40 positions; 40 are filled and 1 more do not fit"):
+        model(tokens[:, :1], cache=cache)
+
+
+@pytest.fixture(scope="module")
+def tp_checkpoint(pydoc_data, tmp_path_factory):
+    """A checkpoint written by 2 tensor-parallel ranks after 40 steps of the debug experiment."""
+    run_dir = tmp_path_factory.mktemp("generate") / "tp2"
+    run_train(debug_overrides(run_dir, pydoc_data, steps=40, extra={
+        "parallel.tp": 2, "checkpoint.interval": 40, "training.global_batch_size": 16, "training.micro_batch_size": 8,
+        "training.seq_len": 128}), nproc=2)
+    [ckpt] = list_committed(run_dir / "checkpoints")
+    assert ckpt.manifest.layout["tp"] == 2
+    return ckpt.path
+
+
+def full_sequence_argmax(model, prompt, n, vocab_limit):
+    """The reference: run the whole sequence through the model for every new token."""
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(torch.tensor([seq]))[0, -1].clone()
+            logits[vocab_limit:] = float("-inf")
+            seq.append(int(logits.argmax()))
+    return seq[len(prompt):]
+
+
+@pytest.mark.distributed  # the fixture trains with torchrun
+def test_greedy_decoding_with_the_cache_equals_full_sequence_argmax(tp_checkpoint, pydoc_data):
+    from data.tokenizer import load_tokenizer
+
+    generate_script = load_script("generate")
+    loaded = generate_script.load(tp_checkpoint)
+    tok = load_tokenizer(pydoc_data)
+    prompt = tok.encode("The import statement")
+    greedy = generate(loaded.model, prompt, 100, Sampling(temperature=0.0), vocab_limit=tok.vocab_size)
+    assert len(greedy) == 100  # no EOS in the way: the comparison covers every token
+    assert greedy == full_sequence_argmax(loaded.model, prompt, 100, tok.vocab_size)
+    assert generate(loaded.model, prompt, 100, Sampling(), vocab_limit=tok.vocab_size) == greedy  # deterministic
+
+
+def script(*args) -> str:
+    proc = run([sys.executable, str(ROOT / "scripts" / "generate.py"), *map(str, args)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.distributed  # the fixture trains with torchrun
+def test_the_script_reads_a_tensor_parallel_checkpoint_and_its_export(tp_checkpoint, pydoc_data, tmp_path):
+    greedy = script(tp_checkpoint, "--prompt", "Lists", "--temperature", 0, "--max-new-tokens", 80)
+    assert greedy.startswith("Lists") and len(greedy) > 40
+    export = tmp_path / "model.safetensors"
+    proc = run([sys.executable, str(ROOT / "scripts" / "export.py"), str(tp_checkpoint), str(export)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert script(export, "--data", pydoc_data, "--prompt", "Lists", "--temperature", 0,
+                  "--max-new-tokens", 80) == greedy
+    sampled = [script(tp_checkpoint, "--prompt", "Lists", "--seed", seed, "--max-new-tokens", 80) for seed in (1, 1, 2)]
+    assert sampled[0] == sampled[1] != sampled[2]  # a seed gives the same text again
+
+
+def test_sampling_rules():
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, 9.0])
+    assert next_token(logits, Sampling(temperature=0.0)) == 4
+    assert next_token(logits, Sampling(temperature=0.0), vocab_limit=4) == 0  # padding ids are never produced
+    gen = torch.Generator().manual_seed(0)
+    assert {next_token(logits, Sampling(temperature=5.0, top_k=1), gen, vocab_limit=4) for _ in range(50)} == {0}
+    assert {next_token(logits, Sampling(temperature=5.0, top_k=2), gen, vocab_limit=4) for _ in range(200)} == {0, 1}
+    probs = torch.tensor([0.6, 0.3, 0.1]).log()
+    assert {next_token(probs, Sampling(temperature=1.0, top_p=0.5), gen) for _ in range(100)} == {0}
+    assert {next_token(probs, Sampling(temperature=1.0, top_p=0.7), gen) for _ in range(200)} == {0, 1}
+    draws = [next_token(torch.tensor([0.0, math.log(3.0)]), Sampling(temperature=1.0), gen) for _ in range(4000)]
+    assert abs(sum(draws) / len(draws) - 0.75) < 0.03  # p(1) = 3 / (1 + 3)
+    with pytest.raises(ValueError, match=r"--top-p 0 in \(0, 1\]"):
+        Sampling(temperature=1.0, top_p=0)
+
+
+def test_inputs_that_cannot_work_are_named(tmp_path, pydoc_data):
+    model = build_model(GQA, seed=1)
+    with pytest.raises(ValueError, match="the prompt has 10 tokens; with 60 new ones that is 70 positions, above "
+                                         "model.max_seq_len=64: ask for at most 54 new tokens"):
+        generate(model, list(range(10)), 60)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    proc = run([sys.executable, str(ROOT / "scripts" / "generate.py"), str(hf), "--prompt", "x"])
+    assert proc.returncode == 2
+    assert "a Hugging Face folder needs model.safetensors or model.safetensors.index.json" in proc.stderr
+
+
+@pytest.mark.distributed  # a script process
+def test_the_script_on_a_hf_folder_equals_transformers_greedy_generate(tmp_path):
+    """A transformers Llama with llama3 rotary scaling, saved in shards with model.safetensors.index.json (as
+    published 8B and 70B folders are), and a tokenizer.json that puts a BOS before the text as Llama 3's
+    does (the byte tokenizer's ids, EOS 256, BOS 257 added by its post-processor; eos_token_id [256, 7] in
+    config.json): scripts/generate.py --temperature 0 prints what transformers' generate(do_sample=False)
+    gives on the same folder from the ids AutoTokenizer gives, decoded by the same tokenizer."""
+    from test_interop_import import hf_random_model
+    from test_llama3_rope import SCALED, SCALING
+    from tokenizers import processors
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from data.tokenizer import byte_tokenizer_json
+
+    folder, bos = tmp_path / "hf", "<|begin_of_text|>"
+    cfg = ModelConfig(**{**vars(SCALED), "vocab_size": 258})  # the tokenizer's ids: argmax over the same set
+    hf_random_model(folder, cfg, seed=6, max_shard_size="400KB", rope_scaling=dict(SCALING), eos_token_id=[256, 7],
+                    bos_token_id=257)
+    assert (folder / "model.safetensors.index.json").is_file()
+    tok = byte_tokenizer_json()
+    tok.add_special_tokens([bos])
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, 257)])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": "<|endoftext|>"}))
+    prompt, new = "The rotary embedding of Llama 3.1", 60  # 1 + 33 + 60 positions: past the original 32
+    reference = AutoTokenizer.from_pretrained(folder)
+    ids = reference(prompt, return_tensors="pt").input_ids
+    assert ids[0, 0].item() == 257 and ids.shape[1] == 1 + len(prompt)  # BOS, then a byte each
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=new, do_sample=False, pad_token_id=256)[0].tolist()
+    proc = run([sys.executable, str(ROOT / "scripts" / "generate.py"), str(folder), "--prompt", prompt,
+                "--temperature", "0", "--max-new-tokens", str(new)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(out) > ids.shape[1] + 10  # it generated, not stopped at once
+    assert proc.stdout.rstrip("\n") == reference.decode(out, skip_special_tokens=True,
+                                                         clean_up_tokenization_spaces=False)

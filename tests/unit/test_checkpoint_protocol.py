@@ -1,0 +1,209 @@
+"""The commit protocol, discovery, manifest checks, staging, config hash and preflight, in-process."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from checkpoint.durable.commit import (
+    CommitTimeout,
+    acknowledge,
+    collect_acknowledgements,
+    commit_checkpoint,
+    seal,
+    update_latest,
+)
+from checkpoint.durable.discovery import (
+    clean_uncommitted,
+    latest_committed,
+    list_checkpoints,
+    list_committed,
+    mark_bad,
+    read_latest_pointer,
+    resolve_resume,
+)
+from checkpoint.durable.layout import committed_dir, uncommitted_dir
+from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest, verify_checkpoint
+from support.launch import load_script
+
+
+def manifest_for(step, files):
+    return Manifest(f"step_{step:08d}", step, 0, 0, 0.0, "hash", {"seed": 1}, 2, {"dp_shard": 2}, 8, 1.0, 1.1,
+                    "crc32", files)
+
+
+def write_rank_files(d, rank, payload=b"abc"):
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"__{rank}_0.distcp").write_bytes(payload * 1000)
+
+
+def full_commit(root, step, world=2):
+    d = uncommitted_dir(root, step)
+    for r in range(world):
+        write_rank_files(d, r, payload=bytes([r + step % 200]) * 3)
+        acknowledge(d, r, "crc32")
+    (d / ".metadata").write_bytes(b"meta")
+    files = collect_acknowledgements(d, world, timeout_s=1)
+    files[".metadata"] = FileEntry(4, None)
+    seal(d, manifest_for(step, files))
+    final = commit_checkpoint(d, committed_dir(root, step))
+    update_latest(root, final.name)
+    return final
+
+
+def test_commit_makes_a_verifiable_checkpoint_and_moves_latest(tmp_path):
+    full_commit(tmp_path, 10)
+    final = full_commit(tmp_path, 20)
+    assert read_latest_pointer(tmp_path) == "step_00000020"
+    assert [c.step for c in list_committed(tmp_path)] == [20, 10]
+    m = verify_checkpoint(final)
+    assert m.step == 20 and set(m.files) == {"__0_0.distcp", "__1_0.distcp", ".metadata"}
+
+
+def test_a_missing_acknowledgement_leaves_the_checkpoint_uncommitted(tmp_path):
+    full_commit(tmp_path, 10)
+    d = uncommitted_dir(tmp_path, 20)
+    write_rank_files(d, 0)
+    acknowledge(d, 0, "crc32")  # rank 1 never finishes
+    with pytest.raises(CommitTimeout, match=r"ranks \[1\] did not acknowledge"):
+        collect_acknowledgements(d, 2, timeout_s=0.2)
+    assert latest_committed(tmp_path).step == 10
+    assert resolve_resume(tmp_path, "auto") == committed_dir(tmp_path, 10)
+
+
+def test_unacknowledged_files_and_missing_manifest_are_refused(tmp_path):
+    d = uncommitted_dir(tmp_path, 5)
+    write_rank_files(d, 0)
+    write_rank_files(d, 1)
+    files = {"__0_0.distcp": FileEntry(3000, None)}
+    with pytest.raises(CheckpointError, match="without an acknowledgement"):
+        seal(d, manifest_for(5, files))
+    with pytest.raises(CheckpointError, match="without a manifest"):
+        commit_checkpoint(d, committed_dir(tmp_path, 5))
+
+
+def test_discovery_ignores_and_cleans_uncommitted(tmp_path):
+    full_commit(tmp_path, 10)
+    write_rank_files(uncommitted_dir(tmp_path, 20), 0)
+    (tmp_path / "step_00000030").mkdir()  # a final name without manifest: a crash mid-rename is impossible,
+    assert [c.step for c in list_committed(tmp_path)] == [10]  # but such a directory is still not trusted
+    assert {c.checkpoint_id: c.committed for c in list_checkpoints(tmp_path)} == {
+        "step_00000030": False, "step_00000020.uncommitted": False, "step_00000010": True}
+    assert clean_uncommitted(tmp_path) == ["step_00000020.uncommitted"]
+    assert not uncommitted_dir(tmp_path, 20).exists()
+
+
+def test_corruption_is_detected(tmp_path):
+    final = full_commit(tmp_path, 10)
+    victim = final / "__1_0.distcp"
+    data = bytearray(victim.read_bytes())
+    data[100] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"__1_0.distcp: crc32 .* manifest says"):
+        verify_checkpoint(final)
+    victim.write_bytes(b"short")
+    with pytest.raises(CheckpointError, match="5 bytes, manifest says 3000"):
+        verify_checkpoint(final)
+
+
+def test_resolve_resume_specs(tmp_path):
+    assert resolve_resume(tmp_path, "auto") is None
+    assert resolve_resume(tmp_path, "never") is None
+    with pytest.raises(CheckpointError, match="resume=must but .* no usable committed checkpoint"):
+        resolve_resume(tmp_path, "must")
+    full_commit(tmp_path, 10)
+    full_commit(tmp_path, 20)
+    assert resolve_resume(tmp_path, "must") == committed_dir(tmp_path, 20)
+    assert resolve_resume(tmp_path, "10") == committed_dir(tmp_path, 10)
+    assert resolve_resume(tmp_path, str(committed_dir(tmp_path, 10))) == committed_dir(tmp_path, 10)
+    with pytest.raises(CheckpointError, match=r"committed steps: \[20, 10\]"):
+        resolve_resume(tmp_path, "15")
+    mark_bad(committed_dir(tmp_path, 20), "probe loss 3.1 != 2.9")
+    assert resolve_resume(tmp_path, "auto") == committed_dir(tmp_path, 10)
+    assert [c.bad for c in list_checkpoints(tmp_path)][0] == "probe loss 3.1 != 2.9"
+
+
+def test_resave_of_a_committed_step_moves_the_old_one_aside(tmp_path):
+    full_commit(tmp_path, 10)
+    full_commit(tmp_path, 10)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names[0] == "latest" and "step_00000010" in names
+    assert any(n.startswith("step_00000010.replaced-") for n in names)
+
+
+def test_host_stager_reuses_buffers_and_never_aliases_live_tensors():
+    from checkpoint.state.staging import HostStager
+
+    live = {"model": {"w": torch.randn(4, 3)}, "optim": {"step": torch.tensor(3.0)}, "blob": b"abc"}
+    stager = HostStager(pin_memory=False)
+    first = stager.stage(live)
+    assert torch.equal(first["model"]["w"], live["model"]["w"])
+    assert first["model"]["w"].data_ptr() != live["model"]["w"].data_ptr()
+    live["model"]["w"].add_(1.0)
+    assert not torch.equal(first["model"]["w"], live["model"]["w"])  # a snapshot, not a view
+    second = stager.stage(live)
+    assert second["model"]["w"].data_ptr() == first["model"]["w"].data_ptr()  # buffers reused
+    assert torch.equal(second["model"]["w"], live["model"]["w"]) and second["blob"] == b"abc"
+    assert stager.rebuilds == 1
+
+
+def test_config_hash_ignores_resume_mutable_fields_and_names_changes():
+    from omegaconf import OmegaConf
+
+    from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config
+
+    cfg = OmegaConf.create({"seed": 1, "optim": {"lr": 0.1, "beta2": 0.95}, "parallel": {"tp": 1}, "run_name": "a",
+                            "training": {"micro_batch_size": 4, "global_batch_size": 8, "steps": 10},
+                            "data": {"num_workers": 0, "path": "x"}, "checkpoint": {"interval": 5}})
+    moved = OmegaConf.merge(cfg, {"parallel": {"tp": 2}, "run_name": "b", "data": {"num_workers": 4},
+                                  "training": {"micro_batch_size": 2, "steps": 20},  # the schedule may change too
+                                  "checkpoint": {"interval": 50}, "optim": {"lr": 0.2}})
+    assert config_hash(hashed_config(cfg)) == config_hash(hashed_config(moved))
+    changed = OmegaConf.merge(cfg, {"optim": {"beta2": 0.99}, "training": {"global_batch_size": 16}})
+    assert config_hash(hashed_config(cfg)) != config_hash(hashed_config(changed))
+    assert config_differences(hashed_config(cfg), hashed_config(changed)) == [
+        "optim.beta2: 0.95 -> 0.99", "training.global_batch_size: 8 -> 16"]
+
+
+def test_preflight_checks_directory_and_space(tmp_path):
+    from checkpoint.durable.preflight import PreflightError, preflight_checkpoint_dir
+
+    preflight_checkpoint_dir(tmp_path / "new" / "dir", expected_bytes=1 << 20, keep_last=2, rank=0)
+    assert (tmp_path / "new" / "dir").is_dir() and not list((tmp_path / "new" / "dir").iterdir())
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(PreflightError, match=f"{tmp_path / 'file'} is a regular file, not a folder"):
+        preflight_checkpoint_dir(tmp_path / "file" / "ckpt", expected_bytes=1, keep_last=1, rank=0)
+    with pytest.raises(PreflightError, match="free, counting leftovers of interrupted saves, but this run needs"):
+        preflight_checkpoint_dir(tmp_path, expected_bytes=1 << 60, keep_last=1, rank=0)
+
+
+def test_checksum_algorithms_agree_with_reference_implementations(tmp_path):
+    import zlib
+
+    from checkpoint.durable.integrity import CHUNK, checksum_file
+
+    data = os.urandom(CHUNK + 12345)  # spans two read chunks
+    (tmp_path / "f").write_bytes(data)
+    assert checksum_file(tmp_path / "f", "crc32") == f"{zlib.crc32(data):08x}"
+    xxhash = pytest.importorskip("xxhash")
+    assert checksum_file(tmp_path / "f", "xxh3_64") == xxhash.xxh3_64(data).hexdigest()
+
+
+def test_inspect_lists_state_tier_and_verification(tmp_path):
+    rows = load_script("inspect_checkpoints").rows
+
+    for step in (10, 20, 30):
+        full_commit(tmp_path, step)
+    write_rank_files(uncommitted_dir(tmp_path, 40), 0)
+    (committed_dir(tmp_path, 10) / "__0_0.distcp").write_bytes(b"garbage")
+    mark_bad(committed_dir(tmp_path, 20), "probe loss mismatch")
+    table = {r["checkpoint_id"]: r for r in rows(tmp_path, verify=True, keep_last=1, keep_every=0,
+                                                 keep_best=0, best_metric="loss")}
+    assert table["step_00000040.uncommitted"]["state"] == "uncommitted"
+    assert table["step_00000030"]["state"] == "committed" and table["step_00000030"]["tier"] == "rolling"
+    assert table["step_00000030"]["verified"] == "ok"
+    assert table["step_00000020"]["state"] == "bad"
+    assert table["step_00000010"]["tier"] == "delete-next"
+    assert table["step_00000010"]["verified"].startswith("FAILED: __0_0.distcp: 7 bytes")
