@@ -15,10 +15,10 @@ from typing import List, Optional
 from checkpoint.durable.discovery import resolve_resume
 from checkpoint.durable.layout import MANIFEST
 from checkpoint.durable.lease import live_owner
-from checkpoint.durable.location import location
 from checkpoint.durable.manifest import CheckpointError, read_manifest
 from checkpoint.interop.weight_source import source_problems
 from checkpoint.state.fingerprint import config_differences, config_hash, full_config, hashed_config
+from checkpoint.storage import location
 from configs.checks import ConfigError, Problems
 from configs.constants import ASYNC_MODES, BEST_METRICS, CHECKPOINT_FORMATS, ON_SAVE_ERROR, RESUME_WORDS
 from model.config import model_config
@@ -120,8 +120,8 @@ def file_problems(cfg) -> List[str]:
 
 
 def _place(where) -> str:
-    """A location compared by name: an s3:// URL as it is, a local path resolved."""
-    return str(where) if str(where).startswith("s3://") else str(Path(where).resolve())
+    """A location compared by name: a local path resolved."""
+    return str(location(where).resolve())
 
 
 def resume_problems(cfg) -> List[str]:

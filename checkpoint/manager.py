@@ -26,7 +26,6 @@ import torch
 from checkpoint.durable.integrity import default_algorithm
 from checkpoint.durable.lease import check_lease
 from checkpoint.durable.loader import load_checkpoint
-from checkpoint.durable.location import free_bytes, location
 from checkpoint.durable.manifest import LOAD_ERRORS, CheckpointError, Manifest, VerificationFailed, read_manifest
 from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes, held_once, preflight_checkpoint_dir
 from checkpoint.durable.retention import apply_retention
@@ -38,6 +37,7 @@ from checkpoint.memory.restore import WEIGHTS_CHECK
 from checkpoint.memory.tier import MemoryTier
 from checkpoint.save_manifest import ManifestBuilder
 from checkpoint.state.training_state import TrainingState
+from checkpoint.storage import location
 from parallel import collectives
 
 log = logging.getLogger("trainer")
@@ -57,7 +57,7 @@ class CheckpointManager:
         self.cfg, self.ckpt_cfg, self.state = cfg, c, state
         self.rank, self.world_size, self.device = rank, world_size, device
         self.layout = {k: getattr(dims, k) for k in ("dp_replicate", "dp_shard", "tp")}
-        self.root = location(c.dir)  # a folder, or an s3:// prefix (checkpoint/s3/)
+        self.root = location(c.dir)  # a folder, or an s3:// prefix (checkpoint/storage/)
         # "auto": recovery/runtime.py measures a first save, then calls set_interval (Young/Daly)
         self.interval = AUTO_MEASURE_STEPS if str(c.interval).strip().lower() == "auto" else int(c.interval)
         self.manifests = ManifestBuilder(cfg, state, world_size, self.layout, probe)
@@ -226,7 +226,7 @@ class CheckpointManager:
         for ``raise_save_failure``."""
         stop = self.ckpt_cfg.on_save_error == "stop"
         try:
-            free = free_bytes(self.root)
+            free = self.root.free_bytes()
         except OSError:
             free = None
         self.events.save_refused(exc, self.ckpt_cfg.on_save_error, str(self.root), free, self.saver.expected_bytes)

@@ -149,7 +149,7 @@ class MemoryTierConfig:
 
 @dataclass
 class S3Config:
-    """Where an ``s3://`` checkpoint.dir (or model.init_from) lives (checkpoint/s3/client.py). null:
+    """Where an ``s3://`` checkpoint.dir (or model.init_from) lives (checkpoint/storage/s3.py). null:
     boto3's own settings (AWS_ENDPOINT_URL_S3, AWS_REGION); credentials are always boto3's."""
 
     endpoint_url: Optional[str] = None  # an S3-compatible store: http://minio.internal:9000

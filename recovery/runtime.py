@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from checkpoint.durable.location import location
 from checkpoint.durable.reads import read_on_rank0
 from checkpoint.durable.saver import SaveRecord
+from checkpoint.storage import location
 from parallel import collectives
 from recovery.faults import FaultInjector
 from recovery.guards.rollback import roll_back

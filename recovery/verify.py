@@ -35,11 +35,12 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from checkpoint.durable.discovery import list_committed
-from checkpoint.durable.location import location
+from checkpoint.durable.layout import parse
 from checkpoint.durable.manifest import ConfigMismatch, Manifest
 from checkpoint.durable.reads import read_on_rank0
 from checkpoint.memory.restore import WEIGHTS_CHECK
 from checkpoint.state.fingerprint import config_hash, hashed_config
+from checkpoint.storage import location
 from training.schedule import lr_at
 
 log = logging.getLogger("trainer")
@@ -153,8 +154,6 @@ class ResumeVerifier:
     def _check_depth(self, path: Path) -> None:
         """Stop after ``max_fallbacks`` fallbacks: count the committed checkpoints newer than ``path``."""
         try:
-            from checkpoint.durable.layout import parse
-
             step = parse(location(path).name)[0]
         except (TypeError, IndexError):
             return

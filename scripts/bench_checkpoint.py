@@ -28,7 +28,7 @@ from typing import List
 import torch
 
 from checkpoint.durable.integrity import checksum_files, default_algorithm
-from checkpoint.durable.layout import committed_dir
+from checkpoint.durable.layout import checkpoint_dir
 from checkpoint.durable.loader import load_checkpoint
 from checkpoint.durable.manifest import Manifest
 from checkpoint.durable.saver import CheckpointSaver
@@ -157,7 +157,7 @@ def main() -> None:
         shutil.rmtree(a.dir / f"nosum{i}")
         sums.append(timed_save(CheckpointSaver(a.dir / f"sync{i}", "sync", 0, 1), state, 1).blocking_s)
     t_sync, t_nosum = statistics.median(sums), statistics.median(nosums)
-    path = committed_dir(a.dir / "sync1", 1)
+    path = checkpoint_dir(a.dir / "sync1", 1)
     files = sorted(path.glob("*.distcp"))
     checksum_files(files, default_algorithm())  # into the page cache
     t = time.perf_counter()
@@ -191,7 +191,7 @@ def main() -> None:
         rec = timed_save(asaver, state, 2 + i)
         # The read floor is a plain sequential read of this checkpoint's own data files: the
         # same blocks the loads read. The three reads take turns going first.
-        ckpt = committed_dir(a.dir / "async", 2 + i)
+        ckpt = checkpoint_dir(a.dir / "async", 2 + i)
         files = sorted(ckpt.glob("*.distcp"))
         reads = {"read": lambda: read_bandwidth(files, cold), "load": lambda: load(ckpt, True),
                  "unverified": lambda: load(ckpt, False)}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from checkpoint.durable.layout import committed_dir
+from checkpoint.durable.layout import checkpoint_dir
 from checkpoint.durable.loader import load_checkpoint
 from checkpoint.durable.manifest import Manifest
 from checkpoint.durable.saver import CheckpointSaver
@@ -85,7 +85,7 @@ def main() -> None:
             saver.save(state.state_dict(), Manifest("step_00000001", 1, 0, 0, 0.0, "bench", {}, 1, {}, 1, None,
                                                     None, None))
             save_s = time.perf_counter() - t
-            path = committed_dir(root, 1)
+            path = checkpoint_dir(root, 1)
             files = sorted(path.glob("*.distcp"))
             size = sum(f.stat().st_size for f in files)
             floor = read_floor(files, a.cold)

@@ -24,10 +24,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from checkpoint.durable.location import location
 from checkpoint.interop.convert import convert_to_dcp
 from checkpoint.interop.from_hf import convert_hf_folder
 from checkpoint.interop.weight_source import SourceError
+from checkpoint.storage import location
 
 
 def main(argv=None) -> int:

@@ -21,9 +21,9 @@ import argparse
 import resource
 from pathlib import Path
 
-from checkpoint.durable.location import location
 from checkpoint.interop.export import DTYPES, export_hf, export_safetensors
 from checkpoint.interop.safetensors_io import parse_size
+from checkpoint.storage import location
 
 
 def main() -> None:

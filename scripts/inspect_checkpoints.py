@@ -10,21 +10,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from checkpoint.durable.discovery import list_checkpoints, read_latest_pointer
-from checkpoint.durable.location import location
 from checkpoint.durable.manifest import CheckpointError, check_files
 from checkpoint.durable.retention import Candidate, retention_plan
+from checkpoint.storage import location
 
 
-def _size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+def _size(path) -> int:
+    return sum(e.size for e in path.walk())
 
 
-def rows(root: Path, verify: bool, keep_last: int, keep_every: int, keep_best: int, best_metric: str):
+def rows(root, verify: bool, keep_last: int, keep_every: int, keep_best: int, best_metric: str):
     infos = list_checkpoints(root)
-    good = [c for c in infos if c.committed and c.bad is None]
+    good = [c for c in infos if c.committed and c.bad is None and not c.replaced]
     plan = retention_plan([Candidate(c.step, getattr(c.manifest, best_metric, None)) for c in good],
                           keep_last, keep_every, keep_best) if good else {}
     out = []
@@ -32,8 +31,8 @@ def rows(root: Path, verify: bool, keep_last: int, keep_every: int, keep_best: i
         if not c.committed:
             state, verified, tier = "uncommitted", "-", "-"
         else:
-            state = "bad" if c.bad else "unreadable" if c.unreadable else "committed"
-            tier = ",".join(plan.get(c.step, [])) or ("-" if c.bad else "delete-next")
+            state = "bad" if c.bad else "unreadable" if c.unreadable else "replaced" if c.replaced else "committed"
+            tier = "-" if c.bad or c.replaced else ",".join(plan.get(c.step, [])) or "delete-next"
             verified = "-"
             if verify and c.manifest is None:
                 verified = f"FAILED: {c.unreadable}"

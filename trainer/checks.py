@@ -22,8 +22,9 @@ import metrics.checks
 import parallel.checks
 import recovery.checks
 import training.checks
+from checkpoint import storage
 from checkpoint.interop.model_shape import fill_model_shape
-from checkpoint.s3.client import configure_from, setting_problems
+from checkpoint.storage import location
 from configs.bounds import bound_problems
 from configs.checks import ConfigError, Problems
 from configs.constants import CHECK_WORLD_SIZES_ENV
@@ -59,9 +60,9 @@ def validate_config(cfg: DictConfig, world_size: int | Tuple[int, ...] | None = 
     fill_from_files(cfg)
     problems = value_problems(cfg, world_size)
     if files:
-        store_ok = not any(p.startswith("checkpoint.s3.") for p in problems)
+        store_ok = not set(storage.setting_problems(cfg.checkpoint)) & set(problems)
         if store_ok:
-            configure_from(cfg)  # the probes of an s3:// checkpoint.dir or init_from ask the configured store
+            storage.configure(cfg.checkpoint)  # the probes of checkpoint.dir or init_from ask the configured store
         problems += file_problems(cfg, store_ok)
     refuse(problems)
     return checkpoint.checks.config_warnings(cfg) + parallel.checks.elastic_warnings(cfg, world_size)
@@ -115,8 +116,7 @@ def _section_problems(cfg: DictConfig, problems: Problems, world_size, bad: List
     training.checks.config_problems(cfg, problems)
     parallel.checks.config_problems(cfg, problems, None if reads_bad(LAYOUT_KEYS) else world_size)
     checkpoint.checks.config_problems(cfg, problems)
-    s3 = cfg.checkpoint.s3
-    problems += setting_problems(s3.endpoint_url, s3.region, s3.addressing_style)
+    problems += storage.setting_problems(cfg.checkpoint)
     recovery.checks.config_problems(cfg, problems)
     metrics.checks.config_problems(cfg, problems)
 
@@ -129,7 +129,7 @@ def _named(key: str, problems) -> bool:
 def file_problems(cfg: DictConfig, store_ok: bool = True) -> List[str]:
     """The pre-flight's file probes (the data, checkpoint.resume and model.init_from, and for a run the folders
     and the device). A probe that fails is a refusal naming it, not a traceback; one that failed on a value
-    out of bounds (reported already) is left out. ``store_ok`` False (checkpoint.s3's settings are wrong, and
+    out of bounds (reported already) is left out. ``store_ok`` False (a store's settings are wrong, and
     said so): nothing is asked of the object store."""
     probes = {"data.checks.file_problems": lambda: data.checks.file_problems(cfg)}
     if store_ok:
@@ -176,7 +176,7 @@ def _interval_on(value) -> bool:
 def folder_problem(key: str, path: str) -> Optional[tuple]:
     """(the obstacle, why) when ``path`` cannot be (or become) a folder this process writes in; nothing
     is created here. An s3:// location is checked by the pre-flight, which can ask the store."""
-    if str(path).startswith("s3://"):
+    if location(path).local_path() is None:
         return None
     p = Path(path).absolute()
     for above in [p, *p.parents]:

@@ -18,13 +18,13 @@ from typing import Callable, List
 import torch
 from omegaconf import DictConfig
 
+from checkpoint import storage
 from checkpoint.durable.lease import Heartbeat
-from checkpoint.durable.location import location
 from checkpoint.durable.manifest import set_manifest_read_fault, step_of
 from checkpoint.interop.init_from import apply_init_from
 from checkpoint.manager import CheckpointManager
-from checkpoint.s3.client import configure_from
 from checkpoint.state.training_state import TrainingState
+from checkpoint.storage import location
 from configs.checks import ConfigError
 from configs.constants import CONFIG_CHECKED_ENV
 from data.batching import make_batch_plan
@@ -93,7 +93,7 @@ def run(cfg: DictConfig, overrides: List[str]) -> None:
 
 
 def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
-    configure_from(cfg)  # checkpoint.s3: the object store an s3:// checkpoint.dir or init_from is on
+    storage.configure(cfg.checkpoint)  # checkpoint.s3.*: where an s3:// checkpoint.dir or init_from is
     # The launch's checks (trainer/startup.py): a lone process checks everything first; under torchrun
     # the shared files are read on rank 0 once the process group exists, and every rank agrees.
     alone = launched_alone()

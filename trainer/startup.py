@@ -33,12 +33,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 import checkpoint.checks
 import data.checks
+from checkpoint import storage
 from checkpoint.durable.lease import LiveOwner, take_lease
-from checkpoint.durable.location import location
 from checkpoint.durable.manifest import CheckpointError, CheckpointUnreadable
 from checkpoint.durable.preflight import PreflightError
 from checkpoint.durable.reads import read_on_rank0
-from checkpoint.s3.client import setting_problems
+from checkpoint.storage import location
 from configs.checks import ConfigError, Problems
 from configs.constants import DEVICES
 from parallel import collectives
@@ -66,9 +66,9 @@ def check_device(cfg: DictConfig) -> None:
 def check_launch(cfg: DictConfig, world_size: int) -> List[str]:
     """Every check of the launch (see the module docstring), agreed; applies the config changes the
     files make to ``cfg`` on every rank. Returns the warnings; raises the agreed ConfigError."""
-    rc, s3 = cfg.recovery, cfg.checkpoint.s3
+    rc = cfg.recovery
     try:  # the store's settings before any read that asks it (the same values on every rank)
-        refuse(setting_problems(s3.endpoint_url, s3.region, s3.addressing_style))
+        refuse(storage.setting_problems(cfg.checkpoint))
     except ConfigError as exc:
         raise agreed(exc)
     what = "the files of checkpoint.resume and model.init_from"

@@ -4,12 +4,12 @@
   writer.py       the data files: raw tensor bytes, checksummed as they are written (the format)
   reader.py       a DCP StorageReader that reads raw bytes straight into the destination tensors
   segments.py     the read plan of one file: byte segments, read streams, the checksum in file order
-  commit.py       acknowledge -> collect -> seal -> commit rename -> latest pointer
+  commit.py       acknowledge -> collect -> create the manifest (the commit) -> latest pointer
   lease.py        which attempt owns checkpoint.dir: an older attempt's writer never commits
   save_errors.py  a save the storage refused (disk full, read-only, quota): the message, the numbers
   manifest.py     manifest.json (files, sizes, checksums, step, losses, config hash, layout)
-  integrity.py    checksums (xxh3-64 or crc32), fsync of files and directories, atomic writes
-  layout.py       the directory names: step_<N>, the uncommitted suffix, latest, the BAD marker
+  integrity.py    checksums (xxh3-64 or crc32)
+  layout.py       the folder names: step_<N>, a later save's revision, latest, the BAD marker
   discovery.py    committed checkpoints newest first, the resume choice, mark_bad, leftover cleanup
   retention.py    keep_last / keep_every / keep_best as a pure function, applied off-thread
   preflight.py    directory, write permission and room for keep_last + 1 checkpoints before step 1

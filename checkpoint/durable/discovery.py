@@ -1,8 +1,9 @@
 """Finding checkpoints: committed ones newest first, the resume choice, bad marks, leftovers.
 
-Only a directory named ``step_N`` with a manifest counts as committed. The ``latest``
-pointer is informational: the scan is the source of truth, so a crash between the commit
-rename and the pointer update loses nothing.
+Only a ``step_N`` folder with a manifest counts as committed (checkpoint/durable/commit.py). Of
+several saves of one step (revisions: checkpoint/durable/layout.py) the newest committed one is the
+checkpoint of that step; the older ones are kept for people, like BAD ones, until retention's
+forensic count drops them. The ``latest`` pointer is informational: the scan is the source of truth.
 """
 
 from __future__ import annotations
@@ -10,55 +11,43 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import List, Optional
 
-from checkpoint.durable.integrity import atomic_write_text, fsync_dir
-from checkpoint.durable.layout import (
-    BAD_MARKER,
-    DELETING,
-    LATEST,
-    MANIFEST,
-    SUPERSEDED_MARKER,
-    UNCOMMITTED,
-    committed_dir,
-    parse,
-)
-from checkpoint.durable.location import location, on_object_store, remove_tree
+from checkpoint.durable.layout import BAD_MARKER, LATEST, MANIFEST, SUPERSEDED_MARKER, checkpoint_dir, parse
 from checkpoint.durable.manifest import CheckpointError, CheckpointUnreadable, Manifest, read_manifest
+from checkpoint.storage import Loc, location
 
 log = logging.getLogger("trainer")
 
 
 @dataclass
 class CheckpointInfo:
-    checkpoint_id: str  # directory name
-    path: Path
+    checkpoint_id: str  # folder name
+    path: Loc
     step: int
     committed: bool
     bad: Optional[str]  # why recovery marked it unusable, or None
     manifest: Optional[Manifest]
     superseded: Optional[str] = None  # why it belongs to an abandoned trajectory (a rollback), or None
     unreadable: Optional[str] = None  # committed, but the storage did not deliver its manifest this time
+    revision: int = 0  # a later save of the same step (layout.py)
+    replaced: bool = False  # committed, but a later save of the same step is committed too
 
 
-def list_checkpoints(root: Path) -> List[CheckpointInfo]:
-    """Every checkpoint-like directory (committed or not), newest step first. A manifest that does not
-    parse makes its directory uncommitted. One the storage failed to deliver (EIO, ESTALE) leaves it
-    committed (its manifest is there), with ``manifest`` None and the reason in ``unreadable``: left
-    out, the resume would pick an older checkpoint without a word; kept, loading it reads the manifest
-    again and skips it for this attempt if it still fails (recovery/resume.py). A listing that fails
-    raises its OSError (callers deciding for every rank read again: checkpoint/durable/reads.py)."""
-    root = location(root)
+def list_checkpoints(root) -> List[CheckpointInfo]:
+    """Every checkpoint-like folder (committed or not), newest first. A manifest that does not parse
+    makes its folder uncommitted. One the storage failed to deliver (EIO, ESTALE) leaves it committed
+    (its manifest is there), with ``manifest`` None and the reason in ``unreadable``: left out, the
+    resume would pick an older checkpoint without a word; kept, loading it reads the manifest again
+    and skips it for this attempt if it still fails (recovery/resume.py). A listing that fails raises
+    its OSError (callers deciding for every rank read again: checkpoint/durable/reads.py)."""
     out = []
-    if not root.is_dir():
-        return out
-    for d in root.iterdir():
-        parsed = parse(d.name)
-        if parsed is None or not d.is_dir():
+    for e in location(root).entries():
+        parsed = parse(e.name)
+        if parsed is None or not e.is_dir:
             continue
-        step, suffix = parsed
-        committed = suffix == "" and (d / MANIFEST).is_file()
+        d = location(root) / e.name
+        committed = (d / MANIFEST).is_file()
         manifest, unreadable = None, None
         if committed:
             try:
@@ -69,106 +58,108 @@ def list_checkpoints(root: Path) -> List[CheckpointInfo]:
             except CheckpointError as exc:
                 log.warning("%s", exc)
                 committed = False
-        bad = (d / BAD_MARKER).read_text().strip() or "marked bad" if (d / BAD_MARKER).exists() else None
-        gone = (d / SUPERSEDED_MARKER).read_text().strip() or "superseded" if (d / SUPERSEDED_MARKER).exists() \
+        bad = (d / BAD_MARKER).read_text().strip() or "marked bad" if (d / BAD_MARKER).is_file() else None
+        gone = (d / SUPERSEDED_MARKER).read_text().strip() or "superseded" if (d / SUPERSEDED_MARKER).is_file() \
             else None
-        out.append(CheckpointInfo(d.name, d, step, committed, bad, manifest, gone, unreadable))
-    return sorted(out, key=lambda c: (c.step, c.committed), reverse=True)
+        out.append(CheckpointInfo(e.name, d, parsed[0], committed, bad, manifest, gone, unreadable, parsed[1]))
+    out.sort(key=lambda c: (c.step, c.committed, c.revision), reverse=True)
+    newest_of_step = set()
+    for c in out:
+        if c.committed:
+            c.replaced = c.step in newest_of_step
+            newest_of_step.add(c.step)
+    return out
 
 
-def list_committed(root: Path, include_bad: bool = False, include_superseded: bool = False) -> List[CheckpointInfo]:
+def list_committed(root, include_bad: bool = False, include_superseded: bool = False) -> List[CheckpointInfo]:
     """Committed checkpoints newest first (what resume and recovery choose from): without the BAD
     ones and those of an abandoned trajectory unless asked for."""
-    return [c for c in list_checkpoints(root) if c.committed and (include_bad or c.bad is None)
+    return [c for c in list_checkpoints(root) if c.committed and not c.replaced and (include_bad or c.bad is None)
             and (include_superseded or c.superseded is None)]
 
 
-def latest_committed(root: Path) -> Optional[CheckpointInfo]:
+def latest_committed(root) -> Optional[CheckpointInfo]:
     found = list_committed(root)
     return found[0] if found else None
 
 
-def read_latest_pointer(root: Path) -> Optional[str]:
+def read_latest_pointer(root) -> Optional[str]:
     p = location(root) / LATEST
     return p.read_text().strip() if p.is_file() else None
 
 
-def mark_bad(path: Path, reason: str) -> None:
+def mark_bad(path, reason: str) -> None:
     """Recovery's verdict: this checkpoint must not be resumed from (it stays on disk for people)."""
-    atomic_write_text(location(path) / BAD_MARKER, reason.strip() + "\n")
+    (location(path) / BAD_MARKER).write_text(reason.strip() + "\n")
     log.warning("checkpoint %s marked bad: %s", path, reason)
 
 
-def mark_superseded(root: Path, after_step: int, reason: str) -> List[str]:
+def mark_superseded(root, after_step: int, reason: str) -> List[str]:
     """Lineage: the committed checkpoints newer than ``after_step`` belong to a trajectory that was
     abandoned (a rollback, or an explicit resume to an older step). They stay on disk for people,
     are never chosen by resume=auto and do not count in keep_last; returns their ids."""
     marked = []
     for c in list_committed(root, include_bad=True):
         if c.step > after_step:
-            atomic_write_text(c.path / SUPERSEDED_MARKER, reason.strip() + "\n")
+            (c.path / SUPERSEDED_MARKER).write_text(reason.strip() + "\n")
             marked.append(c.checkpoint_id)
     if marked:
         log.warning("checkpoints %s superseded: %s", ", ".join(marked), reason)
     return marked
 
 
-def clean_uncommitted(root: Path, spare_younger_than_s: Optional[float] = None) -> List[str]:
-    """Remove leftovers of interrupted saves and deletions. Call only when no save of this process is in flight.
-    With ``spare_younger_than_s`` (a writer of an older attempt may still live: checkpoint/durable/lease.py),
-    a leftover written to less than that many seconds ago is left for a later start: it may be that writer's
-    save in flight (it stops with StaleWriter before committing)."""
+def remove_checkpoint(path) -> None:
+    """Delete a checkpoint folder: its manifest first, so a half-deleted one never looks committed."""
+    path = location(path)
+    (path / MANIFEST).unlink(missing_ok=True)
+    path.rmtree()
+
+
+def clean_uncommitted(root, spare_younger_than_s: Optional[float] = None) -> List[str]:
+    """Remove the folders of interrupted saves and deletions (no manifest), and the uploads a killed writer
+    left open. Call only when no save of this process is in flight. With ``spare_younger_than_s`` (a writer
+    of an older attempt may still live: checkpoint/durable/lease.py), a leftover written to less than that
+    many seconds ago is left for a later start: it may be that writer's save in flight (it stops with
+    StaleWriter before committing), and so are open uploads."""
     removed, spared = [], []
-    root = location(root)
-    if not root.is_dir():
-        return removed
-    remote = on_object_store(root)
     now = time.time()
-    for d in root.iterdir():
-        parsed = parse(d.name)
-        if not parsed or not d.is_dir():
+    for c in list_checkpoints(root):
+        if c.committed:
             continue
-        interrupted = parsed[1] == UNCOMMITTED or parsed[1].endswith(DELETING)
-        if remote:  # there, an interrupted save is a step_N/ without a manifest
-            interrupted = parsed[1] == "" and not (d / MANIFEST).is_file()
-        if interrupted and spare_younger_than_s is not None and now - _last_written(d) < spare_younger_than_s:
-            spared.append(d.name)
-        elif interrupted:
-            try:
-                remove_tree(d)
-            except OSError:
-                pass  # the next start tries again; discovery never loads it
-            removed.append(d.name)
+        if spare_younger_than_s is not None and now - _last_written(c.path) < spare_younger_than_s:
+            spared.append(c.checkpoint_id)
+            continue
+        try:
+            remove_checkpoint(c.path)
+        except OSError:
+            pass  # the next start tries again; discovery never loads it
+        removed.append(c.checkpoint_id)
     if spared:
         log.warning("left uncommitted %s alone: written to less than %g s ago, while a writer of an older attempt "
                     "may still live (the next start removes them)", ", ".join(sorted(spared)), spare_younger_than_s)
-    if remote and spare_younger_than_s is None:  # parts of uploads a killed writer left open (kept until aborted)
-        removed += [f"upload of {key}" for key in root.abort_uploads()]
-    elif remote:  # an older writer may still be uploading (a store's upload start times are not trusted here)
-        log.warning("left open multipart uploads alone while a writer of an older attempt may still live "
-                    "(the next start aborts them)")
+    if spare_younger_than_s is None:
+        removed += [f"upload of {key}" for key in location(root).abort_unfinished()]
     if removed:
-        fsync_dir(root)
         log.info("removed uncommitted checkpoint leftovers: %s", ", ".join(sorted(removed)))
     return removed
 
 
-def _last_written(d: Path) -> float:
-    """The newest modification time of directory ``d`` and everything in it (0 when it vanished meanwhile)."""
-    newest = 0.0
+def _last_written(d: Loc) -> float:
+    """The newest modification time of anything in folder ``d`` (now when it cannot be listed: something is
+    at work in there)."""
     try:
-        inside = list(d.rglob("*"))
-    except OSError:  # a subfolder removed while it was listed: something is at work in there now
+        return max((e.mtime for e in d.walk()), default=0.0)
+    except OSError:
         return time.time()
-    for p in [d, *inside]:
-        try:
-            newest = max(newest, p.stat().st_mtime)
-        except OSError:  # removed meanwhile (a writer's temporary file)
-            pass
-    return newest
 
 
-def resolve_resume(root: Path, spec: str) -> Optional[Path]:
+def committed_dir(root, step: int) -> Loc:
+    """The committed checkpoint of ``step`` (its newest save), or step_N's folder when none is committed."""
+    found = [c for c in list_checkpoints(root) if c.step == step and c.committed and not c.replaced]
+    return found[0].path if found else checkpoint_dir(root, step)
+
+
+def resolve_resume(root, spec: str) -> Optional[Loc]:
     """The checkpoint to resume from for ``checkpoint.resume=spec``, or None for a fresh start.
 
     auto: newest committed (None when there is none); never: None; must: newest committed or

@@ -1,4 +1,4 @@
-"""Checksums and durability: fast file checksums, fsync of files and directories, atomic writes.
+"""Checksums of checkpoint files.
 
 The checksum is xxh3-64 when the ``xxhash`` package is importable (~10 GiB/s on one core
 here), else CRC-32 from zlib (~2.4 GiB/s); the manifest records which, so a checkpoint is
@@ -7,11 +7,12 @@ always verified with the algorithm that wrote it.
 
 from __future__ import annotations
 
-import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, Iterable
+
+from checkpoint.storage import location
 
 try:
     import xxhash
@@ -52,7 +53,7 @@ def checksum_file(path: Path, algorithm: str) -> str:
     h = hasher(algorithm)
     buf = bytearray(CHUNK)
     view = memoryview(buf)
-    with (path.open("rb") if _remote(path) else open(path, "rb", buffering=0)) as f:
+    with location(path).open("rb") as f:
         while True:
             n = f.readinto(buf)
             if not n:
@@ -67,45 +68,3 @@ def checksum_files(paths: Iterable[Path], algorithm: str, threads: int = 2) -> D
     with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
         sums = list(pool.map(lambda p: checksum_file(p, algorithm), paths))
     return {p.name: s for p, s in zip(paths, sums)}
-
-
-def _remote(path) -> bool:
-    """An object in a bucket (checkpoint/s3/path.py): durable once written, nothing to fsync."""
-    return type(path).__name__ == "S3Path"
-
-
-def fsync_file(path: Path) -> None:
-    if _remote(path):
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a directory's entries (creations, renames) durable."""
-    if _remote(path):
-        return
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write, fsync, rename over ``path``, fsync the directory: readers see old or new, never half
-    (an object's PUT is atomic by itself)."""
-    if _remote(path):
-        path.write_text(text)
-        return
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)

@@ -1,52 +1,51 @@
-"""Names on disk. One checkpoint is one directory under ``checkpoint.dir``:
+"""Names in checkpoint.dir. One checkpoint is one folder:
 
-    step_00000100/               committed: manifest.json present, renamed into place atomically
-    step_00000200.uncommitted/   being written, or left by a crash: never loaded, cleaned at start-up
-    step_00000050.deleting/      being removed by retention: never loaded, cleaned at start-up
-    step_00000300.replaced-<ns>/ an older save of the same step, moved aside (kept for people)
-    latest                       text: the checkpoint_id of the newest commit (for people and tools)
+    step_00000100/       a save of step 100; committed once its manifest.json exists (written last,
+                         only if absent: checkpoint/durable/commit.py). Without one: a save in
+                         progress, or one a crash interrupted: never loaded, cleaned at start-up
+    step_00000100.r1/    a later save of step 100 (after a rollback, or a resume from an older step):
+                         a save never writes into, moves or copies a folder that exists
+    latest               text: the checkpoint_id of the newest commit (for people and tools)
+    attempts/            the attempt lease (checkpoint/durable/lease.py)
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
-from checkpoint.durable.location import location, on_object_store
+from checkpoint.storage import Loc, location
 
 PREFIX = "step_"
-UNCOMMITTED = ".uncommitted"
-DELETING = ".deleting"
+REVISION = ".r"  # + n: the n-th later save of the same step
 MANIFEST = "manifest.json"
 LATEST = "latest"
 BAD_MARKER = "BAD"  # inside a committed checkpoint: recovery found it unusable (text: why)
 SUPERSEDED_MARKER = "SUPERSEDED"  # inside a committed checkpoint: of a trajectory a rollback abandoned (why)
-REPLACED = ".replaced-"  # + a nanosecond time: an older save of the same step, moved aside
-ACKS = "acks"  # inside an uncommitted checkpoint: one file per rank that finished writing
+ACKS = "acks"  # inside a checkpoint being saved: one file per rank that finished writing
 
-_NAME = re.compile(r"^step_(\d{8,})(\..+)?$")
-
-
-def checkpoint_id(step: int) -> str:
-    return f"{PREFIX}{step:08d}"
+_NAME = re.compile(r"^step_(\d{8,})(?:\.r(\d+))?$")
 
 
-def parse(name: str) -> Optional[tuple]:
-    """(step, suffix) of a checkpoint directory name, suffix '' when committed; None otherwise."""
+def checkpoint_id(step: int, revision: int = 0) -> str:
+    return f"{PREFIX}{step:08d}" + (f"{REVISION}{revision}" if revision else "")
+
+
+def parse(name: str) -> Optional[Tuple[int, int]]:
+    """(step, revision) of a checkpoint folder name; None for any other name."""
     m = _NAME.match(name)
-    if not m:
-        return None
-    return int(m.group(1)), m.group(2) or ""
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else None
 
 
-def uncommitted_dir(root: Path, step: int) -> Path:
-    """Where a save of ``step`` is written. On an object store, its final name: there is no rename,
-    and a checkpoint is committed only once its manifest exists (checkpoint/durable/commit.py)."""
-    if on_object_store(root):
-        return committed_dir(root, step)
-    return location(root) / (checkpoint_id(step) + UNCOMMITTED)
+def checkpoint_dir(root, step: int, revision: int = 0) -> Loc:
+    return location(root) / checkpoint_id(step, revision)
 
 
-def committed_dir(root: Path, step: int) -> Path:
-    return location(root) / checkpoint_id(step)
+def fresh_dir(root, step: int) -> Loc:
+    """Where a new save of ``step`` goes: step_N, or the next revision when a folder of step N exists
+    (committed, damaged or interrupted): what is there is never overwritten."""
+    first = checkpoint_dir(root, step)
+    if not first.is_dir():
+        return first
+    taken = [p[1] for e in location(root).entries() if (p := parse(e.name)) is not None and p[0] == step]
+    return checkpoint_dir(root, step, max(taken, default=0) + 1)

@@ -2,7 +2,7 @@
 
 An attempt is one start of the run (a torchrun restart, a scheduler requeue, a relaunch by
 hand). Its coordinator takes the lease at start-up, before it resumes: it creates
-``attempts/attempt_<K>`` with ``O_CREAT | O_EXCL`` for the next free K, so two attempts
+``attempts/attempt_<K>`` for the next free K, only if absent (a hard link, a conditional PUT), so two attempts
 starting at once never get the same number. The highest K owns the directory. Every rank
 checks the lease before it acknowledges its files and the coordinator checks it again right
 before the commit rename and before it moves ``latest``, so a writer left over from an older
@@ -14,7 +14,7 @@ call. What closes the rest is that workers die with their launcher (``die_with_l
 parallel/init.py).
 
 A live owner is not taken over by accident. The owner's record is its heartbeat: a thread of the
-owning process (``Heartbeat``) touches it every ``timeout / 4`` s for as long as the process runs, a
+owning process (``Heartbeat``) rewrites it every ``timeout / 4`` s for as long as the process runs, a
 save in flight included, and marks it released when the run closes. A launch that finds the owner
 live (its record touched less than ``checkpoint.lease_timeout_s`` ago, not released, and not a dead
 pid on this host) refuses with ``LiveOwner``, before anything is written, unless it is the same
@@ -33,9 +33,8 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from checkpoint.durable.integrity import fsync_dir
-from checkpoint.durable.location import create_exclusive, location, touch
 from checkpoint.durable.manifest import CheckpointError
+from checkpoint.storage import location
 
 log = logging.getLogger("trainer")
 
@@ -199,11 +198,10 @@ def take_lease(root: Path, timeout_s: Optional[float] = None, take_over: bool = 
         if problem is not None:
             log.warning("checkpoint.take_over=true: taking over although %s", problem.split(". Nothing")[0])
         attempt = (current_attempt(root) or 0) + 1
-        try:  # O_EXCL on a disk, If-None-Match on an object store
-            create_exclusive(d / f"{_PREFIX}{attempt:06d}", record.encode())
+        try:
+            (d / f"{_PREFIX}{attempt:06d}").create_bytes(record.encode())
         except FileExistsError:  # another attempt took this number first: take the next one
             continue
-        fsync_dir(d)
         break
     for old in _numbers(root)[:-KEEP_RECORDS]:
         (d / f"{_PREFIX}{old:06d}").unlink(missing_ok=True)
@@ -212,12 +210,13 @@ def take_lease(root: Path, timeout_s: Optional[float] = None, take_over: bool = 
 
 
 class Heartbeat:
-    """The owner's heartbeat: touches its attempt record every ``timeout_s / 4`` from a thread, so it
-    beats through long steps and saves in flight alike; ``stop`` marks the lease released (a later
-    launch need not wait)."""
+    """The owner's heartbeat: rewrites its attempt record every ``timeout_s / 4`` from a thread (its
+    modification time is the beat), so it beats through long steps and saves in flight alike; ``stop``
+    marks the lease released (a later launch need not wait)."""
 
     def __init__(self, root: Path, attempt: int, timeout_s: float):
         self.path, self._stop = _record_path(root, attempt), threading.Event()
+        self._record: Optional[bytes] = None  # read at the first beat, written again at each
         self._thread = threading.Thread(target=self._beat, args=(timeout_s / 4,), name="lease-heartbeat",
                                         daemon=True)
         self._thread.start()
@@ -225,7 +224,8 @@ class Heartbeat:
     def _beat(self, every: float) -> None:
         while not self._stop.wait(every):
             try:
-                touch(self.path)
+                self._record = self._record if self._record is not None else self.path.read_bytes()
+                self.path.write_bytes(self._record)
             except OSError:  # pruned by a newer attempt, or the storage hiccuped: the next beat retries
                 pass
 
@@ -233,8 +233,8 @@ class Heartbeat:
         self._stop.set()
         self._thread.join()
         try:
-            if self.path.exists():
-                self.path.with_name(self.path.name + RELEASED).touch()
+            if self.path.is_file():
+                self.path.with_name(self.path.name + RELEASED).write_bytes(b"")
         except OSError:
             pass
 

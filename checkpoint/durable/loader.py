@@ -27,7 +27,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from checkpoint.durable.location import location
 from checkpoint.durable.manifest import (
     LOAD_ERRORS,
     CheckpointError,
@@ -41,6 +40,7 @@ from checkpoint.durable.reader import RawFileReader
 from checkpoint.durable.writer import RAW
 from checkpoint.state.rng import reseed_rng
 from checkpoint.state.training_state import TrainingState, rng_key
+from checkpoint.storage import location
 from parallel import collectives
 
 log = logging.getLogger("trainer")

@@ -1,7 +1,7 @@
 """The manifest: what a committed checkpoint contains and how to check it.
 
-``manifest.json`` is written by the coordinator after every rank acknowledged its files and
-before the commit rename, so a committed checkpoint always has one. It lists every data
+``manifest.json`` is created by the coordinator after every rank acknowledged its files: its
+creation is the commit (checkpoint/durable/commit.py), so a committed checkpoint always has one. It lists every data
 file with its size and checksum, and the facts recovery needs without loading any tensor:
 step, losses (logged, probe and validation), config hash, layout, counters, wall-clock.
 """
@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from checkpoint.durable.integrity import atomic_write_text, checksum_file
+from checkpoint.durable.integrity import checksum_file
 from checkpoint.durable.layout import MANIFEST, parse
-from checkpoint.durable.location import location
+from checkpoint.storage import location
 
 FORMAT_VERSION = 1
 
@@ -120,7 +120,7 @@ class Manifest:
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
-    atomic_write_text(location(directory) / MANIFEST, manifest.to_json())
+    (location(directory) / MANIFEST).write_text(manifest.to_json())
 
 
 _read_fault: Optional[Callable[[Path], None]] = None  # recovery.faults' manifest_read point

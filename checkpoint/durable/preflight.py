@@ -22,9 +22,9 @@ from typing import Optional
 import torch
 
 from checkpoint.durable.discovery import list_checkpoints, list_committed
-from checkpoint.durable.location import free_bytes, location, on_object_store, open_write
 from checkpoint.durable.manifest import CheckpointUnreadable
 from checkpoint.durable.reads import READ_RETRIES, READ_RETRY_BACKOFF_S, read_on_rank0
+from checkpoint.storage import location
 
 log = logging.getLogger("trainer")
 
@@ -65,13 +65,9 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.3f} GiB"
 
 
-def leftover_bytes(root: Path) -> int:
-    """Bytes in ``*.uncommitted``/``*.deleting`` directories (resume removes them)."""
-    total = 0
-    for c in list_checkpoints(root):
-        if not c.committed and c.path.name.endswith((".uncommitted", ".deleting")):
-            total += sum(p.stat().st_size for p in c.path.rglob("*") if p.is_file())
-    return total
+def leftover_bytes(root) -> int:
+    """Bytes in the folders of interrupted saves (no manifest: resume removes them)."""
+    return sum(e.size for c in list_checkpoints(root) if not c.committed for e in c.path.walk())
 
 
 @dataclass(frozen=True)
@@ -109,16 +105,15 @@ def room_for(root: Path, estimate_bytes: int, keep_last: int, held: Optional[Hel
     """The room ``root`` has (this process's view of its file system) for what it holds (``held``,
     listed here when not given)."""
     held = held if held is not None else held_in(root, estimate_bytes)
-    free = free_bytes(root)
+    free = location(root).free_bytes()
     free = float("inf") if free is None else free + held.leftover  # an object store has no free-space number
     return Room(free, held.checkpoint_bytes, held.source, held.committed, keep_last)
 
 
-def not_a_folder(root: Path) -> Optional[str]:
+def not_a_folder(root) -> Optional[str]:
     """The message when ``root`` (or a folder above it) is a file, not a folder (None otherwise)."""
-    if on_object_store(root):
-        return None
-    for above in [Path(root), *Path(root).parents]:
+    local = location(root).local_path()
+    for above in [Path(local), *Path(local).parents] if local is not None else []:
         if above.exists():
             return None if above.is_dir() else (f"checkpoint.dir={root}: {above} is a regular file, not a folder; "
                                                 "point checkpoint.dir at a folder")
@@ -137,11 +132,8 @@ def preflight_checkpoint_dir(root: Path, expected_bytes: int, keep_last: int, ra
                              f"{exc}") from exc
     probe = root / f".preflight-rank{rank}-{os.getpid()}"
     try:
-        with open_write(probe) as f:
+        with probe.open("wb") as f:  # durable when closed: a disk that cannot fsync fails here
             f.write(b"x" * 4096)
-            f.flush()
-            if hasattr(f, "fileno"):
-                os.fsync(f.fileno())
     except OSError as exc:
         raise PreflightError(f"checkpoint.dir={root} is not writable by this process: {exc}. Make it writable, "
                              "or point checkpoint.dir at a writable volume") from exc

@@ -23,7 +23,6 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Tenso
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
 from checkpoint.durable.integrity import checksum_file
-from checkpoint.durable.location import location
 from checkpoint.durable.manifest import REREAD_DELAY_S, FileEntry
 from checkpoint.durable.segments import (
     Request,
@@ -33,7 +32,8 @@ from checkpoint.durable.segments import (
     split_streams,
     stream_count,
 )
-from checkpoint.durable.writer import RAW, _done, on_s3
+from checkpoint.durable.writer import RAW, _done
+from checkpoint.storage.dcp import use_store
 
 
 class RawFileReader(FileSystemReader):
@@ -49,7 +49,7 @@ class RawFileReader(FileSystemReader):
     def __init__(self, path, verify: Optional[Dict[str, FileEntry]] = None, algorithm: Optional[str] = None,
                  threads: int = 2, fault: Optional[Callable[[Path], None]] = None):
         super().__init__(str(path))
-        on_s3(self, path)
+        use_store(self, path)
         if threads < 1:
             raise ValueError(f"checkpoint.load_threads={threads}: need at least 1 read stream")
         self.verify = dict(verify or {})
@@ -139,7 +139,7 @@ class RawFileReader(FileSystemReader):
         virtual disk measured 1.6-2.3x faster with two streams than with one). Gaps (bytes
         this rank reads only to hash them) are bounded: past GAP_LIMIT a single stream reads
         them through two recycled buffers."""
-        path = location(str(self.path)) / name
+        path = self.path / name
         try:
             if self.fault is not None:
                 self.fault(path)

@@ -8,7 +8,7 @@ committed checkpoint is always kept. Only committed checkpoints that are neither
 are considered: an in-flight save never counts as kept, and retention only runs after a newer commit.
 
 Forensics: BAD and superseded checkpoints (checkpoint/durable/discovery.py) and older saves of a
-step moved aside (``.replaced-<ns>``) are not in the tiers; the newest ``keep_forensic`` of them
+step (revisions another save of the step replaced) are not in the tiers; the newest ``keep_forensic`` of them
 (by step) stay for people, the rest are deleted, so a run that keeps hitting damage does not keep
 a terabyte per incident.
 """
@@ -16,16 +16,13 @@ a terabyte per incident.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from checkpoint.durable.integrity import fsync_dir
-from checkpoint.durable.layout import DELETING, MANIFEST, REPLACED, parse
-from checkpoint.durable.location import location, on_object_store, remove_tree
+from checkpoint.durable.discovery import list_checkpoints, remove_checkpoint
+from checkpoint.durable.layout import MANIFEST, parse
 from checkpoint.durable.manifest import CheckpointUnreadable
+from checkpoint.storage import location
 
 log = logging.getLogger("trainer")
 
@@ -62,41 +59,28 @@ def retention_plan(candidates: Sequence[Candidate], keep_last: int, keep_every: 
     return tiers
 
 
-def delete_checkpoint(path: Path, fault_hook=None) -> None:
-    """Rename out of the committed namespace first, so a half-deleted directory never looks committed."""
+def delete_checkpoint(path, fault_hook=None) -> None:
+    """The manifest first (uncommitted from then on, so a half-deleted folder never looks committed), then
+    the rest."""
     path = location(path)
-    if on_object_store(path):  # no rename: the manifest goes first (uncommitted from then on), then the rest
-        (path / MANIFEST).unlink(missing_ok=True)
-        if fault_hook is not None:
-            fault_hook("checkpoint_retention", parse(path.name)[0])
-        remove_tree(path)
-        return
-    doomed = path.with_name(path.name + DELETING)
-    os.rename(path, doomed)
-    fsync_dir(path.parent)
+    (path / MANIFEST).unlink(missing_ok=True)
     if fault_hook is not None:  # recovery's fault injection: a crash mid-deletion
         fault_hook("checkpoint_retention", parse(path.name)[0])
-    shutil.rmtree(doomed)
+    remove_checkpoint(path)
 
 
 def forensic_plan(names: Sequence[str], keep: int) -> List[str]:
-    """Of the BAD, superseded and replaced directories ``names``, the ones to delete: all but the
-    newest ``keep`` by step (a replaced one by its time of replacement among the same step)."""
-    def order(name: str):  # newest first: by step, then the one in place, then the latest replaced
-        step, suffix = parse(name)
-        moved = suffix[len(REPLACED):] if suffix.startswith(REPLACED) else ""
-        return step, int(moved) if moved.isdigit() else (0 if moved else float("inf"))
-
-    return sorted(names, key=order, reverse=True)[max(keep, 0):]
+    """Of the BAD, superseded and replaced folders ``names``, the ones to delete: all but the newest
+    ``keep`` by step (among saves of one step, the later revision first)."""
+    return sorted(names, key=parse, reverse=True)[max(keep, 0):]
 
 
-def apply_retention(root: Path, keep_last: int, keep_every: int, keep_best: int, best_metric: str,
+def apply_retention(root, keep_last: int, keep_every: int, keep_best: int, best_metric: str,
                     fault_hook=None, keep_forensic: int = 1) -> List[str]:
     """Delete what the plan drops among the committed, not-bad, not-superseded checkpoints, and
     the forensic directories past ``keep_forensic``; returns their names."""
-    from checkpoint.durable.discovery import list_checkpoints, list_committed
-
-    committed = list_committed(root)
+    listed = list_checkpoints(root)  # one listing: the plan and the forensic count see the same folders
+    committed = [c for c in listed if c.committed and not c.replaced and c.bad is None and c.superseded is None]
     unread = [c.unreadable for c in committed if c.manifest is None]
     if unread:  # its tier and verified flag are unknown: delete nothing on a guess (the next commit retries)
         raise CheckpointUnreadable(f"retention needs every manifest; the storage did not deliver: {'; '.join(unread)}")
@@ -107,8 +91,7 @@ def apply_retention(root: Path, keep_last: int, keep_every: int, keep_best: int,
         if not plan[c.step]:
             delete_checkpoint(c.path, fault_hook)
             deleted.append(c.checkpoint_id)
-    forensic = [c.path for c in list_checkpoints(root) if (c.committed and (c.bad or c.superseded))
-                or parse(c.checkpoint_id)[1].startswith(REPLACED)]
+    forensic = [c.path for c in listed if c.committed and (c.bad or c.superseded or c.replaced)]
     by_name = {p.name: p for p in forensic}
     for name in forensic_plan(list(by_name), keep_forensic):
         delete_checkpoint(by_name[name], fault_hook)

@@ -13,9 +13,9 @@ import errno
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from checkpoint.durable.discovery import latest_committed
-from checkpoint.durable.location import free_bytes, location, on_object_store, remove_tree
+from checkpoint.durable.discovery import latest_committed, remove_checkpoint
 from checkpoint.durable.manifest import CheckpointError
+from checkpoint.storage import location
 
 # errno -> what the storage said, and the first thing to do about it
 _REASONS = {
@@ -98,28 +98,28 @@ def _bytes(n: Optional[int]) -> str:
 
 def describe_save_failure(step: int, root: Path, staging: Path, errors: Iterable[str], errno_: Optional[int],
                           expected_bytes: Optional[int], newest_committed: Optional[str],
-                          removed: Optional[bool] = True, listed: bool = True) -> str:
+                          removed: Optional[bool] | str = True, listed: bool = True) -> str:
     """The message: which save, where, why (per rank), free bytes, checkpoint size, what to do.
-    ``removed``: whether this process removed the uncommitted directory (None: another rank's job);
+    ``removed``: whether this process removed the uncommitted folder (None: another rank's job; "never": the
+    save failed before it chose one);
     ``listed``: whether the committed checkpoints could be listed (a store that stopped answering
     answers neither)."""
     root = location(root)
     try:
-        free: Optional[int] = free_bytes(root)
+        free: Optional[int] = root.free_bytes()
     except OSError:
         free = None
     reason, fix = _REASONS.get(errno_, ("the storage refused the write", "check the file system"))
-    if on_object_store(root) and errno_ not in _REASONS:
-        reason, fix = ("the object store failed or did not answer",
-                       "check the endpoint (checkpoint.s3.endpoint_url, else AWS_ENDPOINT_URL_S3), the credentials "
-                       "and the bucket")
+    if errno_ not in _REASONS and root.failure_hint() is not None:
+        reason, fix = root.failure_hint()
     errors = list(errors)
     detail = "; ".join(errors[:4]) + (f"; and {len(errors) - 4} more" if len(errors) > 4 else "")
     kept = (f"the newest committed checkpoint, {newest_committed}, is intact" if newest_committed
             else "there is no committed checkpoint yet" if listed
             else "the committed checkpoints could not be listed, the storage did not answer; none was written to")
     gone = {True: "removed", None: "removed by rank 0, or at the next start",
-            False: "not removed, the storage did not answer: the next start removes it"}[removed]
+            False: "not removed, the storage did not answer: the next start removes it",
+            "never": "none made: the storage failed before the save chose its folder"}[removed]
     return (f"checkpoint of step {step} could not be saved: {reason}. {detail}.\n"
             f"  directory: {staging} ({gone}; nothing committed was touched: {kept})\n"
             f"  free in {root}: {_bytes(free)}; one checkpoint of this run: {_bytes(expected_bytes)}; while a "
@@ -135,9 +135,11 @@ def refused_save(exc: BaseException, code: int, step: int, root: Path, staging: 
     the coordinator removes the uncommitted directory first; each rank lists the newest committed
     checkpoint for the message (nothing else depends on it)."""
     removed = None  # the coordinator's job
-    if coordinator:
+    if staging is None:  # failed before a folder was chosen: nothing to remove
+        removed, staging = "never", location(root)
+    elif coordinator:
         try:
-            remove_tree(staging)
+            remove_checkpoint(staging)
             removed = True
         except FileNotFoundError:  # never created
             removed = True

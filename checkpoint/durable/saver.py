@@ -37,22 +37,15 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from checkpoint.durable.commit import (
-    acknowledge,
-    collect_acknowledgements,
-    commit_checkpoint,
-    make_room,
-    seal,
-    update_latest,
-)
+from checkpoint.durable.commit import acknowledge, collect_acknowledgements, commit_checkpoint, update_latest
 from checkpoint.durable.integrity import checksum_file
-from checkpoint.durable.layout import committed_dir, uncommitted_dir
+from checkpoint.durable.layout import fresh_dir
 from checkpoint.durable.lease import StaleWriter, check_lease, newer_owner
-from checkpoint.durable.location import location, on_object_store
 from checkpoint.durable.manifest import FileEntry, Manifest
 from checkpoint.durable.save_errors import RankFailures, failures_of, outcome_of, refused_save, storage_errno
 from checkpoint.durable.writer import WRITERS, RawFileWriter
 from checkpoint.state.staging import HostStager
+from checkpoint.storage import Loc, location
 from configs.constants import ASYNC_MODES
 from parallel import collectives
 
@@ -124,14 +117,12 @@ class CheckpointSaver:
         waited = time.perf_counter() - t0
         t0 = t0 if started is None else started
         step = manifest.step
-        staging = uncommitted_dir(self.root, step)  # DCP creates it in its (agreed) planning step
+        try:
+            staging = self._folder(step)
+        except BaseException as exc:
+            raise self._failed(exc, step, None)  # nothing written yet
+        manifest = dataclasses.replace(manifest, checkpoint_id=staging.name)
         writer = WRITERS[self.storage_format](staging, self.checksum_algorithm)
-        if on_object_store(self.root):  # an older save of this step moved aside before any rank writes
-            try:
-                self._agreed("preparing the checkpoint's prefix",
-                             lambda: make_room(staging) if self.is_coordinator else None)
-            except BaseException as exc:
-                raise self._failed(exc, step, staging)
         self.fault_hook("checkpoint_snapshot", step)
         if self.mode == "sync":
             try:
@@ -154,6 +145,17 @@ class CheckpointSaver:
         self._in_flight = self._executor.submit(self._persist, upload, writer, staging, manifest, blocking,
                                                waited)
         self._in_flight_step = step
+
+    def _folder(self, step: int) -> Loc:
+        """The fresh folder of this save (checkpoint/durable/layout.py), chosen by the coordinator and given
+        to every rank: a save of a step that exists goes beside it, never into it."""
+        chosen: List[str] = []
+        self._agreed("choosing the checkpoint's folder",
+                     lambda: chosen.append(fresh_dir(self.root, step).name) if self.is_coordinator else None)
+        name = chosen[0] if chosen else None
+        if not (_no_dist() or self.world_size == 1):
+            name = collectives.broadcast_object(name, group=self.process_group)
+        return self.root / name
 
     @property
     def in_flight(self) -> Optional[Tuple[int, Callable[[], bool]]]:
@@ -188,7 +190,7 @@ class CheckpointSaver:
                 self.stager.close()
 
     # -- background (async) or inline (sync) ------------------------------------------------
-    def _persist(self, upload: Future, writer: RawFileWriter, staging: Path, manifest: Manifest,
+    def _persist(self, upload: Future, writer: RawFileWriter, staging: Loc, manifest: Manifest,
                  blocking: float, waited: float) -> SaveRecord:
         t0 = time.perf_counter()
         try:
@@ -199,8 +201,8 @@ class CheckpointSaver:
         return SaveRecord(manifest.step, manifest.checkpoint_id, self.mode, blocking, waited,
                           time.perf_counter() - t0, size, committed)
 
-    def _finish(self, staging: Path, manifest: Manifest, writer: RawFileWriter) -> tuple:
-        """Acknowledge (every rank), then collect, seal, commit and move ``latest`` (coordinator).
+    def _finish(self, staging: Loc, manifest: Manifest, writer: RawFileWriter) -> tuple:
+        """Acknowledge (every rank), then collect, commit and move ``latest`` (coordinator).
         Each of the two phases ends with an agreement, so all ranks succeed or fail it together."""
         step = manifest.step
 
@@ -216,23 +218,22 @@ class CheckpointSaver:
         if not committed:
             return 0, False
         manifest = committed[0]
-        self.fault_hook("checkpoint_committed", step, path=committed_dir(self.root, step))
+        self.fault_hook("checkpoint_committed", step, path=staging)
         if self.after_commit is not None:
             self.after_commit(manifest)
         return manifest.total_bytes, True
 
-    def _commit(self, staging: Path, manifest: Manifest) -> Manifest:
-        """Coordinator: collect the acknowledgements, seal, rename into place, move ``latest``."""
+    def _commit(self, staging: Loc, manifest: Manifest) -> Manifest:
+        """Coordinator: collect the acknowledgements, create the manifest (the commit), move ``latest``."""
         step = manifest.step
         files = collect_acknowledgements(staging, self.world_size, self.commit_timeout_s, attempt=self.attempt)
         meta = staging / ".metadata"
         files[".metadata"] = FileEntry(meta.stat().st_size, checksum_file(meta, self.checksum_algorithm)
                                        if self.checksum_algorithm else None)
         manifest = dataclasses.replace(manifest, files=files, checksum_algorithm=self.checksum_algorithm)
-        seal(staging, manifest)
         self.fault_hook("checkpoint_commit", step, path=staging)
-        check_lease(self.root, self.attempt)  # the last look before the rename
-        commit_checkpoint(staging, committed_dir(self.root, step), manifest)
+        check_lease(self.root, self.attempt)  # the last look before the commit
+        commit_checkpoint(staging, manifest)
         try:
             check_lease(self.root, self.attempt)  # a newer attempt that started meanwhile keeps `latest`
             update_latest(self.root, manifest.checkpoint_id)
@@ -256,7 +257,7 @@ class CheckpointSaver:
         if failures:
             raise RankFailures(phase, failures) from error
 
-    def _failed(self, exc: BaseException, step: int, staging: Path) -> BaseException:
+    def _failed(self, exc: BaseException, step: int, staging: Optional[Loc]) -> BaseException:
         """What a failed save raises. A newer attempt owns the directory: StaleWriter, whatever the failure (its
         start-up clean-up may have removed this save's files: ENOENT), and nothing is touched. A storage failure
         (every rank knows by now): the coordinator removes the uncommitted directory; CheckpointSaveError with

@@ -18,8 +18,8 @@ import torch
 from torch.distributed.checkpoint.planner import ReadItem
 
 from checkpoint.durable.integrity import hasher
-from checkpoint.durable.location import open_read
 from checkpoint.durable.writer import tensor_bytes
+from checkpoint.storage import location
 
 SCRATCH = 16 << 20  # bytes read (and hashed) at a time where nothing needs them
 
@@ -111,9 +111,11 @@ def read_segments(path: Path, segments: List[Segment], recycle: bool) -> Union[N
     segment's ``read`` future is resolved, whatever happens."""
     gaps = _GapBuffers(recycle)
     try:
-        with open_read(path) as f:
-            if hasattr(f, "fileno"):  # a local file: tell the kernel to read ahead
+        with location(path).open("rb") as f:
+            try:  # a local file: tell the kernel to read ahead (a stream without a descriptor has no kernel to tell)
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            except (OSError, AttributeError):
+                pass
             for seg in segments:
                 mv = gaps.get(seg) if seg.request is None else _request_memory(seg)
                 f.seek(seg.start)

@@ -26,21 +26,19 @@ path.
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _StorageInfo
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, DEFAULT_SUFFIX, _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
 from checkpoint.durable.integrity import hasher
-from checkpoint.durable.location import location, open_write
 from checkpoint.durable.manifest import FileEntry
-from checkpoint.s3.path import is_s3
+from checkpoint.storage.dcp import use_store, write_metadata
 
 RAW = "raw-bytes"
 
@@ -79,38 +77,40 @@ class _Hashing:
         return self._h.hexdigest()
 
 
-def on_s3(storage, path) -> None:
-    """A DCP writer or reader of an ``s3://`` checkpoint: DCP's file-system calls go to the bucket."""
-    if is_s3(path):
-        from checkpoint.s3.dcp_fs import S3FileSystem
+class _StoreWriter(FileSystemWriter):
+    """DCP's writer on any store (checkpoint/storage/dcp.py), one file per rank. A file is durable when its
+    stream closes, so DCP's own fsync is off; ``.metadata`` is one atomic write."""
 
-        storage.fs = S3FileSystem()
-        storage.path = storage.fs.init_path(str(path))
-
-
-class RawFileWriter(FileSystemWriter):
-    """One file per rank, tensors as raw bytes; ``written`` holds each file's size and checksum."""
-
-    def __init__(self, path, checksum_algorithm: Optional[str], sync_files: bool = True):
-        super().__init__(str(path), single_file_per_rank=True, sync_files=sync_files, thread_count=1, overwrite=True)
-        on_s3(self, path)
+    def __init__(self, path, checksum_algorithm: Optional[str] = None):
+        super().__init__(str(path), single_file_per_rank=True, sync_files=False, thread_count=1, overwrite=True)
+        use_store(self, path)
         self.checksum_algorithm = checksum_algorithm
-        self.written: Dict[str, FileEntry] = {}
+        self.written: Dict[str, FileEntry] = {}  # name -> size and checksum, for the files hashed while written
+
+    def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
+        metadata.version = CURRENT_DCP_VERSION
+        metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
+        metadata.storage_meta = self.storage_meta()
+        write_metadata(self.path, metadata)
+
+
+class RawFileWriter(_StoreWriter):
+    """One file per rank, tensors as raw bytes; ``written`` holds each file's size and checksum."""
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> torch.futures.Future:
         name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
         with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-hash") as pool:
             h = _Hashing(self.checksum_algorithm, pool) if self.checksum_algorithm else None
-            results, size = self._write_file(location(str(self.path)) / name, name, plan, planner, h)
+            results, size = self._write_file(self.path / name, name, plan, planner, h)
             self.written[name] = FileEntry(size=size, checksum=h.hexdigest() if h is not None else None)
         return _done(results)
 
-    def _write_file(self, path: Path, name: str, plan: SavePlan, planner: SavePlanner,
+    def _write_file(self, path, name: str, plan: SavePlan, planner: SavePlanner,
                     h: Optional[_Hashing]) -> Tuple[List[WriteResult], int]:
-        """Write every item back to back (hashing each while the next is written); fsync."""
+        """Write every item back to back (hashing each while the next is written); durable when closed."""
         results: List[WriteResult] = []
         offset = 0
-        with open_write(path) as f:
+        with path.open("wb") as f:
             for item in plan.items:
                 data = planner.resolve_data(item)
                 if item.type == WriteItemType.BYTE_IO:
@@ -126,22 +126,14 @@ class RawFileWriter(FileSystemWriter):
                 results.append(WriteResult(index=item.index, size_in_bytes=len(mv),
                                            storage_data=_StorageInfo(name, offset, len(mv), descriptors)))
                 offset += len(mv)
-            f.flush()
-            if self.sync_files and hasattr(f, "fileno"):  # an object is durable once its upload completes
-                os.fsync(f.fileno())
         return results, offset
 
 
-class StockFileWriter(FileSystemWriter):
+class StockFileWriter(_StoreWriter):
     """checkpoint.format=dcp: stock DCP's data files (a ``torch.save`` archive per tensor chunk),
     one per rank, which FileSystemReader, ``dcp_to_torch_save`` and other DCP tools read. It does
     not hash while writing (``written`` stays empty): the acknowledgement reads each file back to
     checksum it, and a load deserialises every tensor (docs/checkpoint-format.md has the cost)."""
-
-    def __init__(self, path, checksum_algorithm: Optional[str] = None, sync_files: bool = True):
-        super().__init__(str(path), single_file_per_rank=True, sync_files=sync_files, thread_count=1, overwrite=True)
-        on_s3(self, path)
-        self.written: Dict[str, FileEntry] = {}
 
 
 WRITERS = {"raw": RawFileWriter, "dcp": StockFileWriter}  # checkpoint.format -> the writer of the data files

@@ -13,9 +13,7 @@ sizes and checksums), so this project resumes, exports and imports it like any o
 from __future__ import annotations
 
 import dataclasses
-import os
-import pickle
-import shutil
+import io
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -23,11 +21,13 @@ import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
-from checkpoint.durable.integrity import checksum_file, fsync_dir
-from checkpoint.durable.location import location, open_read
-from checkpoint.durable.manifest import FileEntry, verify_checkpoint, write_manifest
+from checkpoint.durable.commit import commit_checkpoint
+from checkpoint.durable.integrity import checksum_file
+from checkpoint.durable.manifest import FileEntry, verify_checkpoint
 from checkpoint.durable.reader import RawFileReader
 from checkpoint.durable.writer import RAW
+from checkpoint.storage import location
+from checkpoint.storage.dcp import write_metadata
 
 METADATA = ".metadata"
 
@@ -35,7 +35,7 @@ METADATA = ".metadata"
 def convert_to_dcp(src: Path, dst: Path, verify: bool = True) -> Dict:
     """Write ``dst`` (a new local directory) from the committed raw checkpoint ``src`` (a folder, or
     s3://); returns counts."""
-    src, dst = location(src), Path(dst)
+    src, dst = location(src), location(dst)
     if dst.exists():
         raise FileExistsError(f"{dst} exists; convert into a new directory")
     manifest = verify_checkpoint(src, checksums=verify)
@@ -48,43 +48,33 @@ def convert_to_dcp(src: Path, dst: Path, verify: bool = True) -> Dict:
     by_file: Dict[str, List[Tuple[MetadataIndex, _StorageInfo]]] = {}
     for index, info in metadata.storage_data.items():
         by_file.setdefault(info.relative_path, []).append((index, info))
-    tmp = dst.parent / f".{dst.name}.converting-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    converted = 0
-    try:
-        storage = {}
+    converted, storage = 0, {}
+    try:  # the commit protocol's order: data files, .metadata, the manifest last
         for name, items in sorted(by_file.items()):
-            with open_read(src / name) as f_in, open(tmp / name, "wb") as f_out:
+            with (src / name).open("rb") as f_in, (dst / name).open("wb") as f_out:
+                offset = 0
                 for index, info in sorted(items, key=lambda item: item[1].offset):
                     f_in.seek(info.offset)
                     blob = f_in.read(info.length)
-                    offset = f_out.tell()
                     if list(info.transform_descriptors or ()) == [RAW]:
                         sizes, dtype = chunks[MetadataIndex(index.fqn, index.offset)]
                         chunk = torch.frombuffer(bytearray(blob), dtype=dtype).reshape(sizes) if blob else \
                             torch.empty(sizes, dtype=dtype)
-                        torch.save(chunk, f_out)
+                        buf = io.BytesIO()
+                        torch.save(chunk, buf)
+                        blob = buf.getvalue()
                         converted += 1
-                    else:  # pickled items, or chunks already in stock format
-                        f_out.write(blob)
-                    storage[index] = _StorageInfo(name, offset, f_out.tell() - offset)
-                f_out.flush()
-                os.fsync(f_out.fileno())
-        out_meta = dataclasses.replace(metadata, storage_data=storage)
-        with open(tmp / METADATA, "wb") as f:
-            pickle.dump(out_meta, f)
-            f.flush()
-            os.fsync(f.fileno())
+                    f_out.write(blob)  # pickled items, or chunks already in stock format, as they are
+                    storage[index] = _StorageInfo(name, offset, len(blob))
+                    offset += len(blob)
+        write_metadata(dst, dataclasses.replace(metadata, storage_data=storage))
         algorithm = manifest.checksum_algorithm
         files = {p.name: FileEntry(p.stat().st_size, checksum_file(p, algorithm) if algorithm else None)
-                 for p in sorted(tmp.iterdir()) if p.name.endswith(".distcp") or p.name == METADATA}
-        write_manifest(tmp, dataclasses.replace(manifest, files=files))
-        fsync_dir(tmp)
-        os.rename(tmp, dst)
-        fsync_dir(dst.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+                 for p in sorted(dst.iterdir()) if p.name.endswith(".distcp") or p.name == METADATA}
+        commit_checkpoint(dst, dataclasses.replace(manifest, files=files))
+    except BaseException:
+        dst.rmtree()  # never committed: nothing half-converted is left
+        raise
     return {"chunks": converted, "files": len(by_file), "bytes": sum(e.size for e in files.values()),
             "step": manifest.step}
 

@@ -31,7 +31,6 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
-from checkpoint.durable.location import location, open_read
 from checkpoint.durable.manifest import Manifest, read_manifest, verify_checkpoint
 from checkpoint.durable.reader import RawFileReader
 from checkpoint.durable.writer import RAW, tensor_bytes
@@ -39,6 +38,7 @@ from checkpoint.interop.hf_config import hf_config, hf_generation_config, hf_nam
 from checkpoint.interop.hf_weights import to_hf_rows
 from checkpoint.interop.safetensors_io import SafetensorsFile, TensorSpec
 from checkpoint.interop.weight_source import HF_INDEX, HF_SINGLE
+from checkpoint.storage import location
 from data.tokenizer import EOS_TEXT, TOKENIZER_CONFIG, TOKENIZER_JSON, byte_tokenizer_json
 from model.config import ModelConfig
 
@@ -80,7 +80,7 @@ class CheckpointTensors:
             region = out
             for dim, (o, n) in enumerate(zip(chunk.offsets, chunk.sizes)):
                 region = region.narrow(dim, o, n)
-            with open_read(self.path / info.relative_path) as f:
+            with location(self.path / info.relative_path).open("rb") as f:
                 f.seek(info.offset)
                 if list(info.transform_descriptors or ()) == [RAW]:
                     target = region if region.is_contiguous() else torch.empty(tuple(chunk.sizes), dtype=out.dtype)

@@ -18,9 +18,7 @@ loaders verify it like any checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import os
-import pickle
-import shutil
+import io
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
@@ -36,14 +34,17 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from checkpoint.durable.integrity import checksum_file, default_algorithm, fsync_dir
-from checkpoint.durable.manifest import FileEntry, Manifest, write_manifest
+from checkpoint.durable.commit import commit_checkpoint
+from checkpoint.durable.integrity import checksum_file, default_algorithm
+from checkpoint.durable.manifest import FileEntry, Manifest
 from checkpoint.durable.writer import RAW, tensor_bytes
 from checkpoint.interop.hf_config import hf_name, hf_shape_problems, model_keys_from_hf, rotary_heads
 from checkpoint.interop.hf_weights import from_hf_rows
 from checkpoint.interop.init_from import source_hash
 from checkpoint.interop.weight_source import SourceError, open_source
 from checkpoint.state.fingerprint import config_hash, hashed_config
+from checkpoint.storage import location
+from checkpoint.storage.dcp import write_metadata
 from model.config import ModelConfig
 from model.llama import build_model
 
@@ -83,40 +84,36 @@ def hf_tensors(path: Path, cfg: ModelConfig, names: List[str]) -> Iterator[Tuple
 
 def convert_hf_folder(src: Path, dst: Path, fmt: str = "raw") -> Dict:
     """Write ``dst`` (a new directory) holding HF folder ``src``'s weights as a committed step-0 checkpoint."""
-    src, dst = Path(src), Path(dst)
+    src, dst = Path(src), location(dst)
     if dst.exists():
         raise FileExistsError(f"{dst} exists; convert into a new directory")
     cfg = folder_model_config(src)
     source = open_source(src)
     names = list(build_model(cfg, materialize=False).state_dict())  # ours, in the model's order (meta: no memory)
-    tmp = dst.parent / f".{dst.name}.converting-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     state_meta, storage, planner = {}, {}, {}
-    try:
-        with open(tmp / DATA_FILE, "wb") as out:
+    try:  # the commit protocol's order: the data file, .metadata, the manifest last
+        with (dst / DATA_FILE).open("wb") as out:
+            offset = 0
             for name, t in hf_tensors(src, cfg, names):
-                fqn, offset = f"model.{name}", out.tell()
+                fqn = f"model.{name}"
                 if fmt == "raw":
-                    out.write(tensor_bytes(t))
-                    info = _StorageInfo(DATA_FILE, offset, out.tell() - offset, [RAW])
+                    blob, descriptors = tensor_bytes(t), [RAW]
                 else:  # stock DCP: a torch.save archive per tensor, what FileSystemWriter writes
-                    torch.save(t, out)
-                    info = _StorageInfo(DATA_FILE, offset, out.tell() - offset)
+                    buf = io.BytesIO()
+                    torch.save(t, buf)
+                    blob, descriptors = buf.getbuffer(), None
+                out.write(blob)
+                info = _StorageInfo(DATA_FILE, offset, len(blob), descriptors)
+                offset += len(blob)
                 zeros = torch.Size([0] * t.dim())
                 state_meta[fqn] = TensorStorageMetadata(TensorProperties(dtype=t.dtype), t.shape,
                                                         [ChunkStorageMetadata(zeros, t.shape)])
                 storage[MetadataIndex(fqn, zeros)] = info
                 planner[fqn] = ("model", name)
-                del t
-            out.flush()
-            os.fsync(out.fileno())
-        with open(tmp / METADATA, "wb") as f:
-            pickle.dump(Metadata(state_meta, planner, storage, StorageMeta()), f)
-            f.flush()
-            os.fsync(f.fileno())
+                del t, blob
+        write_metadata(dst, Metadata(state_meta, planner, storage, StorageMeta()))
         algorithm = default_algorithm()
-        files = {n: FileEntry((tmp / n).stat().st_size, checksum_file(tmp / n, algorithm))
+        files = {n: FileEntry((dst / n).stat().st_size, checksum_file(dst / n, algorithm))
                  for n in (DATA_FILE, METADATA)}
         config = {"model": dataclasses.asdict(cfg)}
         record = {"path": str(src.resolve()), "kind": "hf", "hash": source_hash(source), "hf_config": source.config}
@@ -125,10 +122,8 @@ def convert_hf_folder(src: Path, dst: Path, fmt: str = "raw") -> Dict:
         manifest = Manifest("step_00000000", 0, 0, 0, time.time(), config_hash(hashed_config(config)), config, 1,
                             {"dp_replicate": 1, "dp_shard": 1, "tp": 1}, 0, None, None, algorithm, files,
                             components=["model"], init_from=record)
-        write_manifest(tmp, manifest)
-        fsync_dir(tmp)
-        os.rename(tmp, dst)
-        fsync_dir(dst.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        commit_checkpoint(dst, manifest)
+    except BaseException:
+        dst.rmtree()  # never committed: nothing half-converted is left
+        raise
     return {"tensors": len(names), "bytes": files[DATA_FILE].size, "format": fmt, "model": cfg}

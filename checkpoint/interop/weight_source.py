@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from checkpoint.durable.layout import MANIFEST
-from checkpoint.durable.location import location
 from checkpoint.durable.manifest import storage_failure
 from checkpoint.interop.hf_config import hf_shape_problems, project_shape_problems
+from checkpoint.storage import location
 from model.config import ModelConfig
 
 HF_INDEX = "model.safetensors.index.json"
@@ -115,12 +115,12 @@ def _checkpoint(path: Path) -> WeightSource:
 
 def open_source(path: str | Path) -> WeightSource:
     """The source at ``path``; SourceError says what it expected when ``path`` is none of the three.
-    A committed checkpoint may be an s3:// one (checkpoint/s3/)."""
+    A committed checkpoint may be on any store (checkpoint/storage/); the other two are local files."""
     path = location(path)
     try:
         if path.is_dir() and (path / MANIFEST).is_file():
             return _checkpoint(path)
-        if not isinstance(path, Path):  # an s3:// location that holds no committed checkpoint
+        if path.local_path() is None:  # a store without local files, holding no committed checkpoint
             raise SourceError(f"model.init_from={path}: on object storage it must be a committed checkpoint "
                               "(step_N with manifest.json); copy a Hugging Face folder or a .safetensors file to a "
                               "local disk first")

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from checkpoint.durable.integrity import atomic_write_text
 from checkpoint.memory.snapshot import STEP_DIR, SnapshotError, Staged, write_snapshot
+from checkpoint.storage import location
 
 log = logging.getLogger("trainer")
 
@@ -78,9 +78,9 @@ def persist(tier, step: int, staged: Staged, info: dict, stall: float, waited: f
         replica_s, transfer_s = time.perf_counter() - t1, tier.peers.transfer_s
         if not tier.peers.all_ok(ok):
             return failed()
-    atomic_write_text(d / f"rank{tier.rank:05d}.json", json.dumps(info))
+    location(d / f"rank{tier.rank:05d}.json").write_text(json.dumps(info))
     if replica_info is not None:
-        atomic_write_text(d / f"rank{replica_info['owner']:05d}.json", json.dumps(replica_info))
+        location(d / f"rank{replica_info['owner']:05d}.json").write_text(json.dumps(replica_info))
     if tier.peers.all_ok(True):  # every rank committed step: the older ones can go
         drop_older(tier.dir, step)
     return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, replica_s, size, replica_bytes, True,

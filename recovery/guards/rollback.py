@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 from checkpoint.durable.discovery import list_committed, mark_superseded
 from checkpoint.durable.layout import parse
-from checkpoint.durable.location import location
+from checkpoint.storage import location
 from recovery.guards.guard import RollbackRequested
 from recovery.resume import load_with_fallback
 

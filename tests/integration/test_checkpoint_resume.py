@@ -32,14 +32,16 @@ def test_sync_crash_between_write_and_commit_resumes_bitwise(reference, pydoc_da
     run_dir = tmp_path / "crash"
     run(run_dir, pydoc_data, "--kill-before-commit", "6", expect_kill=True)
     root = run_dir / "checkpoints"
-    assert (root / "step_00000006.uncommitted" / "acks").is_dir()  # written and acknowledged, not committed
+    assert (root / "step_00000006" / "acks").is_dir()  # written and acknowledged, not committed
+    assert not (root / "step_00000006" / "manifest.json").exists()
     assert committed_steps(run_dir) == [3]
     assert (root / "latest").read_text().strip() == "step_00000003"
 
     proc = run(run_dir, pydoc_data)
     assert resumed_step(run_dir) == 3
     assert "resume: from" in proc.stderr and "step_00000003" in proc.stderr
-    assert not (root / "step_00000006.uncommitted").exists()  # leftover cleaned at start-up
+    # the leftover was removed at start-up, so the new save of step 6 took its name again
+    assert (root / "step_00000006" / "manifest.json").is_file() and not list(root.glob("step_00000006.r*"))
     assert_bitwise_continuation(run_dir, reference, 3)
     assert committed_steps(run_dir) == [9, 6, 3]
     ema, ref_ema = (ema_weights(d / "checkpoints" / "step_00000009") for d in (run_dir, reference))

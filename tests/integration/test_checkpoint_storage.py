@@ -164,7 +164,7 @@ def test_acknowledge_uses_the_writers_checksum_and_refuses_a_file_that_changed(t
     assert acknowledge(tmp_path, 0, "crc32", known=writer.written) == {name: entry}
     with open(tmp_path / name, "ab") as f:
         f.write(b"x")
-    with pytest.raises(CheckpointError, match="bytes on disk after its writer wrote"):
+    with pytest.raises(CheckpointError, match="bytes in storage after its writer wrote"):
         acknowledge(tmp_path, 0, "crc32", known=writer.written)
     # without the writer's record, the file is read back
     entries = acknowledge(tmp_path, 0, "crc32")
@@ -188,7 +188,7 @@ def test_a_later_save_of_the_same_structure_reuses_the_plan_and_the_data_is_new(
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
     from torch.distributed.checkpoint.planner import SavePlanner
 
-    from checkpoint.durable.layout import committed_dir
+    from checkpoint.durable.discovery import committed_dir
     from checkpoint.durable.manifest import Manifest
     from checkpoint.durable.saver import CheckpointSaver
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from checkpoint.durable.layout import committed_dir
+from checkpoint.durable.discovery import committed_dir
 from checkpoint.durable.manifest import Manifest
 from checkpoint.durable.saver import CheckpointSaver
 from checkpoint.interop.export import export_hf, load_tensors

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from checkpoint.durable.discovery import clean_uncommitted
-from checkpoint.durable.layout import uncommitted_dir
+from checkpoint.durable.layout import checkpoint_dir
 from checkpoint.durable.lease import (
     ATTEMPTS,
     RELEASED,
@@ -115,7 +115,7 @@ def test_start_up_clean_up_spares_the_saves_a_taken_over_owner_may_still_write(t
     leftover; once the old owner released its lease, the next start removes everything uncommitted."""
     record = _record(tmp_path, 1, age_s=5)
     attempt = take_lease(tmp_path, timeout_s=60, take_over=True)
-    in_flight, leftover = uncommitted_dir(tmp_path, 20), uncommitted_dir(tmp_path, 10)
+    in_flight, leftover = checkpoint_dir(tmp_path, 20), checkpoint_dir(tmp_path, 10)
     for d in (in_flight, leftover):
         d.mkdir()
         (d / "__0_0.distcp").write_bytes(b"x" * 64)

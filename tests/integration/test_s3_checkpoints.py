@@ -20,13 +20,13 @@ import torch
 from checkpoint.durable.discovery import list_checkpoints
 from checkpoint.durable.manifest import read_manifest, verify_checkpoint
 from checkpoint.interop.export import export_safetensors, load_tensors
-from checkpoint.s3.path import S3Path
+from checkpoint.storage import Loc
 from metrics.records import read_metrics, step_losses
 from rehearsal.chains import faults_override
 from rehearsal.runs import tiny_overrides
 from support.launch import load_script, python_or_torchrun, run_train
 from support.processes import start, stop
-from support.s3 import in_bucket, open_uploads, serving
+from support.s3 import copy_tree, in_bucket, keys, open_uploads, serving
 
 pytestmark = pytest.mark.distributed
 
@@ -70,7 +70,7 @@ def test_save_retention_resume_and_reshard_on_s3_equal_the_local_disk(s3, local,
     _train(s3, run_dir, pydoc_data, root)
     assert step_losses(run_dir) == step_losses(local)
     assert _committed(root) == _committed(local / "checkpoints") == ["step_00000008", "step_00000006"]
-    assert sorted({k.split("/")[1] for k in root.keys()}) == ["attempts", "latest", "step_00000006", "step_00000008"]
+    assert sorted({k.split("/")[0] for k in keys(root)}) == ["attempts", "latest", "step_00000006", "step_00000008"]
     for step in (6, 8):  # retention removed steps 2 and 4 whole; what is kept verifies and holds the same tensors
         ours, theirs = root / f"step_{step:08d}", local / "checkpoints" / f"step_{step:08d}"
         verify_checkpoint(ours)
@@ -88,7 +88,7 @@ def test_save_retention_resume_and_reshard_on_s3_equal_the_local_disk(s3, local,
     assert _after(run_dir, 6) == _after(local, 6)
 
 
-def _killed_mid_upload(s3, run_dir: Path, data: Path, root: S3Path, step: int, log_path: Path) -> None:
+def _killed_mid_upload(s3, run_dir: Path, data: Path, root: Loc, step: int, log_path: Path) -> None:
     """SIGKILL the job (its ranks die with it) while a data file of the save of ``step`` is
     half uploaded: parts sent, the upload not completed. The server holds each part 0.3 s, so a
     file's upload stays open long enough to be seen (a local one takes milliseconds)."""
@@ -131,7 +131,7 @@ def test_a_sigkill_during_an_s3_save_leaves_no_trusted_torn_checkpoint(s3, local
 
 
 @pytest.fixture(scope="module")
-def saved(s3, tmp_path_factory, pydoc_data) -> S3Path:
+def saved(s3, tmp_path_factory, pydoc_data) -> Loc:
     """A run's checkpoints on S3 (steps 6 and 8), copied for the test that damages them. The run finds
     the store by checkpoint.s3.endpoint_url alone: boto3's AWS_ENDPOINT_URL_S3 points where nothing listens."""
     root = in_bucket("saved")
@@ -147,7 +147,7 @@ def test_a_damaged_object_is_found_and_the_resume_falls_back(s3, saved, tmp_path
     falls back to step 6. (Every kind of damage, changed bytes, a missing object and a truncated
     upload, through the same verifier and fallback in one process: tests/integration/test_s3_protocol.py.)"""
     root = in_bucket("damaged")
-    saved.copy_tree(root)
+    copy_tree(saved, root)
     victim = root / "step_00000008" / "__1_0.distcp"
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x10
@@ -155,17 +155,17 @@ def test_a_damaged_object_is_found_and_the_resume_falls_back(s3, saved, tmp_path
     run_dir = tmp_path / "run"
     _train(s3, run_dir, pydoc_data, root, steps=STEPS + 2)
     assert read_metrics(run_dir, "resume")[-1]["checkpoint_id"] == "step_00000006"
-    # marked BAD, then moved aside (kept for people) when the resumed run saved step 8 again
+    # marked BAD and kept for people; the resumed run's save of step 8 went beside it
     bad = {c.checkpoint_id: c.bad for c in list_checkpoints(root) if c.bad}
-    assert [b.split(".")[0] for b in bad] == ["step_00000008"] and "__1_0.distcp" in list(bad.values())[0], bad
-    assert verify_checkpoint(root / "step_00000008").step == 8  # the new trajectory's save of step 8
+    assert list(bad) == ["step_00000008"] and "__1_0.distcp" in list(bad.values())[0], bad
+    assert verify_checkpoint(root / "step_00000008.r1").step == 8  # the new trajectory's save of step 8
 
 
 def _save_alarms(run_dir: Path) -> list:
     return [a for a in read_metrics(run_dir, "alarm") if a.get("check") == "checkpoint_save"]
 
 
-def _run_through_an_outage(s3, cmd, log_path: Path, run_dir: Path, root: S3Path, after_step: int) -> int:
+def _run_through_an_outage(s3, cmd, log_path: Path, run_dir: Path, root: Loc, after_step: int) -> int:
     """Run ``cmd``; once step ``after_step`` is committed, stop the endpoint (SIGSTOP: connections are
     accepted, nothing answers) until the next failed save is an alarm or the run ended; its exit code."""
     env = {**s3.env, "LLM_S3_READ_TIMEOUT_S": "2", "LLM_S3_CONNECT_TIMEOUT_S": "2", "LLM_S3_MAX_ATTEMPTS": "1"}
@@ -210,8 +210,9 @@ def test_the_server_stopped_during_a_save_stops_or_continues_by_on_save_error_an
     assert code == 1 and "Traceback" not in out, out[-6000:]
     block = out[out.index("error (rank 0): CheckpointSaveError: "):]
     assert "checkpoint of step 6 could not be saved: the object store failed or did not answer" in block, out[-6000:]
-    assert "(not removed, the storage did not answer: the next start removes it; nothing committed was touched: the " \
-           "committed checkpoints could not be listed" in block  # not "removed", not "no committed checkpoint yet"
+    # the save's first request (choosing its folder) got no answer: nothing was written, nothing is removed
+    assert "(none made: the storage failed before the save chose its folder; nothing committed was touched: the " \
+           "committed checkpoints could not be listed" in block  # not "no committed checkpoint yet"
     [alarm] = _save_alarms(run_dir)
     assert (alarm["step"], alarm["action"]) == (6, "stop") and max(r["step"] for r in read_metrics(run_dir)) == 6
     assert _committed(root) == ["step_00000004", "step_00000002"]

@@ -19,17 +19,25 @@ import torch
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from checkpoint.durable.commit import commit_checkpoint
-from checkpoint.durable.discovery import list_checkpoints, list_committed, mark_bad, read_latest_pointer
-from checkpoint.durable.layout import BAD_MARKER, MANIFEST, REPLACED
+from checkpoint.durable.discovery import (
+    committed_dir,
+    list_checkpoints,
+    list_committed,
+    mark_bad,
+    read_latest_pointer,
+)
+from checkpoint.durable.layout import BAD_MARKER
 from checkpoint.durable.manifest import CheckpointError, read_manifest, verify_checkpoint
-from checkpoint.s3 import client as s3_client
-from checkpoint.s3.path import S3Path
-from checkpoint.s3.streams import MultipartWriter, RangedReader
+from checkpoint.storage import Loc, location
+from checkpoint.storage import s3 as s3_client
+from checkpoint.storage.s3 import MultipartWriter, RangedReader
 from rehearsal.s3_server import BUCKET, PART_BYTES
 from support.s3 import (
     KILL_POINTS,
     adopt,
+    copy_tree,
     in_bucket,
+    keys,
     manager,
     open_uploads,
     protocol_config,
@@ -55,19 +63,19 @@ def _same(a: dict, b: dict) -> bool:
 
 
 # -- objects and streams --------------------------------------------------------------------------
-def test_s3path_names_like_pathlib_and_refuses_what_is_no_s3_url():
-    p = S3Path("s3://bucket/run/checkpoints/")
-    assert (str(p), p.bucket, p.key, p.name) == ("s3://bucket/run/checkpoints", "bucket", "run/checkpoints",
-                                                 "checkpoints")
+def test_an_s3_location_names_like_pathlib_and_refuses_what_is_no_s3_url():
+    p = location("s3://bucket/run/checkpoints/")
+    assert (str(p), p.store.bucket, p.key, p.name) == ("s3://bucket/run/checkpoints", "bucket", "run/checkpoints",
+                                                       "checkpoints")
     child = p / "step_00000002" / "manifest.json"
     assert str(child) == "s3://bucket/run/checkpoints/step_00000002/manifest.json"
     assert child.parent.parent == p and child.with_name("acks").name == "acks"
-    assert str(S3Path("s3://bucket").parent) == "s3://bucket" and S3Path("s3://b/a") / "" == S3Path("s3://b/a")
-    assert not hasattr(p, "__fspath__")  # never written into a local folder named "s3:"
-    with pytest.raises(ValueError, match="is not an s3:// URL"):
-        S3Path("/local/checkpoints")
+    assert str(location("s3://bucket").parent) == "s3://bucket" and location("s3://b/a") / "" == location("s3://b/a")
+    assert p.local_path() is None
+    with pytest.raises(TypeError, match="is not a local path"):  # never written into a local folder named "s3:"
+        open(p / "x", "wb")
     with pytest.raises(ValueError, match="names no bucket"):
-        S3Path("s3:///prefix")
+        location("s3:///prefix")
 
 
 def test_a_file_is_uploaded_in_parts_read_back_by_exact_ranges_and_an_abandoned_upload_is_aborted(s3):
@@ -101,29 +109,25 @@ def test_a_file_is_uploaded_in_parts_read_back_by_exact_ranges_and_an_abandoned_
     abandoned.write(data)
     abandoned.abort()  # a failed writer gives up: its parts are deleted, nothing becomes visible
     assert [u["Key"] for u in open_uploads(s3, "streams/")] == ["streams/left.distcp"]
-    assert in_bucket("streams").abort_uploads() == ["streams/left.distcp"]
-    assert not open_uploads(s3, "streams/") and sorted(in_bucket("streams").keys()) == ["streams/file.distcp"]
+    assert in_bucket("streams").abort_unfinished() == ["streams/left.distcp"]
+    assert not open_uploads(s3, "streams/") and keys(in_bucket("streams")) == ["file.distcp"]
 
 
 def test_the_server_refuses_a_second_conditional_put_of_a_manifest(s3):
-    """The commit is the manifest PUT with If-None-Match: * (checkpoint/durable/commit.py). A second
+    """The commit is the manifest PUT with If-None-Match: * (checkpoint/storage/s3.py create). A second
     commit of the same step (another writer, a replayed request) must be refused by the server and
     leave the first manifest as it was; a store that ignored the header would let it through."""
     root = in_bucket("conditional")
     final = root / "step_00000010"
     (final / "__0_0.distcp").write_bytes(b"x" * 100)
     first = read_manifest_like(10)
-    assert commit_checkpoint(final, final, first) == final
+    assert commit_checkpoint(final, first) == final
     second = replace(first, loss=9.0, created_at=first.created_at + 1)
     with pytest.raises(CheckpointError, match="a manifest exists already") as raised:
-        commit_checkpoint(final, final, second)
+        commit_checkpoint(final, second)
     assert isinstance(raised.value.__cause__, FileExistsError)
     assert "PreconditionFailed" in str(raised.value.__cause__)
     assert read_manifest(final).loss == first.loss == 1.5
-    with pytest.raises(FileExistsError):  # a multipart object completed with the header: refused too
-        with MultipartWriter(BUCKET, (final / MANIFEST).key, exclusive=True) as w:
-            w.write(b"{}" * PART_BYTES)
-    assert read_manifest(final).loss == 1.5 and not open_uploads(s3, "conditional/")
 
 
 def read_manifest_like(step: int):
@@ -147,9 +151,9 @@ def base(s3, tmp_path_factory):
     return root
 
 
-def _copy(base: S3Path, name: str):
+def _copy(base: Loc, name: str):
     root = in_bucket(name)
-    base.copy_tree(root)
+    copy_tree(base, root)
     return root, protocol_config(str(root))
 
 
@@ -158,7 +162,7 @@ def _copy(base: S3Path, name: str):
 def test_a_damaged_object_is_found_and_the_resume_falls_back(s3, base, damage):
     """Step 4's data object changed, deleted, or replaced by a third of itself (as if an upload had
     been cut short and completed): the verified load finds it, resume marks step 4 BAD and loads step 2
-    bit for bit; when the resumed run saves step 4 again, the BAD one is moved aside (kept)."""
+    bit for bit; when the resumed run saves step 4 again, the save goes beside the BAD one (kept, untouched)."""
     root, cfg = _copy(base, f"damaged-{damage.replace(' ', '-')}")
     victim = root / "step_00000004" / "__0_0.distcp"
     data = bytearray(victim.read_bytes())
@@ -179,10 +183,10 @@ def test_a_damaged_object_is_found_and_the_resume_falls_back(s3, base, damage):
         assert "__0_0.distcp" in bad, bad
         adopt(state, tiny_state(4, trajectory=1))
         mgr.save(4, 1.0)
-    assert _trusted(root) == [4, 2]
-    assert verify_checkpoint(root / "step_00000004").step == 4
-    [aside] = [c for c in list_checkpoints(root) if REPLACED in c.checkpoint_id]
-    assert (aside.path / BAD_MARKER).read_text() == bad  # the damaged save, kept for people
+    assert _trusted(root) == [4, 2] and committed_dir(root, 4).name == "step_00000004.r1"
+    assert verify_checkpoint(committed_dir(root, 4)).step == 4
+    [aside] = [c for c in list_checkpoints(root) if c.replaced]
+    assert aside.checkpoint_id == "step_00000004" and (aside.path / BAD_MARKER).read_text() == bad  # kept
 
 
 # -- what each rank fetches -------------------------------------------------------------------
@@ -261,11 +265,11 @@ def test_a_live_owner_is_refused_and_a_missing_bucket_named_before_anything_is_w
     with manager(cfg, tiny_state(4)):  # a live run: its lease held, its heartbeat beating
         [problem] = resume_problems(cfg)
         assert problem.startswith(f"checkpoint.dir: {root} is in use by a live run: attempt ")
-        keys = sorted(root.keys())
+        before = keys(root)
         with pytest.raises(LiveOwner, match="is in use by a live run"):
             with manager(cfg, tiny_state(4)):
                 pass
-        assert sorted(root.keys()) == keys  # nothing written by the refused launch
+        assert keys(root) == before  # nothing written by the refused launch
     assert resume_problems(cfg) == []  # released when the run closed
 
     missing = protocol_config("s3://no-such-bucket/run/checkpoints")
@@ -292,7 +296,7 @@ def test_the_endpoint_comes_from_checkpoint_s3_before_the_environment(s3, monkey
         assert sent and all(u.startswith(f"{s3.url}/{BUCKET}") for u in sent), sent
         s3_client.configure(None)  # back to the environment's endpoint, where nothing answers
         with pytest.raises(OSError, match="S3 endpoint unreachable"):
-            in_bucket("").keys()
+            in_bucket("").walk()
     finally:
         s3_client.configure(None)
     assert s3_client.setting_problems("minio:9000", "", "sideways") == [
@@ -305,12 +309,12 @@ def test_the_endpoint_comes_from_checkpoint_s3_before_the_environment(s3, monkey
 
 # -- a SIGKILL at every phase of a save ---------------------------------------------------------------
 # The point, the save the killed process makes (step, trajectory; step 4 again: after step 4 was
-# found BAD, so its old save is moved aside first), the steps trusted after the kill.
+# found BAD, so the new save goes beside it, as step_00000004.r1), the steps trusted after the kill.
 KILLS = {
-    "move-aside: part of the old save copied": ((4, 1), [2]),
-    "move-aside: copied, the old save's manifest deleted": ((4, 1), [2]),
+    "re-save of a BAD step: parts sent, the upload not completed": ((4, 1), [2]),
+    "re-save of a BAD step: committed, latest not moved": ((4, 1), [4, 2]),
     "upload: parts sent, the upload not completed": ((6, 0), [4, 2]),
-    ".metadata: written, its temporary name not deleted": ((6, 0), [4, 2]),
+    ".metadata: written, not acknowledged": ((6, 0), [4, 2]),
     "uploaded, not acknowledged": ((6, 0), [4, 2]),
     "acknowledged, no manifest": ((6, 0), [4, 2]),
     "manifest written, latest not moved": ((6, 0), [6, 4, 2]),
@@ -350,8 +354,10 @@ def test_a_sigkill_at_any_phase_of_an_s3_save_leaves_no_trusted_torn_checkpoint(
     assert _trusted(root) == trusted
     if point == "manifest written, latest not moved":
         assert read_latest_pointer(root) == "step_00000004"  # a stale hint, which discovery does not trust
-    if point == "upload: parts sent, the upload not completed":
-        assert open_uploads(s3, f"{root.key}/step_00000006/")
+    if point.endswith("the upload not completed"):
+        assert open_uploads(s3, f"{root.key}/{'step_00000006' if step == 6 else 'step_00000004.r1'}/")
+    if step == 4:  # the BAD save is never touched by the new one
+        assert verify_checkpoint(root / "step_00000004").step == 4 and (root / "step_00000004" / BAD_MARKER).is_file()
 
     from recovery.resume import resume
 
@@ -359,15 +365,17 @@ def test_a_sigkill_at_any_phase_of_an_s3_save_leaves_no_trusted_torn_checkpoint(
     with manager(cfg, state) as mgr:
         resume(mgr)
         newest = state.step
-        assert newest == trusted[0] and _same(tensors_of(state), tensors_of(tiny_state(newest)))
+        saved = tiny_state(newest, trajectory if newest == step else 0)  # the killed save, if it committed
+        assert newest == trusted[0] and _same(tensors_of(state), tensors_of(saved))
         assert not open_uploads(s3, f"{root.key}/")  # aborted at the restart
         adopt(state, tiny_state(newest + 2, trajectory=1))  # trained on: its next save
         mgr.save(newest + 2, 1.0)
-    assert _trusted(root) == [newest + 2, newest] == [c.step for c in list_checkpoints(root) if c.committed]
-    for step_ in (newest + 2, newest):
-        verify_checkpoint(root / f"step_{step_:08d}")
+    kept = [c for c in list_checkpoints(root) if c.committed and not c.replaced]
+    assert _trusted(root) == [newest + 2, newest] == [c.step for c in kept]
+    for c in kept:
+        verify_checkpoint(c.path)
     names = sorted(p.name for p in root.iterdir())
-    aside = [n for n in names if REPLACED in n]
-    assert names == sorted(["attempts", "latest", f"step_{newest:08d}", f"step_{newest + 2:08d}", *aside])
-    assert len(aside) == (1 if step == 4 else 0)  # the BAD step 4, kept for people (keep_forensic=1)
-    assert read_latest_pointer(root) == f"step_{newest + 2:08d}"
+    assert names == sorted(["attempts", "latest", *[c.checkpoint_id for c in list_checkpoints(root)]])
+    assert [c.checkpoint_id for c in list_checkpoints(root) if c.replaced] == (["step_00000004"] if step == 4 else [])
+    assert all(c.committed for c in list_checkpoints(root))  # the interrupted save's objects are gone
+    assert read_latest_pointer(root) == kept[0].checkpoint_id

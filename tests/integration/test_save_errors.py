@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint.durable.layout import committed_dir, uncommitted_dir
+from checkpoint.durable.layout import checkpoint_dir
 from checkpoint.durable.manifest import Manifest
 from checkpoint.durable.preflight import PreflightError, preflight_checkpoint_dir, room_for
 from checkpoint.durable.save_errors import CheckpointSaveError
@@ -81,7 +81,7 @@ def _run_until_stall(cmd, run_dir: Path, ranks: int, log_path: Path, break_disk,
 
 
 def _committed(disk: Path):
-    return sorted(p.name for p in disk.glob("step_*") if not p.name.endswith((".uncommitted", ".deleting")))
+    return sorted(p.name for p in disk.glob("step_*") if (p / "manifest.json").is_file())
 
 
 @pytest.mark.distributed
@@ -104,15 +104,15 @@ def test_a_failed_save_stops_cleanly_preflight_refuses_the_relaunch_and_nothing_
         block = log[log.index("\nerror: CheckpointSaveError: "):]
         reason = "the disk is full (ENOSPC)" if how == "full" else "the file system is read-only (EROFS)"
         assert f"checkpoint of step 20 could not be saved: {reason}" in block
-        assert f"directory: {uncommitted_dir(disk, 20)} (removed;" in block
+        assert f"directory: {checkpoint_dir(disk, 20)} (removed;" in block
         assert "the newest committed checkpoint, step_00000010, is intact" in block
         free = shutil.disk_usage(disk).free
-        assert f"free in {disk}: {free:,} bytes" in block
-        size = json.loads((committed_dir(disk, 10) / "manifest.json").read_text())
+        assert f"free in {disk}: {free:,} bytes" in block, block
+        size = json.loads((checkpoint_dir(disk, 10) / "manifest.json").read_text())
         size = sum(f["size"] for f in size["files"].values())
         assert f"one checkpoint of this run: {size:,} bytes" in block  # the committed one's, from its manifest
         assert "what to do: " in block and "checkpoint.keep_last" in block
-        assert _committed(disk) == ["step_00000010"] and not uncommitted_dir(disk, 20).exists()
+        assert _committed(disk) == ["step_00000010"] and not checkpoint_dir(disk, 20).exists()
         [alarm] = read_metrics(run_dir, "alarm")
         assert (alarm["check"], alarm["action"], alarm["step"]) == ("checkpoint_save", "stop", 20)
         assert alarm["errno"] == (errno.ENOSPC if how == "full" else errno.EROFS)
@@ -187,7 +187,7 @@ def test_a_save_failing_on_one_rank_stops_every_rank_at_the_same_step(tmp_path, 
     assert max(last) == 20 if mode == "sync" else 20 <= max(last) <= 30, sorted(last)[-3:]
     assert "watchdog" not in proc.stderr.lower()  # no rank was left waiting in a collective
     assert _committed(run_dir / "checkpoints") == ["step_00000010"]
-    assert not uncommitted_dir(run_dir / "checkpoints", 20).exists()
+    assert not checkpoint_dir(run_dir / "checkpoints", 20).exists()
 
 
 def _manifest(step: int, files=None) -> Manifest:
@@ -215,15 +215,15 @@ def test_a_storage_error_in_the_writer_is_reported_and_cleaned_up(tmp_path, code
     text = str(err.value)
     assert err.value.errno == code and err.value.step == 4
     assert f"checkpoint of step 4 could not be saved: {words}" in text
-    assert f"directory: {uncommitted_dir(tmp_path, 4)} (removed;" in text and "step_00000002, is intact" in text
+    assert f"directory: {checkpoint_dir(tmp_path, 4)} (removed;" in text and "step_00000002, is intact" in text
     assert "one checkpoint of this run: 1,234 bytes" in text and f"free in {tmp_path}: " in text
-    assert not uncommitted_dir(tmp_path, 4).exists() and committed_dir(tmp_path, 2).is_dir()
+    assert not checkpoint_dir(tmp_path, 4).exists() and checkpoint_dir(tmp_path, 2).is_dir()
 
 
 def test_preflight_counts_the_checkpoints_to_come(tmp_path):
     """keep_last + 1 checkpoints while a save is written, minus those already committed; the size
     from the newest manifest; leftovers of interrupted saves count as free."""
-    from checkpoint.durable.commit import commit_checkpoint, seal
+    from checkpoint.durable.commit import commit_checkpoint
     from checkpoint.durable.manifest import FileEntry
 
     root = tmp_path / "ckpt"
@@ -231,12 +231,11 @@ def test_preflight_counts_the_checkpoints_to_come(tmp_path):
     assert (room.checkpoint_bytes, room.to_write, room.needed) == (1000, 3, 3150)
     root.mkdir()
     for step in (10, 20):
-        d = uncommitted_dir(root, step)
+        d = checkpoint_dir(root, step)
         d.mkdir()
         (d / "__0_0.distcp").write_bytes(b"x" * 5000)
-        seal(d, _manifest(step, {"__0_0.distcp": FileEntry(5000, None)}))
-        commit_checkpoint(d, committed_dir(root, step))
-    leftover = uncommitted_dir(root, 30)
+        commit_checkpoint(d, _manifest(step, {"__0_0.distcp": FileEntry(5000, None)}))
+    leftover = checkpoint_dir(root, 30)
     leftover.mkdir()
     (leftover / "__0_0.distcp").write_bytes(b"y" * 7000)
     room = room_for(root, estimate_bytes=1000, keep_last=2)
@@ -293,7 +292,7 @@ def test_whether_a_newer_attempt_owns_the_directory_is_the_coordinators_answer(t
     monkeypatch.setattr(saver_module, "_no_dist", lambda: False)
     monkeypatch.setattr(collectives, "broadcast_object", lambda obj, *a, **k: sent.append(obj) or answer)
     failed = RankFailures("acknowledging the checkpoint files", {0: OSError(errno.ENOSPC, "No space left")})
-    raised = saver._failed(failed, 4, uncommitted_dir(tmp_path, 4))
+    raised = saver._failed(failed, 4, checkpoint_dir(tmp_path, 4))
     assert sent == [None]  # rank 1 sends nothing of its own
     if coordinator_saw_newer:
         assert isinstance(raised, StaleWriter) and str(raised) == answer and raised.__cause__ is failed

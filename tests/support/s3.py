@@ -10,7 +10,7 @@ import os
 from contextlib import contextmanager
 from typing import Iterator, List
 
-from checkpoint.s3.path import S3Path
+from checkpoint.storage import Loc, location
 from rehearsal.s3_server import BUCKET, S3Server
 
 
@@ -30,9 +30,20 @@ def serving() -> Iterator[S3Server]:
         server.stop()
 
 
-def in_bucket(name: str) -> S3Path:
+def in_bucket(name: str) -> Loc:
     """The prefix ``name`` of BUCKET (``s3://BUCKET/name``): a test's own part of the bucket."""
-    return S3Path(f"s3://{BUCKET}/{name}")
+    return location(f"s3://{BUCKET}/{name}")
+
+
+def keys(prefix: Loc) -> List[str]:
+    """Every object under ``prefix``, named relative to it."""
+    return sorted(e.name for e in prefix.walk())
+
+
+def copy_tree(src: Loc, dst: Loc) -> None:
+    """Every object under ``src`` again under ``dst`` (a test's own copy of a shared fixture)."""
+    for name in keys(src):
+        (dst / name).write_bytes((src / name).read_bytes())
 
 
 def open_uploads(server: S3Server, prefix: str = "") -> List[dict]:
@@ -126,10 +137,10 @@ def manager(cfg, state, fault_hook=None):
 # key suffix, n) is right after the n-th matching call of the S3 client returned (the server has done
 # it, nothing after it ran).
 KILL_POINTS = {
-    "move-aside: part of the old save copied": ("call", "copy_object", "", 2),
-    "move-aside: copied, the old save's manifest deleted": ("call", "delete_object", "step_00000004/manifest.json", 1),
+    "re-save of a BAD step: parts sent, the upload not completed": ("call", "upload_part", "", 2),
+    "re-save of a BAD step: committed, latest not moved": ("call", "put_object", "/manifest.json", 1),
     "upload: parts sent, the upload not completed": ("call", "upload_part", "", 2),
-    ".metadata: written, its temporary name not deleted": ("call", "put_object", "/.metadata", 1),
+    ".metadata: written, not acknowledged": ("call", "put_object", "/.metadata", 1),
     "uploaded, not acknowledged": ("hook", "checkpoint_write"),
     "acknowledged, no manifest": ("hook", "checkpoint_commit"),
     "manifest written, latest not moved": ("call", "put_object", "/manifest.json", 1),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,11 +13,11 @@ from checkpoint.durable.commit import (
     acknowledge,
     collect_acknowledgements,
     commit_checkpoint,
-    seal,
     update_latest,
 )
 from checkpoint.durable.discovery import (
     clean_uncommitted,
+    committed_dir,
     latest_committed,
     list_checkpoints,
     list_committed,
@@ -24,7 +25,7 @@ from checkpoint.durable.discovery import (
     read_latest_pointer,
     resolve_resume,
 )
-from checkpoint.durable.layout import committed_dir, uncommitted_dir
+from checkpoint.durable.layout import checkpoint_dir, fresh_dir
 from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest, verify_checkpoint
 from support.launch import load_script
 
@@ -40,15 +41,14 @@ def write_rank_files(d, rank, payload=b"abc"):
 
 
 def full_commit(root, step, world=2):
-    d = uncommitted_dir(root, step)
+    d = fresh_dir(root, step)
     for r in range(world):
         write_rank_files(d, r, payload=bytes([r + step % 200]) * 3)
         acknowledge(d, r, "crc32")
     (d / ".metadata").write_bytes(b"meta")
     files = collect_acknowledgements(d, world, timeout_s=1)
     files[".metadata"] = FileEntry(4, None)
-    seal(d, manifest_for(step, files))
-    final = commit_checkpoint(d, committed_dir(root, step))
+    final = commit_checkpoint(d, manifest_for(step, files))
     update_latest(root, final.name)
     return final
 
@@ -64,7 +64,7 @@ def test_commit_makes_a_verifiable_checkpoint_and_moves_latest(tmp_path):
 
 def test_a_missing_acknowledgement_leaves_the_checkpoint_uncommitted(tmp_path):
     full_commit(tmp_path, 10)
-    d = uncommitted_dir(tmp_path, 20)
+    d = checkpoint_dir(tmp_path, 20)
     write_rank_files(d, 0)
     acknowledge(d, 0, "crc32")  # rank 1 never finishes
     with pytest.raises(CommitTimeout, match=r"ranks \[1\] did not acknowledge"):
@@ -73,26 +73,30 @@ def test_a_missing_acknowledgement_leaves_the_checkpoint_uncommitted(tmp_path):
     assert resolve_resume(tmp_path, "auto") == committed_dir(tmp_path, 10)
 
 
-def test_unacknowledged_files_and_missing_manifest_are_refused(tmp_path):
-    d = uncommitted_dir(tmp_path, 5)
+def test_unacknowledged_files_and_a_second_commit_are_refused(tmp_path):
+    d = checkpoint_dir(tmp_path, 5)
     write_rank_files(d, 0)
-    write_rank_files(d, 1)
-    files = {"__0_0.distcp": FileEntry(3000, None)}
-    with pytest.raises(CheckpointError, match="without an acknowledgement"):
-        seal(d, manifest_for(5, files))
-    with pytest.raises(CheckpointError, match="without a manifest"):
-        commit_checkpoint(d, committed_dir(tmp_path, 5))
+    acknowledge(d, 0, "crc32")
+    write_rank_files(d, 1)  # a file no acknowledgement lists (another attempt's rank)
+    with pytest.raises(CheckpointError, match=r"without an acknowledgement: \['__1_0.distcp'\]"):
+        collect_acknowledgements(d, 1, timeout_s=1)
+    first = manifest_for(5, {"__0_0.distcp": FileEntry(3000, None)})
+    commit_checkpoint(d, first)
+    with pytest.raises(CheckpointError, match="a manifest exists already") as refused:  # the create is exclusive
+        commit_checkpoint(d, manifest_for(5, {}))
+    assert isinstance(refused.value.__cause__, FileExistsError)
+    assert verify_checkpoint(d, checksums=False).files == first.files  # the first commit stands
 
 
 def test_discovery_ignores_and_cleans_uncommitted(tmp_path):
     full_commit(tmp_path, 10)
-    write_rank_files(uncommitted_dir(tmp_path, 20), 0)
-    (tmp_path / "step_00000030").mkdir()  # a final name without manifest: a crash mid-rename is impossible,
-    assert [c.step for c in list_committed(tmp_path)] == [10]  # but such a directory is still not trusted
+    write_rank_files(checkpoint_dir(tmp_path, 20), 0)  # a save a crash interrupted before its manifest
+    (tmp_path / "step_00000030").mkdir()
+    assert [c.step for c in list_committed(tmp_path)] == [10]
     assert {c.checkpoint_id: c.committed for c in list_checkpoints(tmp_path)} == {
-        "step_00000030": False, "step_00000020.uncommitted": False, "step_00000010": True}
-    assert clean_uncommitted(tmp_path) == ["step_00000020.uncommitted"]
-    assert not uncommitted_dir(tmp_path, 20).exists()
+        "step_00000030": False, "step_00000020": False, "step_00000010": True}
+    assert sorted(clean_uncommitted(tmp_path)) == ["step_00000020", "step_00000030"]
+    assert not checkpoint_dir(tmp_path, 20).exists() and committed_dir(tmp_path, 10).is_dir()
 
 
 def test_corruption_is_detected(tmp_path):
@@ -125,12 +129,15 @@ def test_resolve_resume_specs(tmp_path):
     assert [c.bad for c in list_checkpoints(tmp_path)][0] == "probe loss 3.1 != 2.9"
 
 
-def test_resave_of_a_committed_step_moves_the_old_one_aside(tmp_path):
-    full_commit(tmp_path, 10)
-    full_commit(tmp_path, 10)
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert names[0] == "latest" and "step_00000010" in names
-    assert any(n.startswith("step_00000010.replaced-") for n in names)
+def test_a_resave_of_a_committed_step_goes_beside_it_and_replaces_it(tmp_path):
+    first = full_commit(tmp_path, 10)
+    before = {p.name: p.read_bytes() for p in Path(first).rglob("*") if p.is_file()}
+    second = full_commit(tmp_path, 10)
+    assert second.name == "step_00000010.r1" and read_latest_pointer(tmp_path) == "step_00000010.r1"
+    assert {p.name: p.read_bytes() for p in Path(first).rglob("*") if p.is_file()} == before  # untouched
+    assert [c.path for c in list_committed(tmp_path)] == [second]  # the newest save of the step
+    assert [c.checkpoint_id for c in list_checkpoints(tmp_path) if c.replaced] == ["step_00000010"]
+    assert resolve_resume(tmp_path, "10") == second and committed_dir(tmp_path, 10) == second
 
 
 def test_host_stager_reuses_buffers_and_never_aliases_live_tensors():
@@ -196,12 +203,12 @@ def test_inspect_lists_state_tier_and_verification(tmp_path):
 
     for step in (10, 20, 30):
         full_commit(tmp_path, step)
-    write_rank_files(uncommitted_dir(tmp_path, 40), 0)
+    write_rank_files(checkpoint_dir(tmp_path, 40), 0)
     (committed_dir(tmp_path, 10) / "__0_0.distcp").write_bytes(b"garbage")
     mark_bad(committed_dir(tmp_path, 20), "probe loss mismatch")
     table = {r["checkpoint_id"]: r for r in rows(tmp_path, verify=True, keep_last=1, keep_every=0,
                                                  keep_best=0, best_metric="loss")}
-    assert table["step_00000040.uncommitted"]["state"] == "uncommitted"
+    assert table["step_00000040"]["state"] == "uncommitted"
     assert table["step_00000030"]["state"] == "committed" and table["step_00000030"]["tier"] == "rolling"
     assert table["step_00000030"]["verified"] == "ok"
     assert table["step_00000020"]["state"] == "bad"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from checkpoint.durable.layout import committed_dir
+from checkpoint.durable.discovery import committed_dir
 from checkpoint.durable.manifest import Manifest
 from checkpoint.durable.saver import CheckpointSaver
 from checkpoint.state.training_state import TrainingState

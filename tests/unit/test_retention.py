@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from checkpoint.durable.layout import UNCOMMITTED, checkpoint_id
+from checkpoint.durable.layout import checkpoint_id, fresh_dir
 from checkpoint.durable.retention import Candidate, apply_retention, retention_plan
 
 
@@ -56,7 +58,9 @@ def test_keep_last_zero_is_rejected():
 
 
 def _fake_checkpoint(root, step, loss=None, committed=True):
-    d = root / (checkpoint_id(step) + ("" if committed else UNCOMMITTED))
+    """A checkpoint of ``step`` in a fresh folder (a later save of a step goes beside the first); without a
+    manifest when not committed (a save in flight)."""
+    d = Path(fresh_dir(root, step))
     d.mkdir(parents=True)
     (d / "__0_0.distcp").write_bytes(b"x")
     if committed:
@@ -94,14 +98,6 @@ def test_the_newest_verified_checkpoint_is_never_deleted():
     assert kept(plan) == [4, 6, 8] and plan[6] == ["verified"]
 
 
-def _replace(root, step):
-    """A re-save of ``step`` committed over the old one (which is moved aside)."""
-    from checkpoint.durable.commit import commit_checkpoint
-
-    fresh = _fake_checkpoint(root / "staging", step)
-    return commit_checkpoint(fresh, root / checkpoint_id(step))
-
-
 def test_bad_superseded_and_replaced_directories_keep_the_newest_few(tmp_path):
     from checkpoint.durable.discovery import mark_bad, mark_superseded
 
@@ -109,14 +105,14 @@ def test_bad_superseded_and_replaced_directories_keep_the_newest_few(tmp_path):
         _fake_checkpoint(tmp_path, s)
     mark_bad(tmp_path / checkpoint_id(20), "flipped byte")
     mark_superseded(tmp_path, 40, "rolled back to step 40")
-    _replace(tmp_path, 30)
-    _replace(tmp_path, 30)  # twice within a second: two names, nothing lost
-    replaced = sorted(p.name for p in tmp_path.glob("step_00000030.replaced-*"))
-    assert len(replaced) == 2
+    _fake_checkpoint(tmp_path, 30)  # saved again, twice (a re-save goes beside, never over, what is there)
+    _fake_checkpoint(tmp_path, 30)
+    replaced = sorted(p.name for p in tmp_path.glob("step_00000030*"))
+    assert replaced == [checkpoint_id(30), checkpoint_id(30, 1), checkpoint_id(30, 2)]
     apply_retention(tmp_path, keep_last=1, keep_every=0, keep_best=0, best_metric="loss", keep_forensic=2)
-    # in the tiers: 40 (rolling, the newest verified); forensic, newest first: 50 (superseded), then
-    # the newer of the two replaced saves of step 30; the older one and the BAD 20 are reclaimed
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "staging") == sorted([
-        checkpoint_id(40), replaced[1], checkpoint_id(50)])
+    # in the tiers: 40 (rolling, the newest verified); step 30's checkpoint (its newest save) is not in a tier;
+    # forensic, newest first: 50 (superseded), then the newer of the two replaced saves of step 30; the older
+    # one and the BAD 20 are reclaimed
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([checkpoint_id(40), replaced[1], checkpoint_id(50)])
     apply_retention(tmp_path, keep_last=1, keep_every=0, keep_best=0, best_metric="loss", keep_forensic=0)
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "staging") == [checkpoint_id(40)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoint_id(40)]

@@ -77,7 +77,7 @@ def main() -> None:
 def plan_once(root: Path, mesh, full: dict) -> None:
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-    from checkpoint.durable.layout import committed_dir
+    from checkpoint.durable.discovery import committed_dir
     from checkpoint.durable.manifest import Manifest
     from checkpoint.durable.saver import CheckpointSaver
 
