@@ -21,16 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 from checkpoint.durable.lease import LiveOwner
 from checkpoint.durable.manifest import CheckpointError, ConfigMismatch
 from checkpoint.durable.preflight import PreflightError
-from configs.checks import ConfigError
-from configs.constants import CONFIG_CHECKED_ENV
-from configs.schema import register
+from configs.keys import ConfigError
 from data.prepared import DataError
-from model.config import model_config
 from model.counting import count_params, flops_per_token
-from planner.plan import format_plan, plan_from_config
 from recovery.guards.rollback import RollbackError
 from recovery.verify import RecoveryError
-from trainer.checks import validate_config, world_size_of
+from trainer.config import Config, register
+from trainer.preflight import CONFIG_CHECKED_ENV, check, world_size_of
 from trainer.run import run
 
 register()
@@ -45,26 +42,28 @@ SILENT_RANK_WAIT_S = 3.0
 _composed = False  # set once Hydra has composed the config and called main
 
 
-def dry_run(cfg: DictConfig) -> None:
-    """Print the composed config, the model's size and the per-rank plan of the parallel
-    layout (planner/plan.py); nothing is allocated."""
-    mcfg = model_config(cfg)
+def dry_run(config: Config) -> None:
+    """Print the composed config, the model's size and the per-rank plan of the parallel layout (planner/plan.py:
+    an estimate, imported here only, since a training run never needs it); nothing is allocated."""
+    from planner.plan import format_plan, plan_from_config
+
+    mcfg = config.model
     params = count_params(mcfg)
-    print(OmegaConf.to_yaml(cfg, resolve=True))
-    tokens_per_step = cfg.training.global_batch_size * cfg.training.seq_len
+    print(OmegaConf.to_yaml(OmegaConf.structured(config)))
+    tokens_per_step = config.training.global_batch_size * config.training.seq_len
     print(f"model {mcfg.name}: {params.total:,} parameters ({params.total / 1e9:.2f} B), "
           f"{params.non_embedding:,} without embeddings")
     print(f"tokens per step: {tokens_per_step:,}; training FLOPs per token: "
-          f"{flops_per_token(mcfg, cfg.training.seq_len):.3e}")
-    if cfg.parallel.dp_shard == -1 and "WORLD_SIZE" not in os.environ:
+          f"{flops_per_token(mcfg, config.training.seq_len):.3e}")
+    if config.parallel.dp_shard == -1 and "WORLD_SIZE" not in os.environ:
         print("per-rank plan: give the layout (e.g. parallel.dp_shard=64 parallel.tp=8) or WORLD_SIZE; "
               "scripts/plan.py also takes the host-copy and storage bandwidths")
         return
-    print(format_plan(plan_from_config(cfg, int(os.environ.get("WORLD_SIZE", 0)) or None)))
+    print(format_plan(plan_from_config(config, int(os.environ.get("WORLD_SIZE", 0)) or None)))
 
 
 def _prints(exc: BaseException) -> bool:
-    """Whether this process prints ``exc``'s block. A refusal every rank agreed on (trainer/startup.py
+    """Whether this process prints ``exc``'s block. A refusal every rank agreed on (trainer/preflight.py
     marks it ``agreed``): rank 0 alone. A config refused before the process group (the device, checked on
     each host): the first rank of each node. Any other error: the rank that met it."""
     if getattr(exc, "agreed", False):
@@ -78,16 +77,16 @@ def main(cfg: DictConfig) -> None:
     _composed = True
     try:
         if cfg.check_only or cfg.dry_run:  # one process, no process group: every check here
-            for warning in validate_config(cfg, world_size_of(cfg), files=True):
+            config, warnings = check(cfg, world_size_of(cfg), files=True)
+            for warning in warnings:
                 if not os.environ.get(CONFIG_CHECKED_ENV):  # the launcher's own check printed it
                     print(f"warning: {warning}", file=sys.stderr)
-        if cfg.check_only:
-            print("configuration accepted", file=sys.stderr)
+            if cfg.check_only:
+                print("configuration accepted", file=sys.stderr)
+                return
+            dry_run(config)
             return
-        if cfg.dry_run:
-            dry_run(cfg)
-            return
-        run(cfg, list(HydraConfig.get().overrides.task))  # checks the launch first (trainer/startup.py)
+        run(cfg, list(HydraConfig.get().overrides.task))  # checks the launch first (trainer/preflight.py)
     except USER_ERRORS as exc:
         rank = None if getattr(exc, "agreed", False) else os.environ.get("RANK")  # agreed: every rank's
         if _prints(exc):

@@ -1,69 +1,25 @@
-"""The checkpoint section checked at start-up (torch-free; trainer/checks.py gathers it).
-
-``config_problems`` looks at values only. ``file_problems`` is the part of the pre-flight that
-reads files before anything is built: the directory checkpoint.resume names, and the shape of
-model.init_from's weights (from their small JSON files) unless the run will resume instead.
+"""What the pre-flight (trainer/preflight.py) reads of the checkpoint files before anything is built: the
+directory checkpoint.resume names (and whether a live run owns checkpoint.dir), and the shape of
+model.init_from's weights (from their small JSON files) unless the run will resume instead. A weights-only
+checkpoint.resume becomes model.init_from here, before the config is typed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 from pathlib import Path
 from typing import List, Optional
 
+from checkpoint.config import RESUME_WORDS
 from checkpoint.durable.discovery import resolve_resume
 from checkpoint.durable.layout import MANIFEST
 from checkpoint.durable.lease import live_owner
 from checkpoint.durable.manifest import CheckpointError, read_manifest
 from checkpoint.interop.weight_source import source_problems
-from checkpoint.state.fingerprint import config_differences, config_hash, full_config, hashed_config
+from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config
 from checkpoint.storage import location
-from configs.checks import ConfigError, Problems
-from configs.constants import ASYNC_MODES, BEST_METRICS, CHECKPOINT_FORMATS, ON_SAVE_ERROR, RESUME_WORDS
-from model.config import model_config
-
-
-def parse_interval(value, key: str = "checkpoint.interval") -> int | str:
-    """``checkpoint.interval`` (or ``key``): a non-negative step count, or ``auto``."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    try:
-        steps = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key}={value!r}: use a step count (0 turns it off) or auto")
-    if steps < 0:
-        raise ValueError(f"{key}={steps} must be >= 0 (0 turns it off) or auto")
-    return steps
-
-
-def config_problems(cfg, problems: Problems) -> None:
-    c = cfg.checkpoint
-    problems.check(lambda: parse_interval(c.interval))
-    problems.choice("checkpoint.async_mode", c.async_mode, ASYNC_MODES)
-    problems.choice("checkpoint.format", c.format, CHECKPOINT_FORMATS)
-    problems.at_least("checkpoint.keep_last", c.keep_last, 1,
-                      "the newest committed checkpoint is always kept; 0 would keep none")
-    problems.at_least("checkpoint.keep_every", c.keep_every, 0, "0 turns the permanent tier off")
-    problems.at_least("checkpoint.keep_forensic", c.keep_forensic, 0,
-                      "0 deletes BAD, superseded and replaced checkpoints at once")
-    problems.at_least("checkpoint.keep_best", c.keep_best, 0, "0 turns the best tier off")
-    problems.choice("checkpoint.best_metric", c.best_metric, BEST_METRICS)
-    problems.choice("checkpoint.on_save_error", c.on_save_error, ON_SAVE_ERROR)
-    problems.at_least("checkpoint.load_threads", c.load_threads, 1,
-                      "read streams per rank while loading; 1 reads each file in one sequential stream")
-    problems.positive("checkpoint.commit_timeout_s", c.commit_timeout_s)
-    m = c.memory
-    problems.check(lambda: parse_interval(m.interval, "checkpoint.memory.interval"))
-    problems.choice("checkpoint.memory.replicas", m.replicas, (0, 1))
-    if m.node is not None:
-        problems.at_least("checkpoint.memory.node", m.node, 0, "a node id names root/node-<id>; null: one per host")
-    d, e = cfg.data, cfg.eval
-    evaluates = str(d.validation).strip() != "none" and e.interval > 0
-    if c.best_metric == "val_loss" and c.keep_best > 0 and not evaluates:
-        problems.append("checkpoint.best_metric=val_loss ranks checkpoints by their validation loss, but this run "
-                        f"does not evaluate (data.validation={d.validation}, eval.interval={e.interval}); set "
-                        "data.validation and eval.interval > 0, or choose best_metric loss or probe_loss")
+from configs.keys import ConfigError
 
 
 def weights_only_resume(cfg) -> Optional[str]:
@@ -86,22 +42,6 @@ def weights_only_resume(cfg) -> Optional[str]:
                           f"but model.init_from={cfg.model.init_from} names other weights; give one of them")
     cfg.model.init_from, cfg.checkpoint.resume = resume, "auto"
     return f"checkpoint.resume={resume} holds model weights only: model.init_from={resume}, checkpoint.resume=auto"
-
-
-def config_warnings(cfg) -> List[str]:
-    """Settings that work but can never do what they seem to ask (printed, not refused)."""
-    c, out = cfg.checkpoint, []
-    try:
-        interval = parse_interval(c.interval)
-    except ValueError:
-        return out
-    if c.keep_every > 0 and interval != "auto" and interval > 0 and c.keep_every % interval:
-        both = math.lcm(c.keep_every, interval)
-        when = (f"only steps divisible by {both} are kept" if both <= cfg.training.steps else
-                f"no save of this run (training.steps={cfg.training.steps}) is kept, unless the final one")
-        out.append(f"checkpoint.keep_every={c.keep_every} is not a multiple of checkpoint.interval={interval}: "
-                   f"saves fall on multiples of {interval}, so {when}; set keep_every to a multiple of interval")
-    return out
 
 
 def file_problems(cfg) -> List[str]:
@@ -149,7 +89,7 @@ def resume_problems(cfg) -> List[str]:
         saved = read_manifest(path)
     except CheckpointError:  # damaged: the resume's fallback handles it
         return []
-    hashed = hashed_config(full_config(cfg))
+    hashed = hashed_config(dataclasses.asdict(cfg))
     if saved.config_hash == config_hash(hashed):
         return []
     diffs = config_differences(hashed_config(saved.config), hashed)
@@ -164,4 +104,4 @@ def _init_from_problems(cfg) -> List[str]:
             return []
     except CheckpointError:  # the resume itself reports it
         return []
-    return source_problems(model_config(cfg), cfg.model.init_from)
+    return source_problems(cfg.model, cfg.model.init_from)

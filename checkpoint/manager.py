@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from checkpoint.config import CheckpointConfig
 from checkpoint.durable.integrity import default_algorithm
 from checkpoint.durable.lease import check_lease
 from checkpoint.durable.loader import load_checkpoint
@@ -50,17 +51,22 @@ VerifyHook = Callable[[Manifest, Path], Optional[str]]
 
 
 class CheckpointManager:
-    def __init__(self, cfg, state: TrainingState, *, rank: int, world_size: int, dims,
-                 device: torch.device, metrics=None, probe: Optional[Callable[[], float]] = None,
-                 fault_hook: Optional[FaultHook] = None):
-        c = cfg.checkpoint
-        self.cfg, self.ckpt_cfg, self.state = cfg, c, state
+    def __init__(self, c: CheckpointConfig, state: TrainingState, *, config: Dict, global_batch_size: int,
+                 steps: int, seed: int, run_name: str, retries: Tuple[int, float], rank: int, world_size: int,
+                 layout: Dict[str, int], device: torch.device, metrics=None,
+                 probe: Optional[Callable[[], float]] = None, fault_hook: Optional[FaultHook] = None):
+        """``c``: the checkpoint section; ``config``: the run's resolved config, which every manifest records
+        (and hashes); ``steps``: training.steps (the final save); ``seed``: the run's (a load restores RNG
+        from it where a checkpoint holds none); ``retries``: recovery.read_retries and read_retry_backoff_s
+        (a read of shared storage that decides for every rank: checkpoint/durable/reads.py)."""
+        self.cfg, self.state = c, state
         self.rank, self.world_size, self.device = rank, world_size, device
-        self.layout = {k: getattr(dims, k) for k in ("dp_replicate", "dp_shard", "tp")}
+        self.steps, self.seed, self.retries = steps, seed, retries
+        self.layout = dict(layout)
         self.root = location(c.dir)  # a folder, or an s3:// prefix (checkpoint/storage/)
         # "auto": recovery/runtime.py measures a first save, then calls set_interval (Young/Daly)
-        self.interval = AUTO_MEASURE_STEPS if str(c.interval).strip().lower() == "auto" else int(c.interval)
-        self.manifests = ManifestBuilder(cfg, state, world_size, self.layout, probe)
+        self.interval = AUTO_MEASURE_STEPS if c.every == "auto" else c.every
+        self.manifests = ManifestBuilder(config, global_batch_size, state, world_size, self.layout, probe)
         self.events = CheckpointEvents(metrics)
         self._fault_hook = fault_hook  # the saver's phases, and checkpoint_read while loading
         self._housekeeping = futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-retention")
@@ -76,13 +82,13 @@ class CheckpointManager:
             after_commit=self._after_commit, fault_hook=fault_hook, storage_format=c.format)
         self.memory: Optional[MemoryTier] = None  # checkpoint.memory (checkpoint/memory/tier.py)
         m = c.memory
-        if str(m.interval).strip().lower() == "auto" or int(m.interval) > 0:
-            self.memory = MemoryTier(m, run_name=cfg.run_name, rank=rank, world_size=world_size,
+        if m.enabled:
+            self.memory = MemoryTier(m, run_name=run_name, rank=rank, world_size=world_size,
                                      local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
                                      layout=self.layout, config_hash=self.manifests.config_hash,
                                      algorithm=default_algorithm(), pin_memory=device.type == "cuda",
                                      timeout_s=c.commit_timeout_s, fault_hook=fault_hook)
-            if str(m.interval).strip().lower() == "auto":  # recovery/runtime.py measures, then sets it
+            if m.interval.strip().lower() == "auto":  # recovery/runtime.py measures, then sets it
                 self.memory.set_interval(AUTO_MEASURE_STEPS)
         self.last_saved_step: Optional[int] = None
         self.save_failure: Optional[CheckpointSaveError] = None  # on_save_error=stop: raised once agreed
@@ -113,7 +119,7 @@ class CheckpointManager:
 
     # -- before step 1 -------------------------------------------------------------------
     def preflight(self, attempt: int) -> None:
-        """Before resume, with this attempt's lease on checkpoint.dir taken (trainer/startup.py
+        """Before resume, with this attempt's lease on checkpoint.dir taken (trainer/preflight.py
         claim_lease, before anything was built): check the directory has room for the saves to come
         (checkpoint/durable/preflight.py), and the memory tier's root. Each rank checks, and all
         agree: one rank short of room stops (or disables the tier on) all."""
@@ -123,11 +129,10 @@ class CheckpointManager:
         self.saver.expected_bytes = estimate
         problem = None  # every rank checks its own access; all stop if one cannot write
         if self.enabled:
-            rc = self.cfg.recovery
             try:
-                held = held_once(self.root, estimate, rc.read_retries, rc.read_retry_backoff_s)  # rank 0 lists
-                room = preflight_checkpoint_dir(self.root, estimate, self.ckpt_cfg.keep_last, self.rank,
-                                                self.ckpt_cfg.on_save_error == "stop", held)
+                held = held_once(self.root, estimate, *self.retries)  # rank 0 lists
+                room = preflight_checkpoint_dir(self.root, estimate, self.cfg.keep_last, self.rank,
+                                                self.cfg.on_save_error == "stop", held)
                 self.saver.expected_bytes = room.checkpoint_bytes
             except PreflightError as exc:
                 problem = str(exc)
@@ -136,7 +141,7 @@ class CheckpointManager:
             raise PreflightError(problem)
         if self.memory is not None:  # each node measures its own memory; every rank takes the same decision
             problem = self.memory.peers.agree(self.memory.preflight(-(-estimate // self.world_size)))
-            if problem is not None and self.ckpt_cfg.memory.required:
+            if problem is not None and self.cfg.memory.required:
                 raise PreflightError(problem)
             if problem is not None:
                 log.warning("%s. checkpoint.memory.required=false: training on the durable tier alone", problem)
@@ -171,11 +176,11 @@ class CheckpointManager:
         ConfigMismatch (saved with another config, not allowed by checkpoint.allow_config_change)."""
         manifest = collectives.decided_on_rank0(lambda: read_manifest(path), errors=LOAD_ERRORS)  # one reader
         m = self.manifests
-        m.check_resume(manifest, path, self.ckpt_cfg.allow_config_change)  # ConfigMismatch
+        m.check_resume(manifest, path, self.cfg.allow_config_change)  # ConfigMismatch
         t0 = time.perf_counter()
         fault = (lambda f: self._fault_hook("checkpoint_read", manifest.step, path=f)) if self._fault_hook else None
-        manifest = load_checkpoint(self.state, path, seed=self.cfg.seed, verify=self.ckpt_cfg.verify_on_load,
-                                   threads=self.ckpt_cfg.load_threads, manifest=manifest, fault=fault)
+        manifest = load_checkpoint(self.state, path, seed=self.seed, verify=self.cfg.verify_on_load,
+                                   threads=self.cfg.load_threads, manifest=manifest, fault=fault)
         log.info("loaded %s in %.2f s", path, time.perf_counter() - t0)
         m.init_from = manifest.init_from  # a resumed run's weights descend from the same source
         problem = verify(manifest, path) if verify is not None else None
@@ -187,7 +192,7 @@ class CheckpointManager:
     def due(self, step: int) -> bool:
         if not self.enabled:
             return False
-        return step % self.interval == 0 or (self.ckpt_cfg.save_final and step == self.cfg.training.steps)
+        return step % self.interval == 0 or (self.cfg.save_final and step == self.steps)
 
     def after_step(self, step: int, loss: float,
                    verified_gate: Optional[Callable[[], Optional[str]]] = None) -> List[SaveRecord]:
@@ -224,12 +229,12 @@ class CheckpointManager:
     def _save_failed(self, exc: CheckpointSaveError) -> None:
         """A save the storage refused: an alarm (log, metrics.jsonl); with on_save_error=stop kept
         for ``raise_save_failure``."""
-        stop = self.ckpt_cfg.on_save_error == "stop"
+        stop = self.cfg.on_save_error == "stop"
         try:
             free = self.root.free_bytes()
         except OSError:
             free = None
-        self.events.save_refused(exc, self.ckpt_cfg.on_save_error, str(self.root), free, self.saver.expected_bytes)
+        self.events.save_refused(exc, self.cfg.on_save_error, str(self.root), free, self.saver.expected_bytes)
         if self.last_saved_step == exc.step:
             self.last_saved_step = None  # not saved: a preemption at this step saves again
         if stop and self.save_failure is None:
@@ -275,7 +280,7 @@ class CheckpointManager:
         self._housekeeping.submit(self._retention, manifest.step)
 
     def _retention(self, step: int) -> None:
-        c = self.ckpt_cfg
+        c = self.cfg
         try:
             check_lease(self.root, self.saver.attempt)  # an older attempt's writer deletes nothing
             apply_retention(self.root, c.keep_last, c.keep_every, c.keep_best, c.best_metric,

@@ -15,23 +15,18 @@ from typing import Callable, Dict, Optional, Tuple
 
 from checkpoint.durable.layout import checkpoint_id
 from checkpoint.durable.manifest import ConfigMismatch, Manifest
-from checkpoint.state.fingerprint import (
-    config_differences,
-    config_hash,
-    full_config,
-    hashed_config,
-    schedule_changes,
-)
+from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config, schedule_changes
 from checkpoint.state.training_state import TrainingState
 
 log = logging.getLogger("trainer")
 
 
 class ManifestBuilder:
-    def __init__(self, cfg, state: TrainingState, world_size: int, layout: Dict[str, int],
-                 probe: Optional[Callable[[], float]] = None):
-        self.cfg, self.state, self.world_size, self.layout, self.probe = cfg, state, world_size, dict(layout), probe
-        self.full_config = full_config(cfg)
+    def __init__(self, config: Dict, global_batch_size: int, state: TrainingState, world_size: int,
+                 layout: Dict[str, int], probe: Optional[Callable[[], float]] = None):
+        """``config``: the run's resolved config as plain data (recorded whole, hashed in part)."""
+        self.global_batch_size, self.state, self.world_size = global_batch_size, state, world_size
+        self.layout, self.probe, self.full_config = dict(layout), probe, config
         self.hashed = hashed_config(self.full_config)
         self.config_hash = config_hash(self.hashed)
         self.init_from: Optional[Dict] = None  # {path, kind, hash} (checkpoint/interop/init_from.py)
@@ -64,7 +59,7 @@ class ManifestBuilder:
         the weights another way names it in ``probe_method`` and runs no probe (the memory tier:
         checkpoint/memory/restore.py)."""
         probe_loss = self.probe() if self.probe is not None and probe_method is None else None
-        s, gbs = self.state, self.cfg.training.global_batch_size
+        s, gbs = self.state, self.global_batch_size
         s.meta = {"wall_clock": time.time(), "config_hash": self.config_hash, "world_size": self.world_size,
                   "layout": dict(self.layout), "global_batch_size": gbs, "loss": loss, "probe_loss": probe_loss}
         return Manifest(

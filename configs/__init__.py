@@ -1,6 +1,2 @@
-"""Hydra configs (YAML groups, experiments) and what every layer may import about them.
-
-  schema.py     the typed schema: a misspelled key or a wrong type fails at compose time
-  constants.py  torch-free vocabulary: valid choices, default timeouts, IGNORE_INDEX
-  checks.py     ConfigError and Problems, which each package's checks.py fills (trainer/checks.py)
-"""
+"""Hydra configs (YAML groups, experiments) and how a key is declared (keys.py: type, default, bound,
+meaning; the sections themselves are each package's config.py, composed by trainer/config.py)."""

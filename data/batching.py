@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List
 
-from configs.bounds import divisors
+from configs.keys import divisors
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,6 @@
-"""The data section checked at start-up (torch-free; trainer/checks.py gathers it).
-
-``config_problems`` looks at values only; ``file_problems`` is the part of the pre-flight that
-looks at data.path (a prepared dataset, or one prepare_if_missing may build) and the validation
-split, before anything is built.
+"""What the pre-flight (trainer/preflight.py) asks of the data's files, before anything is built (torch-free):
+data.path is a prepared dataset (or one prepare_if_missing may build), its meta.json fits the model and the
+tokenizer, the validation split holds enough sequences. The section's values check themselves (data/config.py).
 """
 
 from __future__ import annotations
@@ -11,22 +9,9 @@ import json
 from pathlib import Path
 from typing import List, Optional
 
-from configs.bounds import BOUNDS
-from configs.checks import Problems
 from data.prepared import META_FILE, is_prepared, prepare_command, prepared_name
 from data.tokenizer import check_tokenizer_name, tokenizer_mismatch
 from data.validation import validation_path, validation_problem
-
-
-def config_problems(cfg, problems: Problems) -> None:
-    d = cfg.data
-    problems.check(lambda: check_tokenizer_name(d.tokenizer))
-    problems.check(lambda: check_data_config(d))
-    if not 0 <= d.validation_fraction < 1:
-        problems.append(f"data.validation_fraction={d.validation_fraction} must be in [0, 1) (0 holds nothing out)")
-    if str(d.validation).strip() == "held_out" and d.prepare_if_missing and not d.validation_fraction > 0:
-        problems.append("data.validation=held_out with data.prepare_if_missing=true needs data.validation_fraction > 0 "
-                        "(the fraction of documents to hold out, e.g. 0.01)")
 
 
 def file_problems(cfg) -> List[str]:
@@ -90,7 +75,7 @@ def meta_problems(cfg) -> List[str]:
                    f"{ident(train)}; prepare the validation set with the training data's tokenizer")
         return out
     t = cfg.training
-    if not all(BOUNDS[f"training.{k}"].holds(t[k]) for k in ("seq_len", "global_batch_size")):
+    if not (t.seq_len >= 1 and t.global_batch_size >= 1):
         return out  # reported by their bounds (a seq_len of 0 would divide by zero here)
     windows = max(0, (vmeta["num_tokens"] - 1) // cfg.training.seq_len)
     needed = cfg.eval.batches * cfg.training.global_batch_size
@@ -121,17 +106,3 @@ def data_path_problem(data_cfg) -> Optional[str]:
                 f"for its sources and tokenizer ({name!r}), so that a mistyped path is not filled with "
                 f"{list(data_cfg.sources)}. Check the path, or {how}")
     return None
-
-
-def check_data_config(data_cfg) -> None:
-    """Checks that need no files."""
-    problems = []
-    if data_cfg.num_workers < 0:
-        problems.append(f"data.num_workers={data_cfg.num_workers} must be >= 0 (0 loads in the training process)")
-    if data_cfg.prefetch_factor < 1:
-        problems.append(f"data.prefetch_factor={data_cfg.prefetch_factor} must be >= 1")
-    bad = [f"{m.path}: {m.weight}" for m in data_cfg.mixture if not m.weight > 0]
-    if bad:
-        problems.append(f"data.mixture weights must be positive: {', '.join(bad)}")
-    if problems:
-        raise ValueError("; ".join(problems))

@@ -15,9 +15,10 @@ from typing import Tuple
 import numpy as np
 import torch
 
-from configs.constants import IGNORE_INDEX
 from data.batching import SampleRange
 from data.order import SampleOrder
+
+IGNORE_INDEX = -100  # a target that carries no loss (PyTorch's cross-entropy default)
 
 
 class MicroBatchDataset(torch.utils.data.Dataset):

@@ -17,8 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
-from configs.constants import TOKENIZERS
-
+TOKENIZERS = ("byte", "bpe")  # data.tokenizer, besides hf:FILE
 EOS_TEXT = "<|endoftext|>"
 
 

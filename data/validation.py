@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from configs.constants import VALIDATION_CHOICES
+from data.config import VALIDATION_CHOICES
 from data.prepared import META_FILE, is_prepared, prepare_command
 from data.split import VALIDATION_DIR
 from data.token_source import TokenSource

@@ -22,6 +22,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from metrics.config import LoggingConfig
 from metrics.records import METRICS_FILE
 
 log = logging.getLogger("trainer")
@@ -48,10 +49,12 @@ def _format_eta(seconds: float) -> str:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, cfg, is_main: bool, total_steps: int):
+    def __init__(self, run_dir: Path, lg: LoggingConfig, is_main: bool, total_steps: int, run_name: str = "",
+                 config: Optional[Dict[str, Any]] = None):
+        """``lg``: the logging section; ``run_name`` and ``config`` (the resolved config) name the run in wandb."""
         self.is_main = is_main
         self.total_steps = total_steps
-        self.log_interval = max(1, cfg.logging.log_interval)
+        self.log_interval = max(1, lg.log_interval)
         self._jsonl = None
         self.attempt: Optional[int] = None  # the attempt lease's number once taken: every row carries it
         self._wandb = None
@@ -62,9 +65,9 @@ class MetricsLogger:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = (run_dir / METRICS_FILE).open("a", buffering=1)
-        if cfg.logging.wandb.mode != "disabled":
-            self._wandb = _start_wandb(run_dir, cfg)
-        if cfg.logging.tensorboard:
+        if lg.wandb.mode != "disabled":
+            self._wandb = _start_wandb(run_dir, lg.wandb, run_name, config or {})
+        if lg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
@@ -155,22 +158,18 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _start_wandb(run_dir: Path, cfg) -> Optional[Any]:
-    """Start or resume this run's wandb run; on any failure log why and go on without it."""
+def _start_wandb(run_dir: Path, w, run_name: str, config: Dict[str, Any]) -> Optional[Any]:
+    """Start or resume this run's wandb run (``w``: logging.wandb); on any failure log why and go on without it."""
     try:
         import wandb
-        from omegaconf import OmegaConf
 
         id_file = run_dir / "wandb_run_id"
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id)
-        if cfg.logging.wandb.mode == "online" and not os.environ.get("WANDB_API_KEY"):
+        if w.mode == "online" and not os.environ.get("WANDB_API_KEY"):
             log.warning("logging.wandb.mode=online but WANDB_API_KEY is unset: wandb may fail to log in")
-        return wandb.init(
-            project=cfg.logging.wandb.project, entity=cfg.logging.wandb.entity, name=cfg.run_name,
-            id=run_id, resume="allow", dir=str(run_dir), mode=cfg.logging.wandb.mode,
-            config=OmegaConf.to_container(cfg, resolve=True),
-        )
+        return wandb.init(project=w.project, entity=w.entity, name=run_name, id=run_id, resume="allow",
+                          dir=str(run_dir), mode=w.mode, config=config)
     except Exception as exc:  # a metrics backend must never stop training
         log.warning("wandb disabled for this run: %s: %s", type(exc).__name__, exc)
         return None

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List
+from typing import Any, Dict, List
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -15,8 +15,8 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_run_config(run_dir: Path, cfg: DictConfig, overrides: List[str]) -> None:
-    """config.yaml with every interpolation resolved, and the command-line overrides."""
+def write_run_config(run_dir: Path, config: Dict[str, Any], overrides: List[str]) -> None:
+    """config.yaml (the resolved config, as plain data) and the command-line overrides."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    _atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(config))
     _atomic_write(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from configs.constants import ACTIVATION_CHECKPOINTING
+from parallel.config import ACTIVATION_CHECKPOINTING
 
 AC_MODES = ACTIVATION_CHECKPOINTING
 

@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
-from configs.bounds import divisors
+from configs.keys import divisors
 
-MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
+MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")  # the mesh's axes, outermost first: named here only
+REPLICATE, SHARD, TP = MESH_DIM_NAMES
+
+
+def data_parallel_size(layout: Dict[str, int]) -> int:
+    """The data-parallel ranks of a layout as a checkpoint records it (``ParallelDims.layout``)."""
+    return layout.get(REPLICATE, 1) * layout.get(SHARD, 1)
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,13 @@ class ParallelDims:
     def mesh_dims(self) -> List[Tuple[str, int]]:
         return list(zip(MESH_DIM_NAMES, (self.dp_replicate, self.dp_shard, self.tp)))
 
+    @property
+    def layout(self) -> Dict[str, int]:
+        """{axis: size}, as manifests record it."""
+        return dict(self.mesh_dims)
+
     def describe(self) -> str:
-        return f"dp_replicate={self.dp_replicate} x dp_shard={self.dp_shard} x tp={self.tp}"
+        return " x ".join(f"{axis}={size}" for axis, size in self.mesh_dims)
 
 
 def _layouts(world_size: int, dp_replicate: int, tp: int) -> List[str]:

@@ -32,8 +32,8 @@ from typing import Iterable, Optional
 import torch
 import torch.distributed as dist
 
-from configs.constants import DEVICES
 from parallel import collectives
+from parallel.config import DEVICES
 
 # Connecting to torchrun's store (with the client's retries it took up to 2.2x this: tests/integration/test_orphans.py);
 # once connected, waits on the store get the collective timeout.

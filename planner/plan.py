@@ -37,14 +37,13 @@ from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from configs.schema import ParallelConfig
 from model.config import ModelConfig
 from model.counting import count_params, flops_per_token
 from model.llama import build_model
+from parallel.config import ParallelConfig
 from parallel.dims import ParallelDims, check_tensor_parallel_fits, resolve_parallel_dims
 from parallel.parallelize import parallelize_model
 from planner.activation_memory import ActivationMemory, activation_memory
@@ -462,9 +461,8 @@ def world_size_for(dp_replicate: int, dp_shard: int, tp: int, world_size: Option
 
 def plan_from_config(cfg, world_size: Optional[int] = None, host_copy_gbps: float = DEFAULT_HOST_COPY_GBPS,
                      storage_gbps: float = DEFAULT_STORAGE_GBPS, device: Optional[Device] = None) -> LayoutPlan:
-    """The plan for a composed training config (train.py dry_run and scripts/plan.py)."""
-    p, t = cfg.parallel, cfg.training
-    mcfg = ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))
+    """The plan for a checked training config (train.py dry_run and scripts/plan.py: trainer/config.py's)."""
+    p, t, mcfg = cfg.parallel, cfg.training, cfg.model
     world = world_size_for(p.dp_replicate, p.dp_shard, p.tp, world_size)
     dims = resolve_parallel_dims(p.dp_replicate, p.dp_shard, p.tp, world, p.force_fsdp)
     check_tensor_parallel_fits(mcfg, dims.tp, t.seq_len)

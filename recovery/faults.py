@@ -25,9 +25,8 @@ a rollback matches again). Phases: the watchdog's (``step``, ``data_wait``, ...)
 checkpoint's internal ones (``checkpoint_snapshot``, ``checkpoint_write``,
 ``checkpoint_commit``, ``checkpoint_retention``, ``checkpoint_committed``,
 ``checkpoint_load``, ``checkpoint_read``, ``manifest_read``). ``step=-1`` matches any step;
-``rank=-1`` every rank. The valid values are in configs/constants.py; a fault is a
-``FaultConfig`` (configs/schema.py), checked by
-``fault_problems`` (recovery/checks.py) at start-up.
+``rank=-1`` every rank. A fault is a ``FaultConfig`` (recovery/config.py: the valid values), checked
+with the config at start-up.
 
 One injector per process (made by trainer/run.py, driven by recovery/runtime.py) is the only way
 faults fire: the loop's phases, the checkpoint saver's phases (its ``fault_hook``), the post-load
@@ -47,8 +46,8 @@ from pathlib import Path
 from typing import Iterable, List, Optional
 
 from checkpoint.durable.layout import MANIFEST
-from configs.constants import CORRUPTIONS, DISK_FULL_PHASES, FAULT_KINDS, FAULT_PHASES, READ_ERROR_PHASES
-from configs.schema import FaultConfig
+from configs.keys import problems as problems_of
+from recovery.config import CORRUPTIONS, FaultConfig
 
 log = logging.getLogger("trainer")
 
@@ -62,49 +61,12 @@ def fault_name(fault: FaultConfig) -> str:
         f"-{fault.corruption}" if fault.kind == "corrupt" else "")
 
 
-def fault_problems(fault, key: str = "recovery.faults") -> list:
-    """What is wrong with one ``recovery.faults`` entry (a FaultConfig or its DictConfig); ``key``
-    names the entry in the messages (``recovery.faults[2]``)."""
-    kind, phase = fault.kind, fault.phase
-    out = []
-    if kind not in FAULT_KINDS:
-        out.append(f"{key}.kind={kind!r}: choose one of {list(FAULT_KINDS)}")
-    if phase not in FAULT_PHASES:
-        out.append(f"{key}.phase={phase!r}: choose one of {list(FAULT_PHASES)}")
-    if kind == "corrupt" and fault.corruption not in CORRUPTIONS:
-        out.append(f"{key}.corruption={fault.corruption!r}: choose one of {list(CORRUPTIONS)}")
-    if kind == "corrupt" and phase != "checkpoint_committed":
-        out.append(f"{key}: a corrupt fault damages a committed checkpoint: use phase=checkpoint_committed "
-                   f"(not {phase!r})")
-    if kind == "bitflip_param" and phase not in ("step", "gradients"):
-        out.append(f"{key}: bitflip_param flips a weight before the forward pass (phase=step) or after backward, "
-                   f"where this step's gradients no longer see it (phase=gradients), not at {phase!r}")
-    if kind == "bitflip_grad" and phase != "gradients":
-        out.append(f"{key}: bitflip_grad flips a gradient after backward: use phase=gradients (not {phase!r})")
-    if kind.startswith("bitflip") and not 0 <= fault.bit < 32:
-        out.append(f"{key}.bit={fault.bit} must be in [0, 32) (an fp32 word)")
-    if kind == "node_loss" and phase not in ("step", "data_wait"):
-        out.append(f"{key}: node_loss takes the node down between steps: use phase step or data_wait (not {phase!r})")
-    if kind == "read_error" and phase not in READ_ERROR_PHASES:
-        out.append(f"{key}: read_error fails a read of a checkpoint's data file (phase=checkpoint_read) or of its "
-                   f"manifest (phase=manifest_read), not at {phase!r}")
-    if fault.skip < 0:
-        out.append(f"{key}.skip={fault.skip} must be >= 0 (matches passed over before it fires)")
-    if fault.times == 0 or fault.times < -1:
-        out.append(f"{key}.times={fault.times}: fire it at >= 1 matches, or -1 for every match")
-    if kind == "slow" and not fault.delay_s > 0:
-        out.append(f"{key}.delay_s={fault.delay_s} must be > 0 (the seconds this rank is slower at {phase})")
-    if kind == "disk_full" and phase not in DISK_FULL_PHASES:
-        out.append(f"{key}: disk_full fails a checkpoint write: use phase one of {list(DISK_FULL_PHASES)} "
-                   f"(not {phase!r})")
-    return out
-
-
 class FaultInjector:
     def __init__(self, faults: Iterable, run_dir: Path | str, rank: int):
         """``faults``: FaultConfig objects or dicts of their fields (``cfg.recovery.faults``)."""
         parsed = [f if isinstance(f, FaultConfig) else FaultConfig(**dict(f)) for f in faults]
-        problems = [p for f in parsed for p in fault_problems(f)]
+        problems = [p for i, f in enumerate(parsed) for p in problems_of(f, f"recovery.faults[{i}]")
+                    + f.check(f"recovery.faults[{i}]")]
         if problems:
             raise ValueError("; ".join(problems))
         self.faults: List[FaultConfig] = [f for f in parsed if f.rank in (-1, rank)]

@@ -23,7 +23,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from configs.constants import IGNORE_INDEX
+from data.dataset import IGNORE_INDEX
 from training.step import _full, _loss_parallel, token_loss_sum
 
 PROBE_SEQUENCES = 4

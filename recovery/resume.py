@@ -51,8 +51,7 @@ log = logging.getLogger("trainer")
 def _agreed_path(ckpt: CheckpointManager, decide: Callable[[], Optional[Path]]) -> Optional[Path]:
     """``decide`` on rank 0, read again while the storage fails (recovery.read_retries); every rank
     gets its path (or None, or its CheckpointError: CheckpointUnreadable once the retries are spent)."""
-    rc = ckpt.cfg.recovery
-    return read_on_rank0(decide, f"checkpoint.dir={ckpt.root}", rc.read_retries, rc.read_retry_backoff_s,
+    return read_on_rank0(decide, f"checkpoint.dir={ckpt.root}", *ckpt.retries,
                          errors=(CheckpointError,))
 
 
@@ -62,7 +61,7 @@ def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
     With resume=auto a checkpoint that fails verification (checksums, or ``verify``) is
     marked bad and the next older committed one is tried.
     """
-    spec = str(ckpt.ckpt_cfg.resume)
+    spec = str(ckpt.cfg.resume)
     if ckpt.memory is not None and ckpt.memory.enabled and spec == "auto":
         resumed = _resume_from_memory(ckpt, verify)
         if resumed is not None:
@@ -70,7 +69,7 @@ def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
 
     def first() -> Optional[Path]:
         live = earlier_writers_may_live(ckpt.root, ckpt.saver.attempt)  # taken over: its save in flight is spared
-        clean_uncommitted(ckpt.root, ckpt.ckpt_cfg.lease_timeout_s if live else None)
+        clean_uncommitted(ckpt.root, ckpt.cfg.lease_timeout_s if live else None)
         return resolve_resume(ckpt.root, spec)
 
     def older(failed: Path) -> Optional[Path]:
@@ -115,10 +114,10 @@ def load_with_fallback(ckpt: CheckpointManager, first: Callable[[], Optional[Pat
     if path is None:
         return None
     skipped: List[str] = []
-    rc = ckpt.cfg.recovery
+    retries, backoff_s = ckpt.retries
     while True:
         try:
-            return _load_trusting_only_proof(ckpt, path, verify, rc.read_retries, rc.read_retry_backoff_s), \
+            return _load_trusting_only_proof(ckpt, path, verify, retries, backoff_s), \
                 path, skipped
         except ConfigMismatch:
             raise
@@ -126,7 +125,7 @@ def load_with_fallback(ckpt: CheckpointManager, first: Callable[[], Optional[Pat
             if not fallback:
                 raise
             log.error("%s could not be read after %d retries; skipping it for this attempt (not marked bad): %s",
-                      path.name, rc.read_retries, exc)
+                      path.name, retries, exc)
             ckpt.events.event(parse(path.name)[0], kind="checkpoint_unreadable", checkpoint_id=path.name,
                               problem=str(exc)[:2000])
             skipped.append(f"{path.name} (unreadable)")
@@ -176,7 +175,7 @@ def _resume_from_memory(ckpt: CheckpointManager, verify: Optional[VerifyHook]) -
     memory = ckpt.memory
     newest = _agreed_path(ckpt, lambda: getattr(latest_committed(ckpt.root), "path", None))
     restored = memory.restore(ckpt.state, newer_than=parse(newest.name)[0] if newest is not None else 0,
-                              allow_config_change=ckpt.ckpt_cfg.allow_config_change)
+                              allow_config_change=ckpt.cfg.allow_config_change)
     if restored is None:
         return None
     problem = memory.agree(restored.problem)

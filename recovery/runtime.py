@@ -1,6 +1,6 @@
 """Recovery around the training loop, behind a handful of calls so the loop stays a recipe.
 
-    rt = RecoveryRuntime(cfg, run_dir, world, ckpt, guards, injector)  # watchdog and signals on
+    rt = RecoveryRuntime(config.recovery, run_dir, world, ckpt, guards, injector, optim=..., steps=...)
     resumed = rt.resume(state, probe, dims, plan)    # verified resume with bounded fallback
     rt.phase("data_wait", step)                      # heartbeat + fault injection point
     rt.inject("gradients", step, model=model)        # the gradients fault point, before the norms
@@ -20,8 +20,9 @@ from typing import List, Optional
 
 from checkpoint.durable.reads import read_on_rank0
 from checkpoint.durable.saver import SaveRecord
-from checkpoint.storage import location
 from parallel import collectives
+from parallel.dims import data_parallel_size
+from recovery.config import RecoveryConfig
 from recovery.faults import FaultInjector
 from recovery.guards.rollback import roll_back
 from recovery.interval import choose_interval_steps, cluster_mtbf_s
@@ -35,9 +36,12 @@ log = logging.getLogger("trainer")
 
 
 class RecoveryRuntime:
-    def __init__(self, cfg, run_dir: Path, world, ckpt, guards=None, injector: Optional[FaultInjector] = None):
-        rc = cfg.recovery
-        self.cfg, self.world, self.ckpt, self.guards = cfg, world, ckpt, guards
+    def __init__(self, rc: RecoveryConfig, run_dir: Path, world, ckpt, guards=None,
+                 injector: Optional[FaultInjector] = None, *, optim=None, steps: int):
+        """``rc``: the recovery section; ``optim`` and ``steps`` (training.steps): the schedule a resumed run's
+        LR is checked against; the checkpoint section is the manager's (``ckpt.cfg``)."""
+        self.cfg, self.world, self.ckpt, self.guards = rc, world, ckpt, guards
+        self.optim, self.steps, self.run_dir = optim, steps, Path(run_dir)
         self.faults = injector if injector is not None else FaultInjector([], run_dir, world.rank)
         self.watchdog: Optional[Watchdog] = None
         if rc.watchdog:
@@ -49,10 +53,9 @@ class RecoveryRuntime:
         self.stragglers = StragglerMonitor(rc.straggler_interval, rc.straggler_factor)
         self._first_step_done = False
         self._writing: Optional[int] = None  # step of the background write the watchdog times
-        self.auto_interval = AutoInterval(cfg, world.world_size) \
-            if str(cfg.checkpoint.interval).strip().lower() == "auto" else None
-        self.auto_memory_interval = AutoInterval(cfg, world.world_size, tier="memory") \
-            if str(cfg.checkpoint.memory.interval).strip().lower() == "auto" and ckpt.memory is not None else None
+        self.auto_interval = AutoInterval(rc, steps, world.world_size) if ckpt.cfg.every == "auto" else None
+        self.auto_memory_interval = AutoInterval(rc, steps, world.world_size, tier="memory") \
+            if ckpt.cfg.memory.interval.strip().lower() == "auto" and ckpt.memory is not None else None
 
     # -- heartbeats and injection points ---------------------------------------------------
     def beat(self, phase: str, step: int) -> None:
@@ -82,15 +85,14 @@ class RecoveryRuntime:
     def resume(self, state, probe, dims, plan) -> str:
         """checkpoint.resume with post-load verification, bounded fallback, elastic batch log."""
         self.beat("checkpoint_load", state.step)
-        if str(self.cfg.checkpoint.resume) == "auto":  # one listing, on rank 0; its verdict on every rank
-            root, rc = location(self.cfg.checkpoint.dir), self.cfg.recovery
-            read_on_rank0(lambda: refuse_all_bad(root), f"checkpoint.dir={root}", rc.read_retries,
-                          rc.read_retry_backoff_s, errors=(RecoveryError,))
+        if str(self.ckpt.cfg.resume) == "auto":  # one listing, on rank 0; its verdict on every rank
+            root = self.ckpt.root
+            read_on_rank0(lambda: refuse_all_bad(root), f"checkpoint.dir={root}", *self.ckpt.retries,
+                          errors=(RecoveryError,))
         verifier = None
-        if self.cfg.recovery.verify:
-            verifier = ResumeVerifier(self.cfg, state, probe, {k: getattr(dims, k) for k in
-                                      ("dp_replicate", "dp_shard", "tp")}, self.world.world_size, self.world.device,
-                                      inject=self.inject)
+        if self.cfg.verify:
+            verifier = ResumeVerifier(self.cfg, self.optim, self.steps, self.ckpt, state, probe, dims.layout,
+                                      self.world.world_size, self.world.device, inject=self.inject)
         t0 = time.perf_counter()
         resumed = resume(self.ckpt, verifier)
         if state.step > 0:
@@ -101,7 +103,7 @@ class RecoveryRuntime:
     def roll_back(self, request, data, rollbacks_done: int) -> int:
         """A guard asked for a rollback at ``request.step``: load a verified checkpoint; the step to go on from."""
         self.beat("checkpoint_load", request.step)  # a rollback load is not a hung step
-        return roll_back(request, self.guards, self.ckpt, data, self.cfg, rollbacks_done)
+        return roll_back(request, self.guards, self.ckpt, data, self.cfg.guards, self.run_dir, rollbacks_done)
 
     # -- after every step ----------------------------------------------------------------
     def end_of_step(self, step: int, step_s: float, loss: float) -> bool:
@@ -194,9 +196,9 @@ class AutoInterval:
     differ (the coordinator's write includes the commit; a throttled GPU's steps are slower).
     """
 
-    def __init__(self, cfg, world_size: int, tier: str = "durable"):
-        self.cfg, self.tier = cfg, tier
-        self.mtbf_s = cluster_mtbf_s(cfg.recovery.device_mtbf_hours, cfg.recovery.devices or world_size)
+    def __init__(self, rc: RecoveryConfig, steps: int, world_size: int, tier: str = "durable"):
+        self.steps, self.tier = steps, tier
+        self.mtbf_s = cluster_mtbf_s(rc.device_mtbf_hours, rc.devices or world_size)
         self.step_times: list = []
         self.first_save: Optional[SaveRecord] = None
         self.chosen = None
@@ -218,7 +220,7 @@ class AutoInterval:
         step_s, blocking_s, write_s = collectives.agree_max(
             [statistics.median(self.step_times), save.blocking_s, save.background_s])
         self.chosen = choose_interval_steps(step_s, blocking_s, write_s, self.mtbf_s,
-                                            max_steps=self.cfg.training.steps)
+                                            max_steps=self.steps)
         (ckpt.memory.set_interval if self.tier == "memory" else ckpt.set_interval)(self.chosen.steps)
         key = "checkpoint.memory.interval" if self.tier == "memory" else "checkpoint.interval"
         log.info("%s=auto: every %d steps (%s)", key, self.chosen.steps, self.chosen.reason)
@@ -232,7 +234,7 @@ def log_elastic(state, plan, world_size: int) -> None:
     meta = state.meta or {}
     saved_world = meta.get("world_size", world_size)
     saved_layout = meta.get("layout", {})
-    saved_dp = saved_layout.get("dp_replicate", 1) * saved_layout.get("dp_shard", 1) if saved_layout else None
+    saved_dp = data_parallel_size(saved_layout) if saved_layout else None
     if saved_world == world_size:
         return
     old_accum = (plan.global_batch_size // (saved_dp * plan.micro_batch_size)

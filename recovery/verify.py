@@ -39,7 +39,6 @@ from checkpoint.durable.layout import parse
 from checkpoint.durable.manifest import ConfigMismatch, Manifest
 from checkpoint.durable.reads import read_on_rank0
 from checkpoint.memory.restore import WEIGHTS_CHECK
-from checkpoint.state.fingerprint import config_hash, hashed_config
 from checkpoint.storage import location
 from training.schedule import lr_at
 
@@ -78,13 +77,15 @@ def refuse_all_bad(root: Path) -> None:
 class ResumeVerifier:
     """The ``verify`` hook for ``CheckpointManager.resume``: called on every rank after a load."""
 
-    def __init__(self, cfg, state, probe: Optional[Callable[[], float]], layout: dict, world_size: int,
-                 device=None, inject: Optional[Callable[..., None]] = None):
-        self.cfg, self.state, self.probe = cfg, state, probe
+    def __init__(self, rc, optim, steps: int, ckpt, state, probe: Optional[Callable[[], float]], layout: dict,
+                 world_size: int, device=None, inject: Optional[Callable[..., None]] = None):
+        """``rc``: the recovery section; ``optim`` and ``steps``: the schedule the LR must follow; ``ckpt``: the
+        CheckpointManager (its directory, read retries, this run's config hash and global batch)."""
+        self.cfg, self.optim, self.steps, self.state, self.probe = rc, optim, steps, state, probe
         self.inject = inject or (lambda phase, step: None)  # the run's fault injector (recovery/faults.py)
         self.layout, self.world_size, self.device = dict(layout), world_size, device
-        self.root = location(cfg.checkpoint.dir)
-        self.config_hash = config_hash(hashed_config(cfg))
+        self.root, self.retries = ckpt.root, ckpt.retries
+        self.config_hash, self.global_batch_size = ckpt.manifests.config_hash, ckpt.manifests.global_batch_size
         self.report: dict = {}
 
     def __call__(self, manifest: Manifest, path: Path) -> Optional[str]:
@@ -95,7 +96,7 @@ class ResumeVerifier:
         if self.state.step != manifest.step:
             problems.append(f"restored step {self.state.step} != manifest step {manifest.step}")
         lr_now = self.state.optimizer.param_groups[0]["lr"]
-        lr_expected = schedule_lr(self.cfg.optim, self.cfg.training.steps, manifest.step)
+        lr_expected = schedule_lr(self.optim, self.steps, manifest.step)
         if not problems and lr_now != lr_expected:  # the config's LR was applied at load: a bug, not bad bytes
             raise RecoveryError(
                 f"after loading {path}: optimizer LR {lr_now!r} != this run's schedule {lr_expected!r} at step "
@@ -113,14 +114,14 @@ class ResumeVerifier:
         if manifest.probe_loss is not None and self.probe is not None:
             probe_now = self.probe()
             probe_s = getattr(self.probe, "last_seconds", None)
-            matches = probe_matches(manifest.probe_loss, probe_now, same_probe, self.cfg.recovery.probe_rtol_reshard)
+            matches = probe_matches(manifest.probe_loss, probe_now, same_probe, self.cfg.probe_rtol_reshard)
             if not matches and config_changed:
                 log.warning("probe loss %r != stored %r after an allowed config change: the weights' checksums "
                             "passed; the probe cannot be compared across the change", probe_now, manifest.probe_loss)
             elif not matches:
-                rule = "bitwise (same layout)" if same_probe else f"rtol {self.cfg.recovery.probe_rtol_reshard}"
+                rule = "bitwise (same layout)" if same_probe else f"rtol {self.cfg.probe_rtol_reshard}"
                 problems.append(f"probe loss {probe_now!r} != stored {manifest.probe_loss!r} ({rule})")
-        elif self.cfg.recovery.verify and not bytes_checked:
+        elif self.cfg.verify and not bytes_checked:
             problems.append("the manifest has no probe loss to verify the weights with")
         self.report = {"checkpoint": str(path), "step": manifest.step, "lr": lr_now, "probe_loss": probe_now,
                        "stored_probe_loss": manifest.probe_loss, "same_layout": same_layout, "problems": problems,
@@ -140,12 +141,12 @@ class ResumeVerifier:
         return None
 
     def _check_global_batch(self, manifest: Manifest) -> None:
-        saved, now = manifest.global_batch_size, self.cfg.training.global_batch_size
+        saved, now = manifest.global_batch_size, self.global_batch_size
         if saved == now:
             return
         msg = (f"{manifest.checkpoint_id} was trained with global_batch_size={saved}, this run has {now}: "
                "the trajectory would change")
-        if not self.cfg.recovery.allow_global_batch_change:
+        if not self.cfg.allow_global_batch_change:
             raise ConfigMismatch(msg + ". Resume with training.global_batch_size=" + str(saved) +
                                  ", or set recovery.allow_global_batch_change=true (and "
                                  "checkpoint.allow_config_change=true) to accept it.")
@@ -157,11 +158,10 @@ class ResumeVerifier:
             step = parse(location(path).name)[0]
         except (TypeError, IndexError):
             return
-        rc = self.cfg.recovery
         newer = read_on_rank0(  # one listing, the same count on every rank
             lambda: [f"{c.checkpoint_id} ({c.bad or 'failed'})" for c in list_committed(self.root, include_bad=True)
-                     if c.step > step], f"checkpoint.dir={self.root}", rc.read_retries, rc.read_retry_backoff_s)
-        limit = self.cfg.recovery.max_fallbacks
+                     if c.step > step], f"checkpoint.dir={self.root}", *self.retries)
+        limit = self.cfg.max_fallbacks
         if len(newer) > limit:
             tried = ", ".join(newer)
             raise RecoveryError(

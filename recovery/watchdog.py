@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from configs.constants import DEFAULT_TIMEOUTS, DEFAULT_WRITE_TIMEOUT_S
+from recovery.config import DEFAULT_TIMEOUTS
 
 log = logging.getLogger("trainer")
 
@@ -72,7 +72,7 @@ class Watchdog:
     """
 
     def __init__(self, run_dir: Path | str, rank: int = 0, timeouts: Optional[Dict[str, float]] = None,
-                 write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S, poll_s: Optional[float] = None,
+                 write_timeout_s: float = 900.0, poll_s: Optional[float] = None,
                  hard_margin_s: float = 30.0, on_expire: Optional[Callable[[Expiry], None]] = None):
         self.dir = Path(run_dir) / "watchdog"
         self.rank = rank

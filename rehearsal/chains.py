@@ -24,8 +24,8 @@ import random
 from pathlib import Path
 from typing import Dict, List, Sequence
 
-from configs.constants import SAVE_PHASES
 from metrics.records import read_metrics, step_losses
+from recovery.config import SAVE_PHASES
 from rehearsal.runs import tiny_overrides
 from rehearsal.supervisor import supervise
 

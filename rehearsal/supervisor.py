@@ -27,8 +27,8 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
 from checkpoint.durable.discovery import latest_committed
-from configs.schema import register
-from trainer.checks import validate_config
+from trainer.config import register
+from trainer.preflight import validate_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -23,8 +23,8 @@ from types import SimpleNamespace
 import torch
 from omegaconf import OmegaConf
 
-from configs.schema import DataConfig
 from data.batching import make_batch_plan
+from data.config import DataConfig
 from data.setup import build_data_pipeline
 from rehearsal.runs import prepare_debug_data
 
@@ -66,9 +66,8 @@ def training_loop(args, num_workers: int) -> tuple[float, float]:
     """(tokens/s, share of the time waiting for data) of the debug model training on the pipeline."""
     from hydra import compose, initialize_config_dir
 
-    from configs.schema import register
-    from model.config import model_config
     from model.llama import build_model
+    from trainer.config import register
     from training.optimizer import build_optimizer
     from training.schedule import build_scheduler
     from training.step import Precision, train_step
@@ -77,7 +76,7 @@ def training_loop(args, num_workers: int) -> tuple[float, float]:
     with initialize_config_dir(str(Path(__file__).resolve().parent.parent / "configs"), version_base="1.3"):
         cfg = compose("config", overrides=["+experiment=debug"])
     torch.manual_seed(0)
-    model = build_model(model_config(cfg))
+    model = build_model(OmegaConf.to_object(cfg.model))
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, 10 ** 6)
     precision = Precision("fp32", torch.device("cpu"))

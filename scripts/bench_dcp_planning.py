@@ -46,9 +46,9 @@ def main(argv=None) -> int:
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from configs.schema import ParallelConfig
     from model.config import ModelConfig
     from model.llama import build_model
+    from parallel.config import ParallelConfig
     from parallel.dims import resolve_parallel_dims
     from parallel.parallelize import parallelize_model
 

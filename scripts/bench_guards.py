@@ -26,13 +26,14 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from configs.schema import GuardsConfig, OptimConfig
 from data.token_file import TokenFile
 from model.config import ModelConfig
 from model.llama import build_model
-from recovery.guards import TrainingGuards
+from recovery.guards.config import GuardsConfig
+from recovery.guards.guard import TrainingGuards
 from recovery.probe import Probe
 from rehearsal.runs import prepare_debug_data
+from training.config import OptimConfig
 from training.grad_stats import GradStats
 from training.optimizer import build_optimizer
 from training.schedule import build_scheduler

@@ -38,10 +38,10 @@ def worker(args) -> None:
     from omegaconf import OmegaConf
     from torch.distributed.tensor import DTensor
 
-    from configs.schema import ParallelConfig
     from model.config import ModelConfig
     from model.counting import count_params
     from model.llama import build_model
+    from parallel.config import ParallelConfig
     from parallel.dims import resolve_parallel_dims
     from parallel.init import init_distributed
     from parallel.parallelize import materialize_parallel_model, parallelize_model

@@ -49,14 +49,15 @@ def worker(args) -> None:
     import torch.nn.functional as F
     from omegaconf import OmegaConf
 
-    from configs.constants import IGNORE_INDEX
-    from configs.schema import OptimConfig, ParallelConfig
     from data.batching import make_batch_plan
+    from data.dataset import IGNORE_INDEX
     from model.config import ModelConfig
     from model.llama import build_model
+    from parallel.config import ParallelConfig
     from parallel.dims import resolve_parallel_dims
     from parallel.init import init_distributed
     from parallel.parallelize import materialize_parallel_model, parallelize_model
+    from training.config import OptimConfig
     from training.grad_stats import GradStats
     from training.optimizer import build_optimizer
     from training.schedule import build_scheduler

@@ -182,11 +182,12 @@ class Check:
         """The planner's plan for the config train.py composes from ``shape`` and ``extra``, on this GPU."""
         from planner.plan import Device, plan_from_config
         from rehearsal.supervisor import compose
+        from trainer.config import typed
 
         overrides = self.overrides(self.out / "plan", shape, extra)
         cuda = self.cuda
         device = Device(memory_gib=float(self.env["gpu_memory_gib"]), tflops=self.peak_tflops) if cuda else Device()
-        return compose(overrides), device, lambda cfg: plan_from_config(cfg, 1, device=device)
+        return compose(overrides), device, lambda cfg: plan_from_config(typed(cfg), 1, device=device)
 
 
 def fail_on(problems: List[str]) -> tuple:

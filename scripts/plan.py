@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def main(argv=None) -> int:
     from hydra import compose, initialize_config_dir
 
-    from configs.schema import register
     from planner.comm_model import DEFAULT_SYSTEM, SYSTEMS
     from planner.plan import (
         DEFAULT_HOST_COPY_GBPS,
@@ -39,7 +38,8 @@ def main(argv=None) -> int:
         plan_as_dict,
         plan_from_config,
     )
-    from trainer.checks import validate_config
+    from trainer.config import register
+    from trainer.preflight import check
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-size", type=int, default=None, help="needed when parallel.dp_shard=-1")
@@ -69,10 +69,10 @@ def main(argv=None) -> int:
     register()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
-    validate_config(cfg)
+    config, _ = check(cfg)
     try:
         device = _device(args, SYSTEMS[args.system], Device)
-        plan = plan_from_config(cfg, args.world_size, args.host_copy_gbps, args.storage_gbps, device)
+        plan = plan_from_config(config, args.world_size, args.host_copy_gbps, args.storage_gbps, device)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

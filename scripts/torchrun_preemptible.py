@@ -43,7 +43,7 @@ from torch.distributed.run import determine_local_world_size, parse_args, parse_
 from torch.distributed.run import main as torchrun_main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the project's packages
-from configs.constants import CHECK_WORLD_SIZES_ENV, CONFIG_CHECKED_ENV  # noqa: E402 - after the path
+from trainer.preflight import CHECK_WORLD_SIZES_ENV, CONFIG_CHECKED_ENV  # noqa: E402 - after the path
 
 NOTICES = (signal.SIGTERM, signal.SIGUSR1)
 TORCHRUN_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"  # torchrun's default list less the notices

@@ -25,25 +25,22 @@ from checkpoint.interop.init_from import apply_init_from
 from checkpoint.manager import CheckpointManager
 from checkpoint.state.training_state import TrainingState
 from checkpoint.storage import location
-from configs.checks import ConfigError
-from configs.constants import CONFIG_CHECKED_ENV
+from configs.keys import ConfigError
 from data.batching import make_batch_plan
 from data.setup import build_data_pipeline
 from metrics.logger import MetricsLogger, memory_gib, setup_logging
 from metrics.run_dir import write_run_config
 from metrics.throughput import Throughput
-from model.config import model_config
 from model.counting import count_params
 from model.llama import build_model
-from parallel.dims import resolve_parallel_dims
 from parallel.init import init_distributed, set_collective_timeout, shutdown_distributed
 from parallel.parallelize import materialize_parallel_model, parallelize_model
 from recovery.faults import FaultInjector
-from recovery.guards import RollbackRequested
-from recovery.guards.guard import build_guards
+from recovery.guards.guard import RollbackRequested, build_guards
 from recovery.probe import make_probe
 from recovery.runtime import RecoveryRuntime
-from trainer.startup import check_device, check_launch, claim_lease, launched_alone
+from trainer.config import Config, as_dict
+from trainer.preflight import CONFIG_CHECKED_ENV, check, check_device, check_launch, claim_lease, launched_alone
 from training.ema import EMA
 from training.evaluate import build_evaluator
 from training.grad_stats import GradStats
@@ -94,80 +91,99 @@ def run(cfg: DictConfig, overrides: List[str]) -> None:
 
 def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     storage.configure(cfg.checkpoint)  # checkpoint.s3.*: where an s3:// checkpoint.dir or init_from is
-    # The launch's checks (trainer/startup.py): a lone process checks everything first; under torchrun
+    # The launch's checks (trainer/preflight.py): a lone process checks everything first; under torchrun
     # the shared files are read on rank 0 once the process group exists, and every rank agrees.
     alone = launched_alone()
     if alone:
-        warnings = check_launch(cfg, 1)
+        config, warnings = check(cfg, 1, files=True)
     else:
-        check_device(cfg)
-    world = init_distributed(cfg.parallel.device, cfg.parallel.collective_timeout_s, cfg.parallel.force_fsdp)
+        check_device(cfg.parallel)
+    p = cfg.parallel
+    world = init_distributed(p.device, p.collective_timeout_s, p.force_fsdp)
     shutdown.add(90, "the process group", shutdown_distributed)
     setup_logging(cfg.logging.level, world.rank)
     if not alone:
-        warnings = check_launch(cfg, world.world_size)
+        config, warnings = check_launch(cfg, world.world_size)
     if world.is_main and not os.environ.get(CONFIG_CHECKED_ENV):  # else the launcher's own check printed them
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
-    attempt = claim_lease(cfg)  # before anything is built or written: a launch that lost it stops here
+    train(config, overrides, world, shutdown)
+
+
+def checkpoint_manager(config: Config, state: TrainingState, rank: int, world_size: int, layout, device,
+                       **hooks) -> CheckpointManager:
+    """The run's CheckpointManager: the checkpoint section, and what it needs of the others (``hooks``:
+    metrics, fault_hook, probe)."""
+    t, rc = config.training, config.recovery
+    return CheckpointManager(config.checkpoint, state, config=as_dict(config), global_batch_size=t.global_batch_size,
+                             steps=t.steps, seed=config.seed, run_name=config.run_name,
+                             retries=(rc.read_retries, rc.read_retry_backoff_s), rank=rank, world_size=world_size,
+                             layout=layout, device=device, **hooks)
+
+
+def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> None:
+    """The run, from the checked config (every section typed) on a started process group."""
+    c, t, p, rc = config.checkpoint, config.training, config.parallel, config.recovery
+    resolved = as_dict(config)  # what the manifests and config.yaml record
+    attempt = claim_lease(c)  # before anything is built or written: a launch that lost it stops here
     if world.is_main:
-        heartbeat = Heartbeat(location(cfg.checkpoint.dir), attempt, cfg.checkpoint.lease_timeout_s)
+        heartbeat = Heartbeat(location(c.dir), attempt, c.lease_timeout_s)
         shutdown.add(15, "the lease heartbeat", heartbeat.stop)  # after the writer: a save in flight beats too
-    run_dir = Path(cfg.run_dir)
-    injector = FaultInjector(cfg.recovery.faults, run_dir, world.rank)  # recovery.faults; none by default
+    run_dir = Path(config.run_dir)
+    injector = FaultInjector(rc.faults, run_dir, world.rank)  # recovery.faults; none by default
     set_manifest_read_fault(lambda path: injector.maybe_inject("manifest_read", step_of(path), path=path))
     shutdown.add(95, "the manifest read fault", lambda: set_manifest_read_fault(None))
 
-    dims = resolve_parallel_dims(cfg.parallel.dp_replicate, cfg.parallel.dp_shard, cfg.parallel.tp, world.world_size,
-                                 cfg.parallel.force_fsdp)
-    plan = make_batch_plan(cfg.training.global_batch_size, cfg.training.micro_batch_size, dims.dp)
-    mcfg = model_config(cfg)
+    dims = p.layout(world.world_size)
+    plan = make_batch_plan(t.global_batch_size, t.micro_batch_size, dims.dp)
+    mcfg = config.model
 
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(config.seed)
     model = build_model(mcfg, materialize=False)
-    parallel = parallelize_model(model, dims, cfg.parallel, world.device, seq_len=cfg.training.seq_len)
-    materialize_parallel_model(model, parallel, world.device, seed=cfg.seed)
-    optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(optimizer, cfg.optim, cfg.training.steps)
-    precision = Precision(cfg.training.mixed_precision, world.device)
-    data = build_data_pipeline(cfg.data, cfg.training.seq_len, cfg.seed, plan, parallel.dp_rank, world,
-                               model_vocab_size=mcfg.vocab_size,
-                               allow_global_batch_change=cfg.recovery.allow_global_batch_change)
+    parallel = parallelize_model(model, dims, p, world.device, seq_len=t.seq_len)
+    materialize_parallel_model(model, parallel, world.device, seed=config.seed)
+    optimizer = build_optimizer(model, config.optim)
+    scheduler = build_scheduler(optimizer, config.optim, t.steps)
+    precision = Precision(t.mixed_precision, world.device)
+    data = build_data_pipeline(config.data, t.seq_len, config.seed, plan, parallel.dp_rank, world,
+                               model_vocab_size=mcfg.vocab_size, allow_global_batch_change=rc.allow_global_batch_change)
     shutdown.add(20, "the data workers", data.close)
-    ema = EMA(model, cfg.training.ema_decay) if cfg.training.ema_decay > 0 else None
-    metrics = MetricsLogger(run_dir, cfg, world.is_main, cfg.training.steps)
+    ema = EMA(model, t.ema_decay) if t.ema_decay > 0 else None
+    metrics = MetricsLogger(run_dir, config.logging, world.is_main, t.steps, config.run_name, resolved)
     shutdown.add(30, "the metrics files", metrics.close)
     probe = make_probe(model, data, world.device, precision.autocast, parallel.loss_parallel)
-    evaluator = build_evaluator(cfg, model, data, plan, parallel.dp_rank, world.device, parallel.dp_group,
-                                precision.autocast, parallel.loss_parallel)  # None: data.validation=none
-    throughput = Throughput(mcfg, cfg.training.seq_len, world.world_size, cfg.logging.peak_tflops)  # MFU
-    guards = build_guards(cfg, model, world, parallel, probe, metrics)  # silent corruption, loss spikes
-    state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, optim_config=cfg.optim,
+    evaluator = build_evaluator(config.eval, config.data, t.seq_len, t.steps, model, data, plan, parallel.dp_rank,
+                                world.device, parallel.dp_group, precision.autocast,
+                                parallel.loss_parallel)  # None: data.validation=none
+    throughput = Throughput(mcfg, t.seq_len, world.world_size, config.logging.peak_tflops)  # MFU
+    guards = build_guards(rc.guards, run_dir, model, world, parallel, probe, metrics)  # unit: guards
+    state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, optim_config=config.optim,
                           rank=world.rank, world_size=world.world_size)  # everything a checkpoint holds
     probe.weights_version = lambda: state.weights_version  # the probe runs once per set of weights
-    ckpt = CheckpointManager(cfg, state, rank=world.rank, world_size=world.world_size, dims=dims,
-                             device=world.device, metrics=metrics, fault_hook=injector.maybe_inject, probe=probe)
+    ckpt = checkpoint_manager(config, state, world.rank, world.world_size, dims.layout, world.device, metrics=metrics,
+                              fault_hook=injector.maybe_inject, probe=probe)
     shutdown.add(10, "the checkpoint writer", ckpt.close)
-    rt = RecoveryRuntime(cfg, run_dir, world, ckpt, guards, injector)  # watchdog, preemption signals
+    rt = RecoveryRuntime(rc, run_dir, world, ckpt, guards, injector, optim=config.optim,
+                         steps=t.steps)  # watchdog, preemption signals
     shutdown.add(0, "the watchdog's shutdown phase", lambda: rt.beat("shutdown", state.step))  # saves may take a while
     shutdown.add(80, "the watchdog", rt.close)
     ckpt.preflight(attempt)  # room for the saves to come, on every rank
     metrics.attempt = attempt  # metrics.jsonl rows name it from now on (metrics/records.py)
     resumed = rt.resume(state, probe, dims, plan)  # verified, with bounded fallback
     resumed = apply_init_from(mcfg.init_from, state, ckpt, resumed, world.device,  # pretrained weights, step 0 only
-                              (cfg.recovery.read_retries, cfg.recovery.read_retry_backoff_s))
+                              (rc.read_retries, rc.read_retry_backoff_s))
     if world.is_main:  # the launch is accepted (the resume included): now it may say what it runs
-        write_run_config(run_dir, cfg, overrides)
+        write_run_config(run_dir, resolved, overrides)
     start_step = state.step
-    tokens_per_step = plan.global_batch_size * cfg.training.seq_len
+    tokens_per_step = plan.global_batch_size * t.seq_len
     log.info(
-        "run %s | world %d = dp_replicate %d x dp_shard %d x tp %d%s | device %s | %s parameters | "
+        "run %s | world %d = %s%s | device %s | %s parameters | "
         "global batch %d seq = %d x micro %d x accum %d | %d tokens/step | seq_len %d | seed %d | "
         "data %s | run dir %s | resume: %s",
-        cfg.run_name, world.world_size, dims.dp_replicate, dims.dp_shard, dims.tp,
+        config.run_name, world.world_size, dims.describe().replace("=", " "),
         " (FSDP2 on a size-1 mesh: parallel.force_fsdp)" if dims.fsdp_enabled and dims.dp == 1 else "", world.device,
         f"{count_params(mcfg).total:,}", plan.global_batch_size, dims.dp, plan.micro_batch_size,
-        plan.grad_accum_steps, tokens_per_step, cfg.training.seq_len, cfg.seed,
+        plan.grad_accum_steps, tokens_per_step, t.seq_len, config.seed,
         data.order.fingerprint[:12], run_dir, resumed,
     )
 
@@ -175,12 +191,12 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     grad_stats = GradStats(model, world.device, loss_copies=world.world_size // dims.dp)  # loss and norms
     recent: list[float] = []
     step, rollbacks = start_step, 0
-    while step < cfg.training.steps:
+    while step < t.steps:
         t0 = time.perf_counter()
         rt.phase("data_wait", step + 1)
         micro_batches = data.next_micro_batches(step)
         rt.phase("step", step + 1, model)
-        result = train_step(model, optimizer, scheduler, precision, micro_batches, cfg.training.grad_clip,
+        result = train_step(model, optimizer, scheduler, precision, micro_batches, t.grad_clip,
                             world.device, parallel.dp_group, data_seconds=time.perf_counter() - t0,
                             before_micro_batch=lambda last: parallel.before_micro_batch(model, last),
                             loss_parallel=parallel.loss_parallel,
@@ -188,7 +204,7 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
                             after_backward=lambda: rt.inject("gradients", step + 1, model=model),
                             global_tokens=data.global_target_tokens, grad_stats=grad_stats)
         if step == start_step:  # warm-up done: a hung peer should now fail fast
-            set_collective_timeout(cfg.parallel.collective_timeout_after_first_step_s, parallel.process_groups())
+            set_collective_timeout(p.collective_timeout_after_first_step_s, parallel.process_groups())
         if ema is not None:
             ema.update()
         state.record_step(result.target_tokens, plan.global_batch_size)
@@ -198,7 +214,7 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
         except RollbackRequested as request:
             step, rollbacks = rt.roll_back(request, data, rollbacks), rollbacks + 1
             continue
-        if cfg.recovery.halt_on_nonfinite_loss and not math.isfinite(result.loss) and not result.skipped:
+        if rc.halt_on_nonfinite_loss and not math.isfinite(result.loss) and not result.skipped:
             raise FloatingPointError(
                 f"loss is {result.loss} at step {step + 1} (grad norm {result.grad_norm}); stopping. "
                 "Lower optim.lr, enable grad clipping, or resume from an earlier checkpoint."
@@ -218,7 +234,7 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
         if rt.end_of_step(step + 1, step_s, result.loss):  # saves when due; True: preempted, saved, committed
             break
         step += 1
-    if state.step >= cfg.training.steps:
+    if state.step >= t.steps:
         ckpt.discard_memory()  # finished: the memory tier's snapshots would only hold the node's memory
     log.info("done: %d steps, run dir %s", state.step, run_dir)
 

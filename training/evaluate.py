@@ -26,13 +26,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from configs.constants import IGNORE_INDEX
 from data.batching import BatchPlan, SampleRange, rank_micro_batches
-from data.dataset import MicroBatchDataset
+from data.dataset import IGNORE_INDEX, MicroBatchDataset
 from data.order import SampleOrder
 from data.token_source import TokenSource
 from data.validation import open_validation
 from parallel import collectives
+from training.config import EvalConfig
 from training.step import _full, _loss_parallel, token_loss_sum
 
 log = logging.getLogger("trainer")
@@ -104,18 +104,18 @@ class Evaluator:
         return EvalResult(loss=loss_total / tokens, tokens=int(tokens), seconds=time.perf_counter() - start)
 
 
-def build_evaluator(cfg, model: torch.nn.Module, data, plan: BatchPlan, dp_rank: int, device: torch.device,
-                    dp_group=None, autocast=None, loss_parallel: bool = False) -> Optional[Evaluator]:
-    """The run's evaluator from ``data.validation`` and ``eval.*``; None when it does not evaluate.
+def build_evaluator(e: EvalConfig, data_cfg, seq_len: int, steps: int, model: torch.nn.Module, data,
+                    plan: BatchPlan, dp_rank: int, device: torch.device, dp_group=None, autocast=None,
+                    loss_parallel: bool = False) -> Optional[Evaluator]:
+    """The run's evaluator from ``eval.*`` (``e``) and ``data.validation``; None when it does not evaluate.
     ``data``: the training DataPipeline (its first source gives the tokenizer to match)."""
-    if str(cfg.data.validation).strip() == "none" or cfg.eval.interval == 0:
+    if str(data_cfg.validation).strip() == "none" or e.interval == 0:
         return None
-    source = open_validation(cfg.data, cfg.training.seq_len, data.order.sources[0])
-    evaluator = Evaluator(model, source, plan, dp_rank, batches=cfg.eval.batches, interval=cfg.eval.interval,
-                          total_steps=cfg.training.steps, eos_id=data.dataset.eos_id, device=device,
-                          dp_group=dp_group, autocast=autocast, cross_document_loss=cfg.data.cross_document_loss,
-                          loss_parallel=loss_parallel)
+    source = open_validation(data_cfg, seq_len, data.order.sources[0])
+    evaluator = Evaluator(model, source, plan, dp_rank, batches=e.batches, interval=e.interval, total_steps=steps,
+                          eos_id=data.dataset.eos_id, device=device, dp_group=dp_group, autocast=autocast,
+                          cross_document_loss=data_cfg.cross_document_loss, loss_parallel=loss_parallel)
     log.info("validation: %s, %d of its %d sequences (%d batches of %d) every %d steps, after the last step and "
-             "before every save", source.path, evaluator.num_sequences, source.num_sequences, cfg.eval.batches,
-             plan.global_batch_size, cfg.eval.interval)
+             "before every save", source.path, evaluator.num_sequences, source.num_sequences, e.batches,
+             plan.global_batch_size, e.interval)
     return evaluator

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from configs.constants import OPTIMIZER_IMPLEMENTATIONS
+from training.config import OPTIMIZER_IMPLEMENTATIONS
 
 
 def _implementation_flags(choice: str, params) -> dict:

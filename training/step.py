@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from configs.constants import IGNORE_INDEX, PRECISIONS
+from data.dataset import IGNORE_INDEX
 from parallel import collectives
+from training.config import PRECISIONS
 from training.grad_stats import GradStats, StepStats
 
 

@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
+from checkpoint.config import ASYNC_MODES
 from checkpoint.durable.commit import acknowledge, collect_acknowledgements, commit_checkpoint, update_latest
 from checkpoint.durable.integrity import checksum_file
 from checkpoint.durable.layout import fresh_dir
@@ -46,7 +47,6 @@ from checkpoint.durable.save_errors import RankFailures, failures_of, outcome_of
 from checkpoint.durable.writer import WRITERS, RawFileWriter
 from checkpoint.state.staging import HostStager
 from checkpoint.storage import Loc, location
-from configs.constants import ASYNC_MODES
 from parallel import collectives
 
 log = logging.getLogger("trainer")

@@ -47,6 +47,7 @@ from checkpoint.storage import location
 from checkpoint.storage.dcp import write_metadata
 from model.config import ModelConfig
 from model.llama import build_model
+from parallel.dims import ParallelDims
 
 DATA_FILE, METADATA = "__0_0.distcp", ".metadata"
 
@@ -120,7 +121,7 @@ def convert_hf_folder(src: Path, dst: Path, fmt: str = "raw") -> Dict:
         if source.generation_config:
             record["hf_generation_config"] = source.generation_config
         manifest = Manifest("step_00000000", 0, 0, 0, time.time(), config_hash(hashed_config(config)), config, 1,
-                            {"dp_replicate": 1, "dp_shard": 1, "tp": 1}, 0, None, None, algorithm, files,
+                            ParallelDims(1, 1, 1, 1).layout, 0, None, None, algorithm, files,
                             components=["model"], init_from=record)
         commit_checkpoint(dst, manifest)
     except BaseException:

@@ -21,13 +21,13 @@ from checkpoint.durable.discovery import resolve_resume
 from checkpoint.durable.manifest import CheckpointError
 from checkpoint.interop.hf_config import model_keys_from_hf
 from checkpoint.interop.weight_source import SourceError, open_source, source_problems
-from configs.checks import ConfigError
-from model.config import ModelConfig, model_config
+from configs.keys import ConfigError
+from model.config import SHAPE_KEYS, ModelConfig
 
 
 def unset_model_keys(cfg: DictConfig) -> List[str]:
     """The model.* keys left at ``???`` (configs/model/hf.yaml leaves the shape so)."""
-    return [k for k in cfg.model if OmegaConf.is_missing(cfg.model, k)]
+    return [k for k in SHAPE_KEYS if OmegaConf.is_missing(cfg.model, k)]
 
 
 def source_model_keys(path: str) -> Dict:
@@ -72,7 +72,7 @@ def fill_model_shape(cfg: DictConfig) -> List[str]:
     for key in unset:
         cfg.model[key] = values[key]
     # Keys given on the command line must agree; checked here too, so dry_run (which reads no weights) stops.
-    problems = source_problems(model_config(cfg), source)
+    problems = source_problems(OmegaConf.to_object(cfg.model), source)
     if problems:
         raise ConfigError("model=hf: model.* given on the command line disagree with model.init_from (drop them, "
                           "or choose another folder):\n  - " + "\n  - ".join(problems))

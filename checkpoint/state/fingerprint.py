@@ -25,8 +25,6 @@ import hashlib
 import json
 from typing import Dict, List
 
-from omegaconf import DictConfig, OmegaConf
-
 RESUME_SCHEDULE = ("training.steps", "optim.lr", "optim.lr_min", "optim.warmup_steps", "optim.schedule",
                    "optim.weight_decay", "training.grad_clip")
 RESUME_MUTABLE = RESUME_SCHEDULE + (
@@ -43,15 +41,10 @@ RESUME_MUTABLE = RESUME_SCHEDULE + (
 HASHED_WHEN_SET = ("rope_scaling", "intermediate_size")
 
 
-def full_config(cfg: DictConfig) -> Dict:
-    """The resolved config as plain data (what the manifest stores)."""
-    return OmegaConf.to_container(cfg, resolve=True)
-
-
-def hashed_config(cfg: DictConfig | Dict) -> Dict:
-    """The part of the resolved config (a DictConfig, or a manifest's stored dict) that a
-    resume must not change."""
-    container = copy.deepcopy(cfg if isinstance(cfg, dict) else full_config(cfg))
+def hashed_config(config: Dict) -> Dict:
+    """The part of a resolved config (as plain data: this run's, or a manifest's stored one) that a resume
+    must not change."""
+    container = copy.deepcopy(config)
     for dotted in RESUME_MUTABLE:
         node = container
         *parents, leaf = dotted.split(".")

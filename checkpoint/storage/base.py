@@ -103,12 +103,8 @@ class Store(ABC):
 
     @classmethod
     def configure(cls, settings) -> None:
-        """Take this process's settings from the checkpoint config section (before any call)."""
-
-    @classmethod
-    def setting_problems(cls, settings) -> List[str]:
-        """What is wrong with this store's keys in the checkpoint config section (torch-free)."""
-        return []
+        """Take this process's settings from the checkpoint config section (before any call); a store's own keys
+        are a sub-section of it (checkpoint.s3), checked with the config."""
 
     def abort_unfinished(self, key: str) -> List[str]:
         """End writes under ``key`` that a killed writer left open and the store still keeps (and bills); their

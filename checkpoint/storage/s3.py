@@ -26,9 +26,11 @@ import io
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, TypeVar
 
 from checkpoint.storage.base import Entry, Store
+from configs.keys import key
 
 T = TypeVar("T")
 SCHEME = "s3://"
@@ -49,18 +51,24 @@ _CODES = {
 
 
 # -- where the store is ------------------------------------------------------------------------------
-def setting_problems(endpoint_url: Optional[str], region: Optional[str], addressing_style: str) -> List[str]:
-    """What is wrong with checkpoint.s3's values (torch-free)."""
-    out = []
-    if endpoint_url and not str(endpoint_url).startswith(("http://", "https://")):
-        out.append(f"checkpoint.s3.endpoint_url={endpoint_url!r}: give the store's URL with its scheme, e.g. "
-                   "http://minio.internal:9000 or https://s3.us-east-1.amazonaws.com (null: boto3's own settings)")
-    if region is not None and not str(region).strip():
-        out.append("checkpoint.s3.region='': give a region name (us-east-1) or null")
-    if addressing_style not in ADDRESSING_STYLES:
-        out.append(f"checkpoint.s3.addressing_style={addressing_style!r}: choose one of {list(ADDRESSING_STYLES)} "
-                   "(path: http://host/bucket/key, which most S3-compatible stores want)")
-    return out
+@dataclass
+class S3Config:
+    """checkpoint.s3: where an ``s3://`` checkpoint.dir (or model.init_from) lives. null: boto3's own settings
+    (AWS_ENDPOINT_URL_S3, AWS_REGION); credentials are always boto3's."""
+
+    endpoint_url: Optional[str] = key(None, "an S3-compatible store: http://minio.internal:9000")
+    region: Optional[str] = key(None, "us-east-1")
+    addressing_style: str = key("auto", "auto | path (http://host/bucket/key, which most S3-compatible stores want) "
+                                "| virtual (http://bucket.host/key)", choices=ADDRESSING_STYLES)
+
+    def check(self) -> List[str]:
+        out = []
+        if self.endpoint_url and not str(self.endpoint_url).startswith(("http://", "https://")):
+            out.append(f"checkpoint.s3.endpoint_url={self.endpoint_url!r}: give the store's URL with its scheme, e.g. "
+                       "http://minio.internal:9000 or https://s3.us-east-1.amazonaws.com (null: boto3's own settings)")
+        if self.region is not None and not str(self.region).strip():
+            out.append("checkpoint.s3.region='': give a region name (us-east-1) or null")
+        return out
 
 
 def configure(endpoint_url: Optional[str] = None, region: Optional[str] = None,
@@ -301,11 +309,6 @@ class S3Store(Store):
     def configure(cls, settings) -> None:
         s3 = settings.s3
         configure(s3.endpoint_url, s3.region, s3.addressing_style)
-
-    @classmethod
-    def setting_problems(cls, settings) -> List[str]:
-        s3 = settings.s3
-        return setting_problems(s3.endpoint_url, s3.region, s3.addressing_style)
 
     def url(self, key: str) -> str:
         return f"{SCHEME}{self.bucket}/{key}" if key else f"{SCHEME}{self.bucket}"

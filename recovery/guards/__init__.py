@@ -1,5 +1,2 @@
-"""Guards against silent data corruption and loss spikes (see guard.py for the actions)."""
-
-from recovery.guards.guard import ACTIONS, RollbackRequested, TrainingGuards
-
-__all__ = ["ACTIONS", "RollbackRequested", "TrainingGuards"]
+"""Guards against silent data corruption and loss spikes: config.py (the section), guard.py (the checks and
+the actions), detectors.py, replica.py, alarms.py, rollback.py (to a verified checkpoint)."""

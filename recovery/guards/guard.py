@@ -28,9 +28,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from configs.constants import GUARD_ACTIONS as ACTIONS
 from parallel import collectives
+from parallel.dims import REPLICATE
 from recovery.guards.alarms import Alarm, AlarmSink
+from recovery.guards.config import ACTIONS, GuardsConfig
 from recovery.guards.detectors import Anomaly, RatioToRunningMean, RobustSpike
 from recovery.guards.replica import check_replicas
 from training.grad_stats import layer_grad_norms, layer_groups
@@ -177,17 +178,15 @@ class TrainingGuards:
         self._rollback_after_skip = RollbackRequested(*pending) if pending else None
 
 
-def build_guards(cfg, model: nn.Module, world, parallel, probe: Optional[Callable[[], float]],
-                 metrics) -> TrainingGuards:
-    """The guards for this run: the shadow check reuses the checkpoint's probe batch, the
-    replica check the dp_replicate process group."""
+def build_guards(g: GuardsConfig, run_dir: Path, model: nn.Module, world, parallel,
+                 probe: Optional[Callable[[], float]], metrics) -> TrainingGuards:
+    """The guards for this run (``g``: recovery.guards): the shadow check reuses the checkpoint's probe batch,
+    the replica check the process group across replicas."""
     replicate_group = None
-    if parallel.mesh is not None and "dp_replicate" in parallel.mesh.mesh_dim_names \
-            and parallel.mesh["dp_replicate"].size() > 1:
-        replicate_group = parallel.mesh["dp_replicate"].get_group()
-    guards = TrainingGuards(cfg.recovery.guards, model, world.device, cfg.run_dir, world.rank, metrics,
-                            shadow_loss=probe, replicate_group=replicate_group)
-    g = cfg.recovery.guards
+    if parallel.mesh is not None and REPLICATE in parallel.mesh.mesh_dim_names and parallel.mesh[REPLICATE].size() > 1:
+        replicate_group = parallel.mesh[REPLICATE].get_group()
+    guards = TrainingGuards(g, model, world.device, run_dir, world.rank, metrics, shadow_loss=probe,
+                            replicate_group=replicate_group)
     if g.enabled:
         log.info("guards: action %s, grad-norm x%g and loss spikes every step, shadow every %d steps, %s",
                  g.action, g.grad_norm_multiple, g.shadow_interval,

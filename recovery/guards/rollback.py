@@ -52,16 +52,15 @@ class RollbackError(RuntimeError):
     """No clean checkpoint to roll back to, or too many rollbacks: a person must look."""
 
 
-def roll_back(request: RollbackRequested, guards, ckpt, data, cfg, rollbacks_done: int) -> int:
+def roll_back(request: RollbackRequested, guards, ckpt, data, gcfg, run_dir: Path, rollbacks_done: int) -> int:
     """Load the chosen checkpoint into the live training state and move the data past the bad
     window; returns the step to continue from. A target that fails to load is marked bad (or,
     unreadable, skipped) and the next older choice is loaded (recovery/resume.py's fallback)."""
-    gcfg = cfg.recovery.guards
     if rollbacks_done >= gcfg.max_rollbacks:
         raise RollbackError(
             f"{request}; already rolled back {rollbacks_done} times in this process "
             f"(recovery.guards.max_rollbacks={gcfg.max_rollbacks}): stopping instead of looping. "
-            f"Inspect the alarms in {Path(cfg.run_dir) / 'alarms'}")
+            f"Inspect the alarms in {Path(run_dir) / 'alarms'}")
     ckpt.wait()  # an in-flight save must commit (or fail) before we choose ...
     ckpt.wait_for_retention()  # ... and retention must not be renaming the one we choose
 
@@ -70,7 +69,7 @@ def roll_back(request: RollbackRequested, guards, ckpt, data, cfg, rollbacks_don
                  for c in list_committed(ckpt.root)  # a manifest not read this time: not known to be verified
                  if below is None or c.step < below]  # below: older than one that failed (BAD or unreadable)
         chosen = choose_rollback_target(found, request.step, gcfg.rollback_min_age_steps,
-                                        cfg.checkpoint.keep_every, gcfg.rollback_prefer_permanent)
+                                        ckpt.cfg.keep_every, gcfg.rollback_prefer_permanent)
         return location(chosen.path) if chosen else None
 
     loaded = load_with_fallback(ckpt, target, lambda failed: target(below=parse(failed.name)[0]))
@@ -84,7 +83,7 @@ def roll_back(request: RollbackRequested, guards, ckpt, data, cfg, rollbacks_don
     if ckpt.rank == 0:  # so do the committed checkpoints after the target: a crash must not resume them
         mark_superseded(ckpt.root, manifest.step, f"abandoned by the rollback from step {request.step} to step "
                                                   f"{manifest.step} ({request.reason})")
-    skipped = (request.step - manifest.step) * cfg.training.global_batch_size
+    skipped = (request.step - manifest.step) * ckpt.manifests.global_batch_size
     data.skip_samples(skipped)
     guards.after_rollback()
     # The data skip and the clean guard state exist only in memory: save them over the target, and

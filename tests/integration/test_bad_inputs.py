@@ -19,12 +19,13 @@ import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from configs.bounds import BOUNDS
-from configs.checks import ConfigError
-from configs.schema import DataSourceConfig, FaultConfig, numeric_keys, register
+from configs.keys import ConfigError, bound_of, numeric_keys
+from data.config import DataSourceConfig
+from recovery.config import FaultConfig
 from support.config import compose_debug as _compose
 from support.launch import ROOT, load_script, run, run_train, subprocess_env, torchrun
-from trainer.checks import validate_config
+from trainer.config import Config, register
+from trainer.preflight import validate_config
 
 register()
 
@@ -47,11 +48,11 @@ BAD = [
     ("checkpoint.resume=latest", ["checkpoint.resume='latest'", "['auto', 'never', 'must']", "a step number"]),
     ("checkpoint.resume=/nonexistent/step_00000010",
      ["checkpoint.resume='/nonexistent/step_00000010'", "['auto', 'never', 'must']", "manifest.json"]),
-    ("checkpoint.load_threads=0", ["checkpoint.load_threads=0", ">= 1"]),
-    ("checkpoint.commit_timeout_s=0", ["checkpoint.commit_timeout_s=0.0", "> 0"]),
+    ("checkpoint.load_threads=0", ["checkpoint.load_threads=0", "in [1, 256]"]),
+    ("checkpoint.commit_timeout_s=0", ["checkpoint.commit_timeout_s=0.0", "in (0, 100000000]"]),
     ("+recovery.timeouts.stepp=3", ["recovery.timeouts", "['stepp']", PHASES]),
-    ("recovery.timeouts.step=0", ["recovery.timeouts.step=0.0", "> 0"]),
-    ("recovery.checkpoint_write_timeout_s=0", ["recovery.checkpoint_write_timeout_s=0.0", "> 0"]),
+    ("recovery.timeouts.step=0", ["recovery.timeouts.step=0.0", "in (0, 100000000]"]),
+    ("recovery.checkpoint_write_timeout_s=0", ["recovery.checkpoint_write_timeout_s=0.0", "in (0, 100000000]"]),
     ("recovery.read_retries=6", ["recovery.read_retries=6 with recovery.read_retry_backoff_s=2", "126 s",
                                  "fails after 120 s", "lower read_retries or read_retry_backoff_s"]),
     ("recovery.faults=[{kind:explode}]", ["recovery.faults[0].kind='explode'", "'sigkill', 'hang'", "'disk_full'"]),
@@ -64,7 +65,7 @@ BAD = [
     ("recovery.faults=[{kind:disk_full,phase:step}]", ["recovery.faults[0]", "disk_full",
                                                         "['checkpoint_write', 'checkpoint_commit']", "(not 'step')"]),
     ("recovery.preemption_signals=[SIGFOO]", ["recovery.preemption_signals", "'SIGFOO'", "SIGTERM, SIGUSR1"]),
-    ("recovery.preemption_grace_s=0", ["recovery.preemption_grace_s=0.0", "> 0"]),
+    ("recovery.preemption_grace_s=0", ["recovery.preemption_grace_s=0.0", "in (0, 100000000]"]),
     ("recovery.guards.action=panic", ["recovery.guards.action='panic'",
                                       "['log', 'skip_step', 'block_verified', 'rollback']"]),
     ("recovery.straggler_factor=1.0", ["recovery.straggler_factor=1.0", "> 1"]),
@@ -73,7 +74,7 @@ BAD = [
     ("parallel.param_dtype=fp16", ["parallel.param_dtype='fp16'", "['fp32', 'bf16']"]),
     ("parallel.reduce_dtype=int8", ["parallel.reduce_dtype='int8'", "['fp32', 'bf16']"]),
     ("parallel.activation_checkpoint=some", ["parallel.activation_checkpoint='some'", "['none', 'full', 'selective']"]),
-    ("parallel.collective_timeout_s=0", ["parallel.collective_timeout_s=0.0", "> 0"]),
+    ("parallel.collective_timeout_s=0", ["parallel.collective_timeout_s=0.0", "in (0, 100000000]"]),
     ("training.mixed_precision=fp8", ["training.mixed_precision='fp8'", "['fp32', 'bf16', 'fp16']"]),
     ("training.ema_decay=1.0", ["training.ema_decay=1.0", "[0, 1)"]),
     ("training.grad_clip=-1", ["training.grad_clip=-1.0", ">= 0"]),
@@ -167,7 +168,7 @@ STEPS_OR_AUTO = ("checkpoint.interval", "checkpoint.memory.interval")
 def _numeric_cases():
     """(schema key, the override path it is set through, type) for every numeric key of the schema, and the
     numbers of model.rope_scaling (their type: whatever is given)."""
-    for key, tp in numeric_keys():
+    for key, tp in numeric_keys(Config):
         path = key.replace("recovery.timeouts.*", "recovery.timeouts.step")
         yield key, path, tp
     for leaf in ROPE:
@@ -200,9 +201,9 @@ def _with(base, path: str, value, cfg=None):
 
 
 def test_every_numeric_key_declares_its_bounds():
-    missing = [k for k, _, _ in _numeric_cases() if k not in BOUNDS]
-    assert not missing, f"declare what these can be in configs/bounds.py: {missing}"
-    assert len(numeric_keys()) >= 70
+    missing = [k for k, _, _ in _numeric_cases() if bound_of(Config, k) is None]
+    assert not missing, f"declare what these can be (a bound in the key's declaration): {missing}"
+    assert len(numeric_keys(Config)) >= 70
 
 
 def _refusal(cfg) -> str | None:
@@ -233,7 +234,7 @@ def test_every_numeric_key_refuses_nan_infinities_and_what_it_cannot_be(tmp_path
                 continue
             block = _refusal(cfg)
             if block is None:
-                assert math.isfinite(value) and BOUNDS[key].holds(value), f"{shown}={value} was accepted"
+                assert math.isfinite(value) and bound_of(Config, key).holds(value), f"{shown}={value} was accepted"
                 continue
             # a llama3 scaling that is wrong as a whole (low_freq_factor above high_freq_factor) names the mapping
             named = shown in block or (key.startswith("model.rope_scaling.") and "model.rope_scaling=" in block
@@ -257,7 +258,7 @@ def test_a_step_count_or_auto_refuses_every_other_string(key):
 
 
 @pytest.mark.parametrize("override, needle", [
-    ("+training.setps=10", "training.setps: the schema (configs/schema.py) has no such key; did you mean "
+    ("+training.setps=10", "training.setps: the schema has no such key; did you mean "
                            "training.steps?"),
     ("+optim.lrr=1", "did you mean optim.lr?"),
     ("+checkpoint.keep_lats=3", "did you mean checkpoint.keep_last?"),
@@ -333,13 +334,13 @@ class _Cuda:
     ("cpu", {"LOCAL_WORLD_SIZE": "8"}, 1, False),
 ])
 def test_more_processes_than_gpus_on_a_node_is_refused_before_set_device(monkeypatch, device, env, count, refused):
-    from trainer.checks import device_problems
+    from trainer.preflight import device_problems
 
     for key in ("LOCAL_WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    found = device_problems(_compose(f"parallel.device={device}"), cuda=_Cuda(count))
+    found = device_problems(device, cuda=_Cuda(count))
     assert bool(found) == refused, found
     if refused:
         assert f"parallel.device={device}: " in found[0] and f"torch sees {count} CUDA device" in found[0]
@@ -354,7 +355,7 @@ def test_a_file_probe_that_fails_is_a_refusal_naming_it(tmp_path, pydoc_data, mo
 
     monkeypatch.setattr(data.checks, "file_problems", broken)
     cfg = _compose(f"data.path={pydoc_data}", f"output_root={tmp_path}")
-    with pytest.raises(ConfigError, match="the pre-flight could not finish data.checks.file_problems: RuntimeError: "
+    with pytest.raises(ConfigError, match="the pre-flight could not finish data.path: RuntimeError: "
                                           "the probe broke"):
         validate_config(cfg, world_size=1, files=True)
     with pytest.raises(ConfigError) as err:  # with a value out of bounds the bound is the message, not the probe
@@ -384,8 +385,7 @@ def test_an_elastic_range_is_checked_at_every_world_size_it_may_form(monkeypatch
     """torchrun --nnodes=1:3 --nproc-per-node=1: the launcher's check gets world sizes 1, 2 and 3. The group forms at
     3 once every node joined: a layout that fails there is refused; one that fails only at a smaller size (a group
     re-formed after a node is lost) is a warning naming it."""
-    from configs.constants import CHECK_WORLD_SIZES_ENV
-    from trainer.checks import world_size_of
+    from trainer.preflight import CHECK_WORLD_SIZES_ENV, world_size_of
 
     monkeypatch.setenv(CHECK_WORLD_SIZES_ENV, "1,2,3")
     monkeypatch.setenv("WORLD_SIZE", "1")
@@ -577,10 +577,7 @@ def test_resume_must_with_a_mistyped_dir_gives_the_fix_and_creates_nothing(tmp_p
     (7, float("nan"), None), (7, float("inf"), None), (0, 2.0, None),  # the values' own checks refuse these
 ])
 def test_the_read_retries_bound_takes_any_number(retries, backoff_s, said):
-    from types import SimpleNamespace
+    from recovery.config import read_retries_problem
 
-    from recovery.checks import _read_retries_problem
-
-    timeouts = SimpleNamespace(collective_timeout_s=600.0, collective_timeout_after_first_step_s=120.0)
-    problem = _read_retries_problem(retries, backoff_s, timeouts)
+    problem = read_retries_problem(retries, backoff_s, 600.0, 120.0)
     assert (problem is None) if said is None else (said in problem and "fails after 120 s" in problem), problem

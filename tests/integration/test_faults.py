@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from configs.schema import FaultConfig as Fault
+from recovery.config import FaultConfig as Fault
 from recovery.faults import FaultInjector, InjectedFault, corrupt_checkpoint
 from recovery.preemption import Preemption
 from support.launch import run, torchrun, worker

@@ -74,7 +74,7 @@ def test_the_gpu_shapes_compose_validate_and_plan(tmp_path, monkeypatch, gpu):
     """The dry run uses the debug model for every shape: here the GPU overrides themselves (the 8b shape,
     seq 8192, FSDP2 at one rank in bf16, the fit-layers search) compose, pass train.py's validation at one
     rank and plan, in this process (the planner at one rank builds no process group)."""
-    from trainer.checks import validate_config
+    from trainer.preflight import validate_config
 
     gpu_check = _load(monkeypatch)
     check = gpu_check.Check(out=tmp_path, data=tmp_path / "data", dry_run=False, budget_s=480, shm=tmp_path)

@@ -24,14 +24,14 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from checkpoint.interop.weight_source import read_safetensors_header, source_problems
-from configs.checks import ConfigError
-from configs.schema import register
+from configs.keys import ConfigError
 from metrics.records import read_metrics
 from model.config import ModelConfig
 from rehearsal.runs import debug_overrides
 from support.data import data_config, global_batches
 from support.launch import ROOT, python_or_torchrun, run, run_train, worker
-from trainer.checks import validate_config
+from trainer.config import register
+from trainer.preflight import validate_config
 
 DEBUG = ModelConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "configs/model/debug.yaml")))
 LAYOUTS = {"1": (1, []), "dp_shard2": (2, ["dp_shard=2"]), "tp2": (2, ["tp=2"]),

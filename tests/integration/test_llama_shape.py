@@ -13,14 +13,14 @@ import json
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from checkpoint.interop.hf_config import hf_shape_problems
-from configs.checks import ConfigError
-from configs.schema import register
-from model.config import model_config
+from configs.keys import ConfigError
 from model.counting import count_params
 from support.launch import ROOT, load_script, run_train
-from trainer.checks import validate_config
+from trainer.config import register
+from trainer.preflight import validate_config
 
 ROPE_8 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
           "rope_type": "llama3"}
@@ -64,7 +64,7 @@ def config_only_folder(path, config):
 @pytest.mark.parametrize("preset", list(PUBLISHED))
 def test_preset_is_the_published_shape(preset):
     published, params = PUBLISHED[preset]
-    cfg = model_config(compose_cfg(f"model={preset}"))
+    cfg = OmegaConf.to_object(compose_cfg(f"model={preset}").model)
     assert hf_shape_problems(cfg, published, preset) == []
     assert cfg.rope_scaling == published["rope_scaling"]
     assert cfg.max_seq_len == published["max_position_embeddings"]
@@ -76,7 +76,8 @@ def test_model_hf_fills_every_key_from_config_json(preset, tmp_path):
     folder = config_only_folder(tmp_path / preset, PUBLISHED[preset][0])
     cfg = compose_cfg("model=hf", f"model.init_from={folder}", "dry_run=true")
     validate_config(cfg, None, files=True)
-    filled, expected = vars(model_config(cfg)), vars(model_config(compose_cfg(f"model={preset}")))
+    filled = vars(OmegaConf.to_object(cfg.model))
+    expected = vars(OmegaConf.to_object(compose_cfg(f"model={preset}").model))
     differ = {k for k in expected if filled[k] != expected[k]}
     assert differ == {"name", "init_from"}, differ
 
@@ -92,11 +93,11 @@ def test_model_overrides_that_disagree_with_the_folder_are_named(tmp_path):
     assert "max_seq_len" not in str(err.value)  # positions are the run's choice, not the weights'
     # A preset without intermediate_size: the message says which key sets the width.
     cfg = compose_cfg("model=8b", f"model.init_from={folder}", "dry_run=true")
-    problems = hf_shape_problems(model_config(cfg), PUBLISHED["llama3_1_8b"][0], "F")
+    problems = hf_shape_problems(OmegaConf.to_object(cfg.model), PUBLISHED["llama3_1_8b"][0], "F")
     assert problems == ["model.rope_scaling=None but F has rope_scaling={'rope_type': 'llama3', 'factor': 8.0, "
                         "'low_freq_factor': 1.0, 'high_freq_factor': 4.0, 'original_max_position_embeddings': 8192.0}"]
     cfg = compose_cfg("model=8b", "model.ffn_dim_multiplier=null")
-    problems = hf_shape_problems(model_config(cfg), PUBLISHED["llama3_1_8b"][0], "F")
+    problems = hf_shape_problems(OmegaConf.to_object(cfg.model), PUBLISHED["llama3_1_8b"][0], "F")
     assert "the FFN width (set model.intermediate_size, or model.dim, model.multiple_of, model.ffn_dim_multiplier)" \
         "=11264 but F has intermediate_size=14336" in problems
     with pytest.raises(ConfigError, match="model=hf takes the shape from the weights it starts from; add "

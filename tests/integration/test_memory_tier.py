@@ -21,11 +21,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from checkpoint.config import MemoryTierConfig
 from checkpoint.manager import AUTO_MEASURE_STEPS
 from checkpoint.memory.snapshot import SnapshotError, apply_snapshot, write_snapshot
 from checkpoint.memory.tier import MemoryTier
 from checkpoint.state.training_state import TrainingState
-from configs.schema import MemoryTierConfig
 from metrics.records import read_metrics, step_losses
 from recovery.interval import choose_interval_steps
 from rehearsal.chains import faults_override
@@ -172,20 +172,19 @@ def _probed_run(tmp_path, durable_interval: int = 0):
     """A world-1 run's pieces in this process: the debug model, its optimizer and schedule, a probe
     that counts its forwards, a checkpoint manager whose memory tier snapshots every 2 steps (the
     durable tier every ``durable_interval`` steps, off by default)."""
-    from types import SimpleNamespace
-
-    from checkpoint.manager import CheckpointManager
-    from model.config import model_config
     from model.llama import build_model
+    from parallel.dims import ParallelDims
     from recovery.probe import PROBE_SEQUENCES, Probe
     from support.config import compose_debug
+    from trainer.config import typed
+    from trainer.run import checkpoint_manager
     from training.optimizer import build_optimizer
     from training.schedule import build_scheduler
 
     cfg = compose_debug(f"output_root={tmp_path}", "run_name=probe-count", f"checkpoint.interval={durable_interval}",
                         "recovery.guards.shadow_interval=2", "checkpoint.memory.interval=2",
                         f"checkpoint.memory.root={tmp_path / 'shm'}", "checkpoint.memory.replicas=0")
-    model = build_model(model_config(cfg), seed=0)
+    model = build_model(OmegaConf.to_object(cfg.model), seed=0)
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.training.steps)
     state = TrainingState(model, optimizer, scheduler, optim_config=cfg.optim)
@@ -194,8 +193,8 @@ def _probed_run(tmp_path, durable_interval: int = 0):
     model.register_forward_hook(lambda *_: forwards.append(1))
     probe = Probe(model, (rows[:, :-1], rows[:, 1:]), torch.device("cpu"),
                   weights_version=lambda: state.weights_version)
-    dims = SimpleNamespace(dp_replicate=1, dp_shard=1, tp=1)
-    ckpt = CheckpointManager(cfg, state, rank=0, world_size=1, dims=dims, device=torch.device("cpu"), probe=probe)
+    ckpt = checkpoint_manager(typed(cfg), state, 0, 1, ParallelDims(1, 1, 1, 1).layout, torch.device("cpu"),
+                              probe=probe)
 
     def train_step():
         model(rows[:, :-1]).float().square().mean().backward()
@@ -243,7 +242,7 @@ def test_a_snapshot_runs_no_probe_and_its_restore_checks_every_applied_byte(tmp_
         assert record.committed and forwards == []  # no probe forward in the snapshot
         saved = _flat(state)
         train_step()  # the live state moves on
-        verifier = ResumeVerifier(cfg, state, probe, ckpt.layout, 1)
+        verifier = ResumeVerifier(cfg.recovery, cfg.optim, cfg.training.steps, ckpt, state, probe, ckpt.layout, 1)
         assert resume(ckpt, verifier).startswith("from the memory tier (step 2")
         assert forwards == [] and verifier.report["problems"] == []  # nor in its verification
         assert verifier.report["probe_loss"] is None
@@ -271,16 +270,16 @@ def test_a_step_where_a_save_a_snapshot_and_the_shadow_check_fall_due_runs_the_p
     the memory snapshot of the same step: one probe forward for all (the snapshot runs none), and
     the durable manifest holds the value the shadow check saw."""
     from checkpoint.durable.manifest import read_manifest
-    from recovery.guards import TrainingGuards
+    from recovery.guards.guard import TrainingGuards
     from recovery.probe import PROBE_METHOD, PROBE_SEQUENCES
-    from trainer.startup import claim_lease
+    from trainer.preflight import claim_lease
 
     cfg, state, probe, forwards, ckpt, train_step = _probed_run(tmp_path, durable_interval=2)
     seen = []
     guards = TrainingGuards(cfg.recovery.guards, state.model, torch.device("cpu"), tmp_path / "run", 0,
                             shadow_loss=lambda: seen.append(probe()) or seen[-1])
     try:
-        ckpt.preflight(claim_lease(cfg))  # as trainer/run.py: the lease first
+        ckpt.preflight(claim_lease(cfg.checkpoint))  # as trainer/run.py: the lease first
         train_step()
         train_step()
         assert ckpt.due(2) and ckpt.memory.due(2) and cfg.recovery.guards.shadow_interval == 2

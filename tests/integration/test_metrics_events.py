@@ -8,10 +8,9 @@ from __future__ import annotations
 import logging
 
 import pytest
-from omegaconf import OmegaConf
 
 import metrics.logger as logger_module
-from configs.schema import Config
+from metrics.config import LoggingConfig, WandbConfig
 from metrics.logger import MetricsLogger
 from metrics.records import read_metrics
 from metrics.throughput import Throughput
@@ -52,10 +51,9 @@ def test_events_reach_tensorboard_and_wandb(tmp_path, monkeypatch, caplog):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     wandb = RecordingWandb()
-    monkeypatch.setattr(logger_module, "_start_wandb", lambda run_dir, cfg: wandb)
-    cfg = OmegaConf.structured(Config)
-    cfg.logging.wandb.mode, cfg.logging.tensorboard = "offline", True
-    m = MetricsLogger(tmp_path, cfg, is_main=True, total_steps=6)
+    monkeypatch.setattr(logger_module, "_start_wandb", lambda run_dir, w, name, config: wandb)
+    lg = LoggingConfig(tensorboard=True, wandb=WandbConfig(mode="offline"))
+    m = MetricsLogger(tmp_path, lg, is_main=True, total_steps=6)
     ckpt = dict(kind="checkpoint", mode="async", blocking_s=0.25, background_s=1.5, bytes=1000, committed=True)
     with caplog.at_level(logging.INFO, logger="trainer"):
         m.log_event(2, kind="resume", checkpoint_id="step_00000002", load_s=0.5, skipped=[])

@@ -126,8 +126,8 @@ def test_tp_that_does_not_divide_the_heads_is_refused():
 
 
 def test_options_that_cannot_apply_are_refused_with_the_fix():
-    from configs.schema import ParallelConfig
     from model.llama import build_model
+    from parallel.config import ParallelConfig
     from parallel.parallelize import parallelize_model
 
     one = ParallelDims(1, 1, 1, 1)

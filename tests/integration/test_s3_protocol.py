@@ -31,6 +31,7 @@ from checkpoint.durable.manifest import CheckpointError, read_manifest, verify_c
 from checkpoint.storage import Loc, location
 from checkpoint.storage import s3 as s3_client
 from checkpoint.storage.s3 import MultipartWriter, RangedReader
+from configs.keys import problems
 from rehearsal.s3_server import BUCKET, PART_BYTES
 from support.s3 import (
     KILL_POINTS,
@@ -299,12 +300,12 @@ def test_the_endpoint_comes_from_checkpoint_s3_before_the_environment(s3, monkey
             in_bucket("").walk()
     finally:
         s3_client.configure(None)
-    assert s3_client.setting_problems("minio:9000", "", "sideways") == [
+    bad = s3_client.S3Config("minio:9000", "", "sideways")
+    assert problems(bad, "checkpoint.s3") + bad.check() == [
+        "checkpoint.s3.addressing_style='sideways': choose one of ['auto', 'path', 'virtual']",
         "checkpoint.s3.endpoint_url='minio:9000': give the store's URL with its scheme, e.g. "
         "http://minio.internal:9000 or https://s3.us-east-1.amazonaws.com (null: boto3's own settings)",
-        "checkpoint.s3.region='': give a region name (us-east-1) or null",
-        "checkpoint.s3.addressing_style='sideways': choose one of ['auto', 'path', 'virtual'] (path: "
-        "http://host/bucket/key, which most S3-compatible stores want)"]
+        "checkpoint.s3.region='': give a region name (us-east-1) or null"]
 
 
 # -- a SIGKILL at every phase of a save ---------------------------------------------------------------

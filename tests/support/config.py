@@ -11,8 +11,8 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from omegaconf import DictConfig
 
-from configs.schema import register
 from support.launch import ROOT
+from trainer.config import register
 
 # Where a composed config's run and data would be unless a test says: a folder nobody writes. The
 # defaults (outputs/, outputs/data/pydoc-byte) are the user's own runs: a check with files=True would

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from configs.schema import DataConfig, DataSourceConfig
 from data.batching import make_batch_plan
+from data.config import DataConfig, DataSourceConfig
 from data.setup import build_data_pipeline
 
 CPU_WORLD = SimpleNamespace(local_rank=0, device=torch.device("cpu"))

@@ -111,18 +111,17 @@ _composed = None
 def manager(cfg, state, fault_hook=None):
     """A CheckpointManager of one process, run as trainer/run.py runs it: the lease, pre-flight, its
     heartbeat, and on leaving the save's and retention's end and the lease released."""
-    from types import SimpleNamespace
-
     import torch
 
     from checkpoint.durable.lease import Heartbeat
-    from checkpoint.manager import CheckpointManager
-    from trainer.startup import claim_lease
+    from parallel.dims import ParallelDims
+    from trainer.config import typed
+    from trainer.preflight import claim_lease
+    from trainer.run import checkpoint_manager
 
-    dims = SimpleNamespace(dp_replicate=1, dp_shard=1, tp=1)
-    mgr = CheckpointManager(cfg, state, rank=0, world_size=1, dims=dims, device=torch.device("cpu"),
-                            fault_hook=fault_hook)
-    mgr.preflight(claim_lease(cfg))
+    mgr = checkpoint_manager(typed(cfg), state, 0, 1, ParallelDims(1, 1, 1, 1).layout, torch.device("cpu"),
+                             fault_hook=fault_hook)
+    mgr.preflight(claim_lease(cfg.checkpoint))
     beat = Heartbeat(mgr.root, mgr.saver.attempt, cfg.checkpoint.lease_timeout_s)
     try:
         yield mgr

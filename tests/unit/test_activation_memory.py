@@ -149,7 +149,7 @@ def test_tensor_parallel_terms_split_what_tp_splits():
 def test_tensor_parallel_bytes_match_on_a_fake_process_group(mode, loss_parallel):
     """tp=2 with sequence parallel, the real plan (parallelize_model) on rank 0 of a fake process
     group (collectives return at once; shapes are exact), bf16 parameters under autocast."""
-    from configs.schema import ParallelConfig
+    from parallel.config import ParallelConfig
     from parallel.dims import resolve_parallel_dims
     from parallel.parallelize import materialize_parallel_model, parallelize_model
 

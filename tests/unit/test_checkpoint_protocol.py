@@ -161,16 +161,17 @@ def test_config_hash_ignores_resume_mutable_fields_and_names_changes():
 
     from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config
 
+    plain = OmegaConf.to_container  # the resolved config as plain data, as a manifest records it
     cfg = OmegaConf.create({"seed": 1, "optim": {"lr": 0.1, "beta2": 0.95}, "parallel": {"tp": 1}, "run_name": "a",
                             "training": {"micro_batch_size": 4, "global_batch_size": 8, "steps": 10},
                             "data": {"num_workers": 0, "path": "x"}, "checkpoint": {"interval": 5}})
     moved = OmegaConf.merge(cfg, {"parallel": {"tp": 2}, "run_name": "b", "data": {"num_workers": 4},
                                   "training": {"micro_batch_size": 2, "steps": 20},  # the schedule may change too
                                   "checkpoint": {"interval": 50}, "optim": {"lr": 0.2}})
-    assert config_hash(hashed_config(cfg)) == config_hash(hashed_config(moved))
+    assert config_hash(hashed_config(plain(cfg))) == config_hash(hashed_config(plain(moved)))
     changed = OmegaConf.merge(cfg, {"optim": {"beta2": 0.99}, "training": {"global_batch_size": 16}})
-    assert config_hash(hashed_config(cfg)) != config_hash(hashed_config(changed))
-    assert config_differences(hashed_config(cfg), hashed_config(changed)) == [
+    assert config_hash(hashed_config(plain(cfg))) != config_hash(hashed_config(plain(changed)))
+    assert config_differences(hashed_config(plain(cfg)), hashed_config(plain(changed))) == [
         "optim.beta2: 0.95 -> 0.99", "training.global_batch_size: 8 -> 16"]
 
 

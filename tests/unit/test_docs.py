@@ -3,7 +3,7 @@
   (a) repository paths (``scripts/plan.py``, ``configs/experiment/debug.yaml``, ``docs/guards.md``,
       ``checkpoint/manager.py``, ``tests/unit/test_data_*.py``, bare ``NAME.md``): each must exist;
   (b) config keys in backticks (``recovery.guards.action``, ``checkpoint.*``, ``optim.schedule=constant``):
-      each must be a field of the schema (configs/schema.py), a Hydra group choice (``+experiment=debug``,
+      each must be a field of the schema (trainer/config.py), a Hydra group choice (``+experiment=debug``,
       ``model=8b``: a file in configs/<group>/) or a Python name (``checkpoint.durable.reader.RawFileReader``);
       and every command that runs train.py (or a script that passes Hydra overrides through) must
       compose and pass ``validate_config`` with exactly the overrides written;
@@ -32,8 +32,8 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Set
 
 from hydra import compose, initialize_config_dir
 
-from configs.schema import Config, register
-from trainer.checks import validate_config
+from trainer.config import Config, register
+from trainer.preflight import validate_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))

@@ -16,12 +16,13 @@ from omegaconf import OmegaConf
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from configs.schema import OptimConfig, ParallelConfig
 from model.config import ModelConfig
 from model.llama import build_model
+from parallel.config import ParallelConfig
 from parallel.dims import resolve_parallel_dims
 from parallel.init import init_distributed, shutdown_distributed
 from parallel.parallelize import materialize_parallel_model, parallelize_model
+from training.config import OptimConfig
 from training.optimizer import build_optimizer
 from training.schedule import build_scheduler
 from training.step import Precision, train_step

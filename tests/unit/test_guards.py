@@ -9,8 +9,8 @@ import torch
 
 from model.config import ModelConfig
 from model.llama import build_model
-from recovery.guards import RollbackRequested, TrainingGuards
 from recovery.guards.detectors import RatioToRunningMean, RobustSpike
+from recovery.guards.guard import RollbackRequested, TrainingGuards
 from recovery.guards.replica import disagreeing_replicas, param_fingerprint
 from training.grad_stats import layer_grad_norms, layer_groups
 

@@ -13,30 +13,29 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Lower layers never import higher ones; a package may import itself and anything below it.
 LAYERS = {
-    # the vocabulary: valid choices, defaults, ConfigError, the bounds of every number
-    "configs.constants": 0, "configs.checks": 0, "configs.bounds": 0,
+    "configs": 0,  # how a key is declared (configs/keys.py) and the YAML: every layer may declare keys
     "parallel.collectives": 0,  # every product collective (torch only): any package may agree through it
-    "model": 1, "data": 1,
-    "configs.schema": 2, "parallel": 2, "training": 2, "metrics": 2,
-    "checkpoint": 3,
-    "recovery": 4,
-    "trainer": 5,  # the recipe and the config checks of every section gathered
-    "planner": 6, "rehearsal": 6,  # estimates and the rehearsal kit: what a run never imports
+    "model": 1,
+    "parallel": 2,
+    "data": 3,
+    "training": 4, "metrics": 4,
+    "checkpoint": 5,
+    "recovery": 6,
+    "trainer": 7,  # the recipe, the typed config of every section, the pre-flight
+    "planner": 8, "rehearsal": 8,  # estimates and the rehearsal kit: what a run never imports
 }
 PACKAGES = ("configs", "model", "data", "parallel", "training", "metrics", "checkpoint", "recovery", "trainer",
             "planner", "rehearsal")
 # Inside checkpoint/ the same rule, one level down: what a checkpoint holds and where it is stored, then
 # the durable tier, then the memory tier and the weights in and out, then the facade and the modules beside it.
-CHECKPOINT_LAYERS = {"checkpoint.state": 0, "checkpoint.storage": 0, "checkpoint.durable": 1, "checkpoint.memory": 2,
-                     "checkpoint.interop": 2,
-                     "checkpoint": 3}
+CHECKPOINT_LAYERS = {"checkpoint.state": 0, "checkpoint.storage": 0, "checkpoint.config": 1,
+                     "checkpoint.durable": 2, "checkpoint.memory": 3, "checkpoint.interop": 3,
+                     "checkpoint": 4}
 
 
 def _unit(module: str) -> str:
-    """The layer unit of a dotted module name: its top package, or configs.<module> for configs/."""
+    """The layer unit of a dotted module name: its top package, or parallel.collectives."""
     parts = module.split(".")
-    if parts[0] == "configs":
-        return "configs.schema" if len(parts) == 1 or parts[1] == "__init__" else ".".join(parts[:2])
     if parts[:2] == ["parallel", "collectives"]:
         return "parallel.collectives"
     return parts[0]
@@ -111,3 +110,58 @@ def test_nothing_imports_train_py():
 def test_config_checks_do_not_import_torch_and_a_run_does_not_import_tools():
     proc = run([sys.executable, worker("import_boundaries")], timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+# ---- the seams: what only one place may know ----
+
+PRODUCT = ("configs", "model", "parallel", "data", "training", "metrics", "checkpoint", "recovery", "trainer")
+
+
+def _product_files(outside: str = ""):
+    """train.py and every module of the product, but those under ``outside`` (a folder of the repository)."""
+    files = [ROOT / "train.py"] + [p for pkg in PRODUCT for p in sorted((ROOT / pkg).rglob("*.py"))]
+    return [p for p in files if not (outside and p.relative_to(ROOT).as_posix().startswith(outside + "/"))]
+
+
+def _strings(tree: ast.AST):
+    """(line, value) of every string constant that is code, not a docstring or a comment."""
+    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node.lineno, node.value
+
+
+def test_no_code_outside_the_storage_package_asks_which_store_it_has():
+    """Storage is one interface (checkpoint/storage/): nothing else imports a backend's module (but for the
+    sub-section of its settings, re-exported by the package), tests an object against a store class, or asks
+    whether it is on an object store; a new backend is one file there."""
+    import checkpoint.storage as storage
+    from checkpoint.storage.base import Store
+
+    backends = {cls.__name__ for cls in [*storage.STORES.values(), type(storage.location("/x").store)]}
+    modules = {cls.__module__ for cls in [*storage.STORES.values(), type(storage.location("/x").store)]}
+    assert issubclass(storage.STORES["s3://"], Store) and "PosixStore" in backends
+    found = []
+    for path in _product_files(outside="checkpoint/storage"):
+        tree = ast.parse(path.read_text())
+        where = path.relative_to(ROOT)
+        for line, name in _project_imports(path):
+            if name in modules or name.startswith(tuple(m + "." for m in modules)):
+                found.append(f"{where}:{line}: imports the backend module {name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id in backends | {"on_object_store"}:
+                found.append(f"{where}:{node.lineno}: names {node.id}")
+            if isinstance(node, ast.Attribute) and node.attr in backends | {"on_object_store"}:
+                found.append(f"{where}:{node.lineno}: names {node.attr}")
+        found += [f"{where}:{line}: tests a class name {value!r}" for line, value in _strings(tree) if value in backends]
+    assert not found, "code outside checkpoint/storage/ that knows which store it has:\n" + "\n".join(found)
+
+
+def test_the_mesh_axes_are_named_in_parallel_only():
+    """The mesh's axis names are declared once (parallel/dims.py MESH_DIM_NAMES; the config's keys are the
+    parallel section's fields): no other code spells them as strings (a manifest's layout, a sub-mesh)."""
+    from parallel.dims import MESH_DIM_NAMES
+
+    found = [f"{p.relative_to(ROOT)}:{line}: {value!r}" for p in _product_files(outside="parallel")
+             for line, value in _strings(ast.parse(p.read_text())) if value in MESH_DIM_NAMES]
+    assert not found, "mesh axes spelled outside parallel/ (use parallel.dims):\n" + "\n".join(found)

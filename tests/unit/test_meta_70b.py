@@ -19,17 +19,17 @@ import pytest
 import torch
 import torch.distributed as dist
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from configs.schema import register
-from model.config import model_config
 from model.init import drawn_elements
 from model.llama import build_model
 from parallel.dims import resolve_parallel_dims
 from parallel.parallelize import parallelize_model
 from support.launch import ROOT
+from trainer.config import register
 
 WORLD, DP, TP = 512, 64, 8
 D, KV, F, V = 8192, 1024, 28672, 128256
@@ -64,7 +64,7 @@ def cfg():
 
 def parallelized(cfg, rank: int):
     dims = resolve_parallel_dims(cfg.parallel.dp_replicate, cfg.parallel.dp_shard, cfg.parallel.tp, WORLD)
-    model = build_model(model_config(cfg), materialize=False)
+    model = build_model(OmegaConf.to_object(cfg.model), materialize=False)
     parallelize_model(model, dims, cfg.parallel, torch.device("cpu"), seq_len=cfg.training.seq_len)
     return model
 

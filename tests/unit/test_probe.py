@@ -17,9 +17,9 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from checkpoint.state.training_state import TrainingState
-from configs.schema import ParallelConfig
 from model.config import ModelConfig
 from model.llama import build_model
+from parallel.config import ParallelConfig
 from parallel.dims import resolve_parallel_dims
 from parallel.parallelize import parallelize_model
 from recovery.probe import PROBE_SEQUENCES, Probe, probe_token_loss_sum

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from checkpoint.checks import parse_interval
+from configs.keys import step_count_or_auto
 from planner.simulate import simulate
 from recovery.interval import (
     choose_interval_steps,
@@ -45,6 +45,7 @@ def test_auto_interval_is_bounded_below_by_the_background_write():
 
 
 def test_parse_interval():
+    parse_interval = lambda value: step_count_or_auto(value, "checkpoint.interval")  # noqa: E731
     assert parse_interval("auto") == "auto" and parse_interval(100) == 100 and parse_interval("20") == 20
     with pytest.raises(ValueError, match="auto"):
         parse_interval("often")

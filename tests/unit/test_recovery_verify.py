@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from checkpoint.durable.discovery import mark_bad
 from checkpoint.durable.manifest import ConfigMismatch, Manifest, write_manifest
 from checkpoint.state.fingerprint import config_hash, hashed_config
+from checkpoint.storage import location
 from recovery.verify import RecoveryError, ResumeVerifier, probe_matches, refuse_all_bad, schedule_lr
 from training.schedule import build_scheduler
 
@@ -42,6 +43,19 @@ def _cfg(root, **recovery):
         "checkpoint": {"dir": str(root)}, "recovery": rc})
 
 
+def _hash(cfg) -> str:
+    return config_hash(hashed_config(OmegaConf.to_container(cfg)))
+
+
+def _verifier(cfg, state, probe, layout, world_size):
+    """The run's verifier: its sections, and the manager's directory, retries, config hash and global batch."""
+    rc = cfg.recovery
+    ckpt = SimpleNamespace(root=location(cfg.checkpoint.dir), retries=(rc.read_retries, rc.read_retry_backoff_s),
+                           manifests=SimpleNamespace(config_hash=_hash(cfg),
+                                                     global_batch_size=cfg.training.global_batch_size))
+    return ResumeVerifier(rc, cfg.optim, cfg.training.steps, ckpt, state, probe, layout, world_size)
+
+
 def _state(cfg, step):
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
@@ -55,7 +69,7 @@ def _state(cfg, step):
 def _manifest(step, probe=2.5, world=1, layout=LAYOUT, gbs=8, cfg=None, kernels=KERNELS):
     """A manifest saved with ``cfg``'s hashed settings (default: those of _cfg), or "x" if cfg is False,
     its probe computed by _Probe's method on ``kernels``."""
-    hashed = config_hash(hashed_config(cfg or _cfg("unused"))) if cfg is not False else "x"
+    hashed = _hash(cfg or _cfg("unused")) if cfg is not False else "x"
     return Manifest(checkpoint_id=f"step_{step:08d}", step=step, tokens=0, samples=0, created_at=0.0,
                     config_hash=hashed, config={}, world_size=world, layout=dict(layout), global_batch_size=gbs,
                     loss=None, probe_loss=probe, checksum_algorithm=None, probe_method=_Probe.method,
@@ -72,7 +86,7 @@ def _committed(root, step):
 def test_a_good_checkpoint_passes(tmp_path):
     cfg = _cfg(tmp_path)
     path = _committed(tmp_path, 4)
-    v = ResumeVerifier(cfg, _state(cfg, 4), probe=_Probe(2.5), layout=LAYOUT, world_size=1)
+    v = _verifier(cfg, _state(cfg, 4), probe=_Probe(2.5), layout=LAYOUT, world_size=1)
     assert v(_manifest(4), path) is None
     assert v.report["lr"] == schedule_lr(cfg.optim, 10, 4)
 
@@ -81,7 +95,7 @@ def test_step_and_probe_mismatches_are_named(tmp_path):
     cfg = _cfg(tmp_path)
     path = _committed(tmp_path, 4)
     state = _state(cfg, 3)  # restored one step short: the bytes disagree with the manifest
-    problem = ResumeVerifier(cfg, state, probe=_Probe(2.5000001), layout=LAYOUT, world_size=1)(_manifest(4), path)
+    problem = _verifier(cfg, state, probe=_Probe(2.5000001), layout=LAYOUT, world_size=1)(_manifest(4), path)
     assert "restored step 3 != manifest step 4" in problem
     assert "probe loss 2.5000001 != stored 2.5 (bitwise (same layout))" in problem
 
@@ -92,7 +106,7 @@ def test_an_lr_mismatch_is_a_bug_not_a_bad_checkpoint(tmp_path):
     state = _state(cfg, 4)
     state.optimizer.param_groups[0]["lr"] *= 2  # the config's schedule was not applied at load
     with pytest.raises(RecoveryError, match="not marked bad"):
-        ResumeVerifier(cfg, state, probe=_Probe(2.5), layout=LAYOUT, world_size=1)(_manifest(4), path)
+        _verifier(cfg, state, probe=_Probe(2.5), layout=LAYOUT, world_size=1)(_manifest(4), path)
 
 
 def test_after_an_allowed_config_change_the_probe_is_only_logged(tmp_path):
@@ -100,7 +114,7 @@ def test_after_an_allowed_config_change_the_probe_is_only_logged(tmp_path):
     path = _committed(tmp_path, 4)
     before = _cfg(tmp_path)
     before.training.mixed_precision = "bf16"  # saved under another precision, resumed with the change allowed
-    v = ResumeVerifier(cfg, _state(cfg, 4), probe=_Probe(2.51), layout=LAYOUT, world_size=1)
+    v = _verifier(cfg, _state(cfg, 4), probe=_Probe(2.51), layout=LAYOUT, world_size=1)
     assert v(_manifest(4, cfg=before), path) is None
     assert v(_manifest(4, probe=2.5), path) is not None  # unchanged config: the same difference is bad bytes
 
@@ -114,7 +128,7 @@ def test_probe_rule_is_bitwise_at_same_layout_and_tolerant_after_resharding():
 def test_resharded_resume_uses_the_tolerance(tmp_path):
     cfg = _cfg(tmp_path)
     path = _committed(tmp_path, 4)
-    v = ResumeVerifier(cfg, _state(cfg, 4), probe=_Probe(2.5 * (1 + 3e-7)), layout=LAYOUT, world_size=1)
+    v = _verifier(cfg, _state(cfg, 4), probe=_Probe(2.5 * (1 + 3e-7)), layout=LAYOUT, world_size=1)
     assert v(_manifest(4, world=2, layout={"dp_replicate": 1, "dp_shard": 2, "tp": 1}), path) is None
 
 
@@ -127,13 +141,13 @@ def test_a_probe_from_another_device_or_kernels_uses_the_tolerance(tmp_path, cap
     near = 2.5 * (1 + 3e-7)
     other = {**KERNELS, "device": "NVIDIA A100-SXM4-80GB"}
     for kernels in (other, {**KERNELS, "cudnn": 90100}, {**KERNELS, "torch": "2.12.1"}, None):
-        v = ResumeVerifier(cfg, _state(cfg, 4), probe=_Probe(near), layout=LAYOUT, world_size=1)
+        v = _verifier(cfg, _state(cfg, 4), probe=_Probe(near), layout=LAYOUT, world_size=1)
         with caplog.at_level("INFO", logger="trainer"):
             assert v(_manifest(4, kernels=kernels), path) is None, kernels
         assert "~= (other device or kernels)" in caplog.text
-    v = ResumeVerifier(cfg, _state(cfg, 4), probe=_Probe(near), layout=LAYOUT, world_size=1)
+    v = _verifier(cfg, _state(cfg, 4), probe=_Probe(near), layout=LAYOUT, world_size=1)
     assert "(bitwise (same layout))" in v(_manifest(4), path)  # the same kernels: the ulps are damage
-    v = ResumeVerifier(cfg, _state(cfg, 4), probe=_Probe(2.5 * 1.001, other), layout=LAYOUT, world_size=1)
+    v = _verifier(cfg, _state(cfg, 4), probe=_Probe(2.5 * 1.001, other), layout=LAYOUT, world_size=1)
     assert f"(rtol {cfg.recovery.probe_rtol_reshard})" in v(_manifest(4), path)  # beyond the tolerance
 
 
@@ -141,9 +155,9 @@ def test_a_different_global_batch_is_refused_unless_allowed(tmp_path):
     path = _committed(tmp_path, 4)
     cfg = _cfg(tmp_path)
     with pytest.raises(ConfigMismatch, match="global_batch_size=16, this run has 8"):
-        ResumeVerifier(cfg, _state(cfg, 4), _Probe(2.5), LAYOUT, 1)(_manifest(4, gbs=16), path)
+        _verifier(cfg, _state(cfg, 4), _Probe(2.5), LAYOUT, 1)(_manifest(4, gbs=16), path)
     cfg = _cfg(tmp_path, allow_global_batch_change=True)
-    assert ResumeVerifier(cfg, _state(cfg, 4), _Probe(2.5), LAYOUT, 1)(_manifest(4, gbs=16), path) is None
+    assert _verifier(cfg, _state(cfg, 4), _Probe(2.5), LAYOUT, 1)(_manifest(4, gbs=16), path) is None
 
 
 def test_fallback_depth_is_bounded(tmp_path):
@@ -153,7 +167,7 @@ def test_fallback_depth_is_bounded(tmp_path):
         mark_bad(_committed(tmp_path, s), "test")
     with pytest.raises(RecoveryError, match=r"2 newer checkpoints failed \(step_00000006 \(test\), "
                                             r"step_00000004 \(test\)\), more than recovery.max_fallbacks=1"):
-        ResumeVerifier(cfg, _state(cfg, 2), _Probe(2.5), LAYOUT, 1)(_manifest(2), oldest)
+        _verifier(cfg, _state(cfg, 2), _Probe(2.5), LAYOUT, 1)(_manifest(2), oldest)
 
 
 def test_all_bad_refuses_a_fresh_start(tmp_path):

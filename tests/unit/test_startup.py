@@ -21,13 +21,13 @@ from checkpoint.durable.manifest import CheckpointError, CheckpointUnreadable, s
 from checkpoint.durable.preflight import PreflightError
 from checkpoint.interop.weight_source import SourceError
 from checkpoint.manager import CheckpointManager
-from configs.checks import ConfigError
-from configs.schema import register
+from configs.keys import ConfigError
 from data import setup
 from parallel import collectives
 from support.config import compose_debug as _compose
-from trainer import startup
-from trainer.checks import validate_config
+from trainer import preflight as startup
+from trainer.config import register
+from trainer.preflight import validate_config
 
 register()
 
@@ -170,7 +170,7 @@ def test_a_lease_rank_0_could_not_write_is_refused_alike(monkeypatch, tmp_path):
     cfg = _compose(f"output_root={tmp_path}", "run_name=run")
     _as_rank_1(monkeypatch, [None, (1, "[Errno 30] Read-only file system: '/ckpt'")])
     with pytest.raises(PreflightError, match="is not writable by this process.*Read-only file system") as err:
-        startup.claim_lease(cfg)
+        startup.claim_lease(cfg.checkpoint)
     assert err.value.agreed
 
 

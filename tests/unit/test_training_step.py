@@ -6,9 +6,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from configs.schema import OptimConfig
 from model.config import ModelConfig
 from model.llama import build_model
+from training.config import OptimConfig
 from training.optimizer import build_optimizer
 from training.schedule import build_scheduler, lr_at
 from training.step import IGNORE_INDEX, Precision, token_loss_sum, train_step

@@ -13,9 +13,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from configs.checks import ConfigError
-from configs.schema import DataConfig, register
+from configs.keys import ConfigError
 from data.batching import make_batch_plan
+from data.config import DataConfig
 from data.split import held_out
 from data.token_file import TokenFile, prepare_token_file, read_meta, sha256_file
 from data.token_source import TokenSource
@@ -23,7 +23,8 @@ from data.tokenizer import ByteTokenizer
 from data.validation import open_validation
 from model.config import ModelConfig
 from model.llama import build_model
-from trainer.checks import validate_config
+from trainer.config import register
+from trainer.preflight import validate_config
 from training.evaluate import Evaluator
 
 ROOT = Path(__file__).resolve().parents[2]

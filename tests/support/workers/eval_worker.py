@@ -23,11 +23,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 
 from checkpoint.durable.manifest import read_manifest
 from checkpoint.interop.export import load_tensors
-from configs.schema import ParallelConfig
 from data.batching import make_batch_plan
 from data.setup import build_data_pipeline
 from model.config import ModelConfig
 from model.llama import build_model
+from parallel.config import ParallelConfig
 from parallel.dims import resolve_parallel_dims
 from parallel.init import init_distributed
 from parallel.parallelize import materialize_parallel_model, parallelize_model
@@ -49,9 +49,9 @@ def main() -> None:
     set_model_state_dict(model, load_tensors(ckpt, "model."), options=StateDictOptions(full_state_dict=True))
     data = build_data_pipeline(cfg.data, cfg.training.seq_len, cfg.seed, plan, parallel.dp_rank, world,
                                model_vocab_size=mcfg.vocab_size)
-    evaluator = build_evaluator(cfg, model, data, plan, parallel.dp_rank, world.device, parallel.dp_group,
-                                Precision(cfg.training.mixed_precision, world.device).autocast,
-                                parallel.loss_parallel)
+    evaluator = build_evaluator(cfg.eval, cfg.data, cfg.training.seq_len, cfg.training.steps, model, data, plan,
+                                parallel.dp_rank, world.device, parallel.dp_group,
+                                Precision(cfg.training.mixed_precision, world.device).autocast, parallel.loss_parallel)
     result = evaluator.evaluate()
     if world.is_main:
         out.write_text(json.dumps({"val_loss": result.loss, "tokens": result.tokens, "layout": dims.describe()}))

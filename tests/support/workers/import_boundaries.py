@@ -1,13 +1,12 @@
-"""Run by test_layout.py in a fresh interpreter (the test process has torch imported already):
-config validation must not import torch, and a training run must not import the planner or the rehearsal kit."""
+"""Run by test_layout.py in a fresh interpreter (the test process has torch imported already): the config and
+the checks of its values must not import torch, and a training run must not import the planner or the
+rehearsal kit."""
 
 import sys
 
-import configs.constants  # noqa: F401
-import configs.schema  # noqa: F401
-import trainer.checks  # noqa: F401
+import trainer.config  # noqa: F401
 
-assert "torch" not in sys.modules, "config validation imported torch"
+assert "torch" not in sys.modules, "the config and its value checks imported torch"
 
 from trainer import run  # noqa: E402, F401  (the module, as a run imports it)
 

@@ -30,9 +30,9 @@ from checkpoint.durable.saver import CheckpointSaver
 from checkpoint.interop.init_from import load_initial_weights
 from checkpoint.interop.model_shape import fill_model_shape
 from checkpoint.interop.weight_source import open_source
-from configs.schema import ParallelConfig
 from model.config import ModelConfig
 from model.llama import build_model
+from parallel.config import ParallelConfig
 from parallel.dims import resolve_parallel_dims
 from parallel.init import init_distributed
 from parallel.parallelize import materialize_parallel_model, parallelize_model

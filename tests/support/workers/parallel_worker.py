@@ -27,13 +27,14 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from configs.schema import OptimConfig, ParallelConfig
 from data.batching import make_batch_plan
 from model.config import ModelConfig
 from model.llama import build_model
+from parallel.config import ParallelConfig
 from parallel.dims import resolve_parallel_dims
 from parallel.init import init_distributed, set_collective_timeout
 from parallel.parallelize import materialize_parallel_model, parallelize_model
+from training.config import OptimConfig
 from training.optimizer import build_optimizer
 from training.schedule import build_scheduler
 from training.step import Precision, train_step

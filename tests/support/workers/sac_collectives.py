@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from configs.schema import ParallelConfig
 from model.config import ModelConfig
 from model.llama import build_model
+from parallel.config import ParallelConfig
 from parallel.dims import resolve_parallel_dims
 from parallel.init import init_distributed
 from parallel.parallelize import materialize_parallel_model, parallelize_model

@@ -1,0 +1,212 @@
+"""The run's config: every section, composed into one typed tree, and what its values can be together.
+
+Each package declares its own section (``<package>/config.py``: each key once, with its type, default, bound
+and meaning). ``register`` puts this tree into Hydra's ConfigStore as ``trainer_schema``, which
+configs/config.yaml lists first: every YAML file and override is merged into it, so a misspelled key or a
+wrong type fails at compose time. ``typed`` then builds the sections themselves (dataclass instances);
+components receive their own section, never the whole tree.
+
+``value_problems`` checks the values alone, the same on every rank and without torch: each key against its
+declaration, each section's own ``check``, then what involves several sections (the sequence length against
+the model's, the layout at the world size). A check that reads a key out of its bound is left out: the bound
+is the message, and a search over an absurd value (the divisors of model.dim=99999999999) must not run. What
+the files and the world say is the pre-flight's (trainer/preflight.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import typing
+from dataclasses import dataclass, is_dataclass
+from typing import Any, Callable, Dict, List, Tuple
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from checkpoint.config import CheckpointConfig
+from configs.keys import Bound, ConfigError, declared, hints, key, problems, section
+from data.batching import make_batch_plan
+from data.config import DataConfig
+from metrics.config import LoggingConfig
+from model.config import SHAPE_KEYS, ModelConfig, unset_shape
+from parallel.config import ParallelConfig
+from recovery.config import RecoveryConfig
+from training.config import EvalConfig, OptimConfig, TrainingConfig
+
+
+@dataclass
+class Config:
+    run_name: str = key("default", "the run's name: its folder under output_root")
+    output_root: str = key("outputs", "where runs keep their folders")
+    run_dir: str = key("${output_root}/${run_name}", "stable across restarts (never a timestamp): a restarted job "
+                       "finds its checkpoints here")
+    seed: int = key(1234, "every random number of the run derives from it",
+                    Bound(0, 2**32 - 1, why="the range numpy's and torch's generators both accept"))
+    dry_run: bool = key(False, "print the config, the model's size and the per-rank plan; allocate nothing")
+    check_only: bool = key(False, "run every check train.py runs before building anything, print the block and "
+                           "exit (0: accepted, 2: refused); the launchers in scripts/ run it once before the workers")
+    model: ModelConfig = section(unset_shape, "the decoder's shape (presets: configs/model/)")
+    parallel: ParallelConfig = section(ParallelConfig, "the device mesh and how the model is spread over it")
+    data: DataConfig = section(DataConfig, "what the run trains and validates on")
+    training: TrainingConfig = section(TrainingConfig, "the step and the batch")
+    eval: EvalConfig = section(EvalConfig, "validation")
+    optim: OptimConfig = section(OptimConfig, "the optimizer and its schedule")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "saving, keeping and loading the training state")
+    recovery: RecoveryConfig = section(RecoveryConfig, "failure detection, resume, faults and guards")
+    logging: LoggingConfig = section(LoggingConfig, "log lines and metrics")
+
+
+def register() -> None:
+    """Put the schema into Hydra's ConfigStore (idempotent)."""
+    ConfigStore.instance().store(name="trainer_schema", node=Config)
+
+
+def unknown_keys(cfg: DictConfig) -> List[str]:
+    """The composed config is closed: a key the schema does not declare (one added with ``+``, which Hydra
+    lets through) is an error naming the closest key it does declare."""
+    known = [k for k, _, _ in declared(Config) if not k.endswith("*")]
+    out = []
+    for name in _undeclared(cfg, Config, ""):
+        pattern = re.sub(r"\[\d+\]", "[]", name)
+        parent = pattern.rsplit(".", 1)[0] if "." in pattern else ""
+        siblings = [k for k in known if (k.rsplit(".", 1)[0] if "." in k else "") == parent]
+        near = (difflib.get_close_matches(pattern, siblings, n=1, cutoff=0.6)
+                or difflib.get_close_matches(pattern, known, n=1, cutoff=0.6))
+        hint = f"; did you mean {near[0]}?" if near else ""
+        out.append(f"{name}: the schema has no such key{hint} (each section declares its keys in "
+                   "<package>/config.py; a key added with + must be declared there first)")
+    return out
+
+
+def _undeclared(node, tp, prefix: str):
+    if is_dataclass(tp) and isinstance(node, DictConfig):
+        for name in node.keys():
+            if name not in hints(tp):
+                yield f"{prefix}{name}"
+            else:
+                yield from _undeclared(node._get_node(name), _plain(hints(tp)[name]), f"{prefix}{name}.")
+    elif typing.get_origin(tp) in (list, List) and isinstance(node, ListConfig):
+        for i in range(len(node)):
+            yield from _undeclared(node._get_node(i), typing.get_args(tp)[0], f"{prefix[:-1]}[{i}].")
+
+
+def _plain(tp):
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if typing.get_origin(tp) is typing.Union else tp
+
+
+def typed(cfg: DictConfig) -> Config:
+    """The composed config as its sections (interpolations resolved). Refuses a key the schema does not
+    declare, or a model shape left unset, with a ConfigError."""
+    found = unknown_keys(cfg)
+    unset = [k for k in SHAPE_KEYS if OmegaConf.is_missing(cfg.model, k)]
+    if unset:
+        found.append(f"model.{', model.'.join(unset)} unset: model=hf takes the shape from the weights it starts "
+                        "from; add model.init_from=PATH (a Hugging Face Llama folder, a checkpoint or an export), or "
+                        "choose a preset (e.g. model=llama3_1_8b)")
+    if found:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(found))
+    return OmegaConf.to_object(cfg)
+
+
+def as_dict(config: Config) -> Dict[str, Any]:
+    """The resolved config as plain data (what a checkpoint's manifest and config.yaml store)."""
+    return dataclasses.asdict(config)
+
+
+World = int | Tuple[int, ...] | None  # a world size, each one an elastic range may form, or not known yet
+
+
+def value_problems(config: Config, world: World) -> List[str]:
+    """Every problem of the values alone (no file is read)."""
+    found = problems(config, "")
+    bad = [p.split("=")[0] for p in found]
+    reads_bad = lambda *keys: any(b.startswith(keys) for b in bad)  # noqa: E731
+    c, p, t = config.checkpoint, config.parallel, config.training
+    checks: List[Tuple[Tuple[str, ...], Callable[[], List[str]]]] = [
+        (("model.",), config.model.check),
+        (("data.",), config.data.check),
+        (("checkpoint.",), c.check),
+        (("checkpoint.s3.",), c.s3.check),  # unit: s3
+        (("optim.", "training.steps"), lambda: config.optim.check(t.steps)),
+        (("recovery.", "parallel.collective"), lambda: config.recovery.check(
+            (p.collective_timeout_s, p.collective_timeout_after_first_step_s))),
+        (("training.seq_len", "model.max_seq_len"), lambda: _seq_len_problems(config)),
+        (("checkpoint.", "data.validation", "eval."), lambda: _best_metric_problems(config)),
+        (("model.", "parallel.", "training."), lambda: layout_problems(config, world)),
+    ]
+    for keys, run_check in checks:
+        if not reads_bad(*keys):
+            found += run_check()
+    return found
+
+
+def _seq_len_problems(config: Config) -> List[str]:
+    t, m = config.training, config.model
+    return [] if t.seq_len <= m.max_seq_len else [
+        f"training.seq_len={t.seq_len} is above the model's maximum model.max_seq_len={m.max_seq_len}; lower "
+        "training.seq_len or raise model.max_seq_len"]
+
+
+def _best_metric_problems(config: Config) -> List[str]:
+    c, d, e = config.checkpoint, config.data, config.eval
+    if c.best_metric != "val_loss" or c.keep_best == 0 or (str(d.validation).strip() != "none" and e.interval > 0):
+        return []
+    return [f"checkpoint.best_metric=val_loss ranks checkpoints by their validation loss, but this run does not "
+            f"evaluate (data.validation={d.validation}, eval.interval={e.interval}); set data.validation and "
+            "eval.interval > 0, or choose best_metric loss or probe_loss"]
+
+
+def layout_at(config: Config, world_size: int) -> List[str]:
+    """The layout at ``world_size`` ranks: the mesh, the tensor-parallel fit and the batch split."""
+    p, t = config.parallel, config.training
+    found = p.layout_problems(world_size, config.model, t.seq_len)
+    if not found and not config.dry_run:  # a plan is about memory: the micro batch is the user's to adjust after it
+        try:
+            make_batch_plan(t.global_batch_size, t.micro_batch_size, p.layout(world_size).dp)
+        except ValueError as exc:
+            found.append(str(exc))
+    return found
+
+
+def layout_problems(config: Config, world: World) -> List[str]:
+    """The layout once the world size is known; for an elastic range at its largest world size, the group
+    torchrun forms once every node joined."""
+    if world is None:
+        return []
+    if not isinstance(world, tuple):
+        return layout_at(config, world)
+    largest = world[-1]
+    found = layout_at(config, largest)
+    if not found:
+        return []
+    works = [n for n in world[:-1] if not layout_at(config, n)]
+    which = f"world sizes {works} of the range work" if works else "no world size of the range works"
+    where = (f"at world size {largest}, the largest of the elastic range {world[0]} to {largest} (the group "
+             f"torchrun forms once every node joined; {which}): ")
+    return [where + message for message in found]
+
+
+def warnings(config: Config, world: World) -> List[str]:
+    """Settings that work but can never do what they seem to ask (printed, not refused)."""
+    out = []
+    c, steps = config.checkpoint, config.training.steps
+    interval = c.every
+    if c.keep_every > 0 and interval != "auto" and interval > 0 and c.keep_every % interval:
+        both = math.lcm(c.keep_every, interval)
+        when = (f"only steps divisible by {both} are kept" if both <= steps else
+                f"no save of this run (training.steps={steps}) is kept, unless the final one")
+        out.append(f"checkpoint.keep_every={c.keep_every} is not a multiple of checkpoint.interval={interval}: "
+                   f"saves fall on multiples of {interval}, so {when}; set keep_every to a multiple of interval")
+    if isinstance(world, tuple) and not layout_at(config, world[-1]):
+        failing = [(n, found) for n in world[:-1] for found in [layout_at(config, n)] if found]
+        if failing:
+            out.append(f"world sizes {[n for n, _ in failing]} of the elastic range {world[0]} to {world[-1]} cannot "
+                       f"run this layout, so a group re-formed at one of them (after a node is lost) stops with exit "
+                       f"2 (at {failing[0][0]}: {failing[0][1][0]}); narrow --nnodes, or choose "
+                       "training.global_batch_size and training.micro_batch_size that every data-parallel size of "
+                       "the range divides")
+    return out
