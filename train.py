@@ -24,7 +24,7 @@ from checkpoint.durable.preflight import PreflightError
 from configs.keys import ConfigError
 from data.prepared import DataError
 from model.counting import count_params, flops_per_token
-from recovery.guards.rollback import RollbackError
+from recovery.guards.rollback import RollbackError  # unit: guards
 from recovery.verify import RecoveryError
 from trainer.config import Config, register
 from trainer.preflight import CONFIG_CHECKED_ENV, check, world_size_of
@@ -36,7 +36,8 @@ register()
 # Exit code 2: the configuration (or a resume's change of it, or a launch into a live run) is refused; 1: the
 # run could not go on
 # (CheckpointError covers a save the storage refused, CheckpointSaveError, and a stale writer, StaleWriter).
-USER_ERRORS = (ConfigError, CheckpointError, PreflightError, RecoveryError, RollbackError, DataError)
+USER_ERRORS = (ConfigError, CheckpointError, PreflightError, RecoveryError, DataError)
+USER_ERRORS += (RollbackError,)  # unit: guards
 CONFIG_EXIT_CODE = 2
 SILENT_RANK_WAIT_S = 3.0
 _composed = False  # set once Hydra has composed the config and called main

@@ -16,13 +16,13 @@ from checkpoint.durable.discovery import resolve_resume
 from checkpoint.durable.layout import MANIFEST
 from checkpoint.durable.lease import live_owner
 from checkpoint.durable.manifest import CheckpointError, read_manifest
-from checkpoint.interop.weight_source import source_problems
+from checkpoint.interop.weight_source import source_problems  # unit: interop
 from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config
 from checkpoint.storage import location
 from configs.keys import ConfigError
 
 
-def weights_only_resume(cfg) -> Optional[str]:
+def weights_only_resume(cfg) -> Optional[str]:  # unit: interop
     """checkpoint.resume=PATH naming a weights-only checkpoint (components [model], e.g. an HF folder
     converted by scripts/convert_checkpoint.py) becomes model.init_from=PATH with checkpoint.resume=auto:
     the run starts at step 0 from those weights with a fresh optimizer, and a restart of it resumes from
@@ -52,7 +52,7 @@ def file_problems(cfg) -> List[str]:
     if resume not in RESUME_WORDS and not resume.isdigit() and not (location(resume) / "manifest.json").is_file():
         out.append(f"checkpoint.resume={resume!r}: use one of {list(RESUME_WORDS)}, a step number, or the "
                    "path of a committed checkpoint directory (one holding manifest.json)")
-    if cfg.model.init_from and not cfg.dry_run:
+    if cfg.model.init_from and not cfg.dry_run:  # unit: interop
         out += _init_from_problems(cfg)
     if not out and not cfg.dry_run:
         out += resume_problems(cfg)
@@ -98,7 +98,7 @@ def resume_problems(cfg) -> List[str]:
             "or set checkpoint.allow_config_change=true to accept the change"]
 
 
-def _init_from_problems(cfg) -> List[str]:
+def _init_from_problems(cfg) -> List[str]:  # unit: interop
     try:
         if resolve_resume(location(cfg.checkpoint.dir), str(cfg.checkpoint.resume)) is not None:
             return []

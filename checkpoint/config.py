@@ -1,43 +1,25 @@
-"""The checkpoint section (``checkpoint.*``): when and how the training state is saved, kept and loaded,
-and the memory tier's sub-section (torch-free). What the files say (the checkpoint checkpoint.resume names,
-a live owner of checkpoint.dir) is the pre-flight's (checkpoint/checks.py)."""
+"""The checkpoint section (``checkpoint.*``): when and how the training state is saved, kept and loaded;
+the memory tier's and the object store's sub-sections are theirs (torch-free). What the files say (the
+checkpoint checkpoint.resume names, a live owner of checkpoint.dir) is the pre-flight's (checkpoint/checks.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List
 
+from checkpoint.memory.config import MemoryTierConfig  # unit: memory
 from checkpoint.storage import S3Config  # unit: s3
 from configs.keys import AT_LEAST_1, MAX_SECONDS, NON_NEGATIVE, SECONDS, Bound, key, section, step_count_or_auto
 
 ASYNC_MODES = ("sync", "async", "async_process")
+FORMATS = ["dcp"]  # checkpoint.format: stock DCP's data files, which torch's own readers read
+FORMATS.insert(0, "raw")  # unit: raw (tensors as raw bytes, read straight into place: the default)
+AUTO_MEASURE_STEPS = 5  # checkpoint.interval=auto (and the memory tier's): the first save, which measures the cost
 RESUME_WORDS = ("auto", "never", "must")  # checkpoint.resume, besides a step number or a checkpoint's path
 # The attempt lease's heartbeat beats every lease_timeout_s / 4 (checkpoint/durable/lease.py). A beat is a write to
 # the checkpoint storage, which can stall for seconds on a shared file system or an object store, and another
 # host reads its age against its own clock: below this a live owner looks dead (and the heartbeat spins).
 MIN_LEASE_TIMEOUT_S = 10.0
-
-
-@dataclass
-class MemoryTierConfig:
-    """The in-memory tier (checkpoint/memory/): node-local snapshots with a replica on a peer node."""
-
-    interval: str = key("0", "steps between snapshots; 0 turns the tier off; auto: Young/Daly from the measured "
-                        "snapshot stall")
-    replicas: int = key(1, "0: own node only | 1: also on the peer node (the same local rank, next node)",
-                        Bound(0, 1))
-    root: Optional[str] = key(None, "a tmpfs folder; null: /dev/shm/<user>/<run_name>")
-    node: Optional[int] = key(None, "several nodes on one host (tests): each gets root/node-<node>; null: one node "
-                              "per host", NON_NEGATIVE)
-    required: bool = key(True, "false: a pre-flight failure (no room in root) leaves the run on the durable tier")
-
-    @property
-    def enabled(self) -> bool:
-        """The tier is on (a step count > 0, or auto); a value check() refuses is off here."""
-        try:
-            return step_count_or_auto(self.interval, "checkpoint.memory.interval") != 0
-        except ValueError:
-            return False
 
 
 @dataclass
@@ -47,8 +29,8 @@ class CheckpointConfig:
                         "measured step time and checkpoint cost (recovery/interval.py)")
     async_mode: str = key("sync", "sync | async (training waits only for the host snapshot; DCP writes in a "
                           "thread) | async_process (written by a writer process of each rank)", choices=ASYNC_MODES)
-    format: str = key("raw", "raw: tensors as raw bytes, read straight into place | dcp: stock DCP files "
-                      "(docs/checkpoint-format.md)", choices=("raw", "dcp"))
+    format: str = key(FORMATS[0], "raw: tensors as raw bytes, read straight into place | dcp: stock DCP files "
+                      "(docs/checkpoint-format.md)", choices=FORMATS)
     save_final: bool = key(True, "also save after the last step (when interval > 0)")
     keep_last: int = key(2, "rolling tier: the newest committed checkpoints kept",
                          AT_LEAST_1.because("the newest committed checkpoint is always kept; 0 would keep none"))
@@ -74,18 +56,15 @@ class CheckpointConfig:
     on_save_error: str = key("stop", "a save the storage refused (full, read-only, quota): stop (the uncommitted "
                              "folder is removed, the run exits with a message) | continue (an alarm; the next "
                              "interval tries again)", choices=("stop", "continue"))
-    memory: MemoryTierConfig = section(MemoryTierConfig, "the in-memory tier")
+    memory: MemoryTierConfig = section(MemoryTierConfig, "the in-memory tier")  # unit: memory
     s3: S3Config = section(S3Config, "where an s3:// checkpoint.dir or model.init_from lives")  # unit: s3
 
     def check(self) -> List[str]:
-        out = []
-        for name, value in (("checkpoint.interval", self.interval), ("checkpoint.memory.interval",
-                                                                      self.memory.interval)):
-            try:
-                step_count_or_auto(value, name)
-            except ValueError as exc:
-                out.append(str(exc))
-        return out
+        try:
+            step_count_or_auto(self.interval, "checkpoint.interval")
+        except ValueError as exc:
+            return [str(exc)]
+        return []
 
     @property
     def every(self) -> int | str:

@@ -1,8 +1,8 @@
 """What the checkpoint tiers report: log lines and metrics.jsonl records (rank 0 writes them).
 
-A durable save (``kind=checkpoint``), a memory snapshot (``kind=memory_snapshot``), a save the
-storage refused (``kind=alarm``, ``check=checkpoint_save``), and the records other parts add
-through ``event`` (a resume, a rollback, the interval chosen for ``interval=auto``).
+A durable save (``kind=checkpoint``), a save the storage refused (``kind=alarm``,
+``check=checkpoint_save``), and the records other parts add through ``event`` (a memory snapshot,
+a resume, a rollback, the interval chosen for ``interval=auto``).
 docs/training.md lists the fields.
 """
 
@@ -14,7 +14,6 @@ from typing import Optional
 from checkpoint.durable.layout import checkpoint_id
 from checkpoint.durable.save_errors import CheckpointSaveError
 from checkpoint.durable.saver import SaveRecord
-from checkpoint.memory.commit import SnapshotRecord
 
 log = logging.getLogger("trainer")
 
@@ -35,14 +34,6 @@ class CheckpointEvents:
         self.event(r.step, kind="checkpoint", checkpoint_id=r.checkpoint_id, mode=r.mode,
                    blocking_s=r.blocking_s, waited_s=r.waited_s, background_s=r.background_s,
                    bytes=r.bytes, committed=r.committed)
-
-    def snapshot(self, r: SnapshotRecord) -> None:
-        log.debug("memory snapshot of step %d: stalled training %.3f s, background %.3f s (replica %.3f s), "
-                  "%.1f MiB%s", r.step, r.stall_s, r.background_s, r.replica_s, r.bytes / 2**20,
-                  ", complete" if r.committed else ", NOT complete")
-        self.event(r.step, kind="memory_snapshot", stall_s=round(r.stall_s, 4), waited_s=round(r.waited_s, 4),
-                   background_s=round(r.background_s, 4), replica_s=round(r.replica_s, 4), bytes=r.bytes,
-                   replica_bytes=r.replica_bytes, committed=r.committed)
 
     def save_refused(self, exc: CheckpointSaveError, action: str, directory: str, free: Optional[int],
                      checkpoint_bytes: Optional[int]) -> None:

@@ -15,7 +15,6 @@ agreed with the other ranks on the step to stop at, then ``raise_save_failure`` 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from concurrent import futures
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from checkpoint.config import CheckpointConfig
+from checkpoint.config import AUTO_MEASURE_STEPS, CheckpointConfig
 from checkpoint.durable.integrity import default_algorithm
 from checkpoint.durable.lease import check_lease
 from checkpoint.durable.loader import load_checkpoint
@@ -33,9 +32,7 @@ from checkpoint.durable.retention import apply_retention
 from checkpoint.durable.save_errors import CheckpointSaveError
 from checkpoint.durable.saver import CheckpointSaver, FaultHook, SaveRecord
 from checkpoint.events import CheckpointEvents
-from checkpoint.memory.commit import SnapshotRecord
-from checkpoint.memory.restore import WEIGHTS_CHECK
-from checkpoint.memory.tier import MemoryTier
+from checkpoint.memory.tier import MemoryTier  # unit: memory
 from checkpoint.save_manifest import ManifestBuilder
 from checkpoint.state.training_state import TrainingState
 from checkpoint.storage import location
@@ -43,7 +40,6 @@ from parallel import collectives
 
 log = logging.getLogger("trainer")
 
-AUTO_MEASURE_STEPS = 5  # checkpoint.interval=auto: the first save, which measures the cost
 RETENTION_POLL_S = 5.0  # a rollback's wait for retention: the longest any rank sits in one collective
 
 # A post-load check (recovery): returns None when the loaded state is good, else the reason.
@@ -68,7 +64,7 @@ class CheckpointManager:
         self.interval = AUTO_MEASURE_STEPS if c.every == "auto" else c.every
         self.manifests = ManifestBuilder(config, global_batch_size, state, world_size, self.layout, probe)
         self.events = CheckpointEvents(metrics)
-        self._fault_hook = fault_hook  # the saver's phases, and checkpoint_read while loading
+        self.fault_hook = fault_hook  # the saver's phases, and checkpoint_read while loading
         self._housekeeping = futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-retention")
         group = None
         if collectives.distributed() and world_size > 1:
@@ -80,19 +76,10 @@ class CheckpointManager:
             checksum_algorithm=default_algorithm() if c.checksum else None,
             commit_timeout_s=c.commit_timeout_s, pin_memory=device.type == "cuda",
             after_commit=self._after_commit, fault_hook=fault_hook, storage_format=c.format)
-        self.memory: Optional[MemoryTier] = None  # checkpoint.memory (checkpoint/memory/tier.py)
-        m = c.memory
-        if m.enabled:
-            self.memory = MemoryTier(m, run_name=run_name, rank=rank, world_size=world_size,
-                                     local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
-                                     layout=self.layout, config_hash=self.manifests.config_hash,
-                                     algorithm=default_algorithm(), pin_memory=device.type == "cuda",
-                                     timeout_s=c.commit_timeout_s, fault_hook=fault_hook)
-            if m.interval.strip().lower() == "auto":  # recovery/runtime.py measures, then sets it
-                self.memory.set_interval(AUTO_MEASURE_STEPS)
+        self.memory = None  # the memory tier (checkpoint/memory/), when checkpoint.memory turns it on
+        self.memory = MemoryTier.of(c.memory, self, run_name)  # unit: memory
         self.last_saved_step: Optional[int] = None
         self.save_failure: Optional[CheckpointSaveError] = None  # on_save_error=stop: raised once agreed
-        self._memory_records: List[SnapshotRecord] = []
 
     @property
     def init_from(self) -> Optional[Dict]:
@@ -140,12 +127,7 @@ class CheckpointManager:
         if problem is not None:
             raise PreflightError(problem)
         if self.memory is not None:  # each node measures its own memory; every rank takes the same decision
-            problem = self.memory.peers.agree(self.memory.preflight(-(-estimate // self.world_size)))
-            if problem is not None and self.cfg.memory.required:
-                raise PreflightError(problem)
-            if problem is not None:
-                log.warning("%s. checkpoint.memory.required=false: training on the durable tier alone", problem)
-                self.memory.disable()
+            self.memory.agreed_preflight(-(-estimate // self.world_size))
 
     def collect(self) -> None:
         """Wait for the save in flight (if any); a failure of the storage is handled as after a step."""
@@ -178,7 +160,7 @@ class CheckpointManager:
         m = self.manifests
         m.check_resume(manifest, path, self.cfg.allow_config_change)  # ConfigMismatch
         t0 = time.perf_counter()
-        fault = (lambda f: self._fault_hook("checkpoint_read", manifest.step, path=f)) if self._fault_hook else None
+        fault = (lambda f: self.fault_hook("checkpoint_read", manifest.step, path=f)) if self.fault_hook else None
         manifest = load_checkpoint(self.state, path, seed=self.seed, verify=self.cfg.verify_on_load,
                                    threads=self.cfg.load_threads, manifest=manifest, fault=fault)
         log.info("loaded %s in %.2f s", path, time.perf_counter() - t0)
@@ -206,19 +188,9 @@ class CheckpointManager:
                 self._storage_guard(lambda: self.save(step, loss, verified_gate() if verified_gate else None))
         else:
             self._storage_guard(self.saver.poll)
-        if self.memory is not None and self.memory.due(step):
-            started = time.perf_counter()  # the manifest's build counts in the stall
-            # no probe: the restore compares the applied bytes instead (checkpoint/memory/restore.py)
-            manifest = self.manifests.build(step, loss, probe_method=WEIGHTS_CHECK)  # sets the state's metadata
-            self.memory.snapshot(step, self.state.state_dict(), manifest, started)
-        elif self.memory is not None:
-            self.memory.poll()
+        if self.memory is not None:
+            self.memory.after_step(step, loss, self.manifests, self.state)
         return self._report()
-
-    def memory_records(self) -> List[SnapshotRecord]:
-        """The memory snapshots finished since the last call (logged already)."""
-        out, self._memory_records = self._memory_records, []
-        return out
 
     def _storage_guard(self, fn: Callable[[], None]) -> None:
         try:
@@ -301,9 +273,7 @@ class CheckpointManager:
         for r in records:
             self.events.save(r)
         if self.memory is not None:
-            for m in self.memory.finished():
-                self._memory_records = (self._memory_records + [m])[-16:]  # read by memory.interval=auto
-                self.events.snapshot(m)
+            self.memory.report()
         return records
 
     def log_event(self, step: int, **fields) -> None:

@@ -6,7 +6,7 @@
 A section is a dataclass of such keys, declared by the package it configures (``<package>/config.py``,
 torch-free). Hydra merges the YAML files and the overrides into the sections (a misspelled key or a
 wrong type fails at compose time); ``problems(section, "checkpoint")`` then checks every value against
-its declaration (finite, within its bound, one of its choices), and a section's ``check()`` adds what
+its declaration (finite, within its bound, one of its choices), and each section's ``check()`` adds what
 involves several of its keys. Every message names the key, the value and the fix. Torch-free, and no
 imports from this project: every layer may declare keys.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import math
 import typing
 from dataclasses import dataclass, field, is_dataclass
@@ -147,20 +148,18 @@ def bound_of(tp: type, dotted: str) -> Optional[Bound]:
     return None
 
 
-def values(section, prefix: str = "") -> Iterator[Tuple[str, Any, Optional[Bound], tuple]]:
-    """(dotted key, value, its bound, its choices) of every value of a section instance, sub-sections, lists
-    and mappings entered."""
-    for f in dataclasses.fields(section):
-        value, name = getattr(section, f.name), f"{prefix}{f.name}"
+def _own(obj, prefix: str) -> Iterator[Tuple[str, Any, Optional[Bound], tuple]]:
+    """(dotted key, value, its bound, its choices) of a section's own values (lists and mappings entered),
+    and ("", sub-section, None, name) for each sub-section."""
+    for f in dataclasses.fields(obj):
+        value, name = getattr(obj, f.name), f"{prefix}{f.name}"
         bound, named, choices = f.metadata.get("bound"), f.metadata.get("bounds"), f.metadata.get("choices", ())
+        items = list(enumerate(value)) if isinstance(value, (list, tuple)) else None
         if is_dataclass(value):
-            yield from values(value, name + ".")
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                if is_dataclass(item):
-                    yield from values(item, f"{name}[{i}].")
-                else:
-                    yield f"{name}[{i}]", item, bound, choices
+            yield "", value, None, name
+        elif items is not None:
+            for i, item in items:
+                yield ("", item, None, f"{name}[{i}]") if is_dataclass(item) else (f"{name}[{i}]", item, bound, choices)
         elif isinstance(value, dict) and (bound is not None or named):
             for k, item in value.items():
                 yield f"{name}.{k}", item, bound if bound is not None else named.get(k), ()
@@ -168,18 +167,26 @@ def values(section, prefix: str = "") -> Iterator[Tuple[str, Any, Optional[Bound
             yield name, value, bound, choices
 
 
-def problems(section, prefix: str) -> List[str]:
-    """Every value of ``section`` (a section instance, sub-sections included) outside its declaration, one
-    message each: a number outside its bound (NaN and the infinities never hold), a word not among its choices.
+def problems(obj, prefix: str = "") -> List[str]:
+    """Every value of section ``obj`` (sub-sections included) outside its declaration, one message each: a
+    number outside its bound (NaN and the infinities never hold), a word not among its choices; then each
+    section's own ``check()`` (what its keys cannot be together), run only when its keys are within bounds.
     Keys are named ``prefix.key``."""
-    out = []
-    for name, value, bound, choices in values(section, prefix + "." if prefix else ""):
-        if bound is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+    out, subs = [], []
+    for name, value, bound, choices in _own(obj, prefix + "." if prefix else ""):
+        if not name:
+            subs.append((value, choices))
+        elif bound is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
             if not bound.holds(value):
                 what = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""
                 out.append(f"{name}={value} must be {what}{bound.describe()}")
         elif choices and value not in choices:
             out.append(f"{name}={value!r}: choose one of {list(choices)}")
+    check = getattr(obj, "check", None)
+    if not out and check is not None and not inspect.signature(check).parameters:
+        out += check()
+    for sub, name in subs:
+        out += problems(sub, name)
     return out
 
 

@@ -45,7 +45,7 @@ class ModelConfig:
     dropout: float = key(0.0, "dropout after the embedding, attention and FFN (training only)", FRACTION)
     tie_embeddings: bool = key(False, "the output layer shares the embedding's weight", shape=True)
     init_std: float = key(0.02, "standard deviation of the initial weights", Bound(0, 1, open_low=True))
-    init_from: Optional[str] = key(
+    init_from: Optional[str] = key(  # unit: interop
         None, "start from these weights instead of random ones (checkpoint/interop/init_from.py): a Hugging Face "
         "Llama folder, a scripts/export.py safetensors file or a committed checkpoint; not a shape")
 
@@ -81,8 +81,7 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the numbers when the shape cannot work (a model built outside a run)."""
-        found = problems(self, "model")
-        found = found or self.check()
+        found = problems(self, "model")  # the keys' bounds, then check()
         if found:
             raise ValueError("; ".join(found))
 

@@ -31,7 +31,7 @@ from checkpoint.durable.discovery import (
     mark_superseded,
     resolve_resume,
 )
-from checkpoint.durable.layout import checkpoint_id, parse
+from checkpoint.durable.layout import parse
 from checkpoint.durable.lease import earlier_writers_may_live
 from checkpoint.durable.manifest import (
     CheckpointError,
@@ -42,7 +42,6 @@ from checkpoint.durable.manifest import (
 )
 from checkpoint.durable.reads import read_on_rank0
 from checkpoint.manager import CheckpointManager, VerifyHook
-from checkpoint.memory.snapshot import STEP_DIR
 from parallel import collectives
 
 log = logging.getLogger("trainer")
@@ -62,8 +61,9 @@ def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
     marked bad and the next older committed one is tried.
     """
     spec = str(ckpt.cfg.resume)
-    if ckpt.memory is not None and ckpt.memory.enabled and spec == "auto":
-        resumed = _resume_from_memory(ckpt, verify)
+    if ckpt.memory is not None and ckpt.memory.enabled and spec == "auto":  # the memory tier first
+        newest = _agreed_path(ckpt, lambda: getattr(latest_committed(ckpt.root), "path", None))
+        resumed = ckpt.memory.resume(ckpt, verify, newest)
         if resumed is not None:
             return resumed
 
@@ -165,41 +165,3 @@ def _load_trusting_only_proof(ckpt: CheckpointManager, path: Path, verify: Optio
                 raise
             reverified = True
             log.warning("%s: %s; loading it again: a mismatch that persists is damage", path.name, exc)
-
-
-def _resume_from_memory(ckpt: CheckpointManager, verify: Optional[VerifyHook]) -> Optional[str]:
-    """The memory tier first (checkpoint/memory/): the newest step every rank can get an intact copy
-    of, newer than the newest durable checkpoint, verified like a durable load. None: go on to the
-    durable tier (nothing usable, or the snapshot failed and was forgotten)."""
-    t0 = time.perf_counter()
-    memory = ckpt.memory
-    newest = _agreed_path(ckpt, lambda: getattr(latest_committed(ckpt.root), "path", None))
-    restored = memory.restore(ckpt.state, newer_than=parse(newest.name)[0] if newest is not None else 0,
-                              allow_config_change=ckpt.cfg.allow_config_change)
-    if restored is None:
-        return None
-    problem = memory.agree(restored.problem)
-    where = memory.dir / STEP_DIR.format(restored.step)
-    if problem is None and verify is not None:
-        problem = memory.agree(verify(restored.manifest, where))
-    if problem is not None:
-        memory.forget(restored.step)
-        log.error("the memory snapshot of step %d failed to load or verify: %s; falling back to the durable tier",
-                  restored.step, problem)
-        ckpt.events.event(restored.step, kind="memory_restore_failed", problem=problem[:2000])
-        if newest is None:
-            raise CheckpointError(
-                f"the memory snapshot of step {restored.step} failed to load or verify ({problem}) and "
-                f"{ckpt.root} has no committed checkpoint to fall back to; the live state is partly overwritten, "
-                "so this attempt stops. The snapshot is forgotten: a restart starts afresh")
-        return None
-    seconds = time.perf_counter() - t0
-    log.info("resumed step %d from the memory tier in %.2f s (%s): %s", restored.step, seconds,
-             ", ".join(f"{k} {v:.2f} s" for k, v in restored.timings.items()),
-             ", ".join(f"rank {r} {s}" for r, s in sorted(restored.sources.items())))
-    ckpt.events.event(restored.step, kind="resume", checkpoint_id=checkpoint_id(restored.step), path=str(where),
-                      load_s=round(seconds, 3), skipped=[], source="memory",
-                      sources={str(r): s for r, s in restored.sources.items()},
-                      saved_world_size=ckpt.world_size, saved_layout=dict(ckpt.layout), **restored.timings)
-    sources = ", ".join(f"rank {r} {s}" for r, s in sorted(restored.sources.items()))
-    return f"from the memory tier (step {restored.step}; {sources})"

@@ -5,7 +5,7 @@
     rt.phase("data_wait", step)                      # heartbeat + fault injection point
     rt.inject("gradients", step, model=model)        # the gradients fault point, before the norms
     rt.allow_update(step, stats)                     # the guards' veto on the step's loss and norms
-    step = rt.roll_back(request, data, rollbacks)    # a guard asked for a verified checkpoint
+    back = rt.step_boundary(step, data)              # the guards' checks; a rollback's step, or None
     if rt.end_of_step(step, seconds, loss): break    # save when due, write watch, stragglers, preemption
     rt.close()
 """
@@ -24,7 +24,6 @@ from parallel import collectives
 from parallel.dims import data_parallel_size
 from recovery.config import RecoveryConfig
 from recovery.faults import FaultInjector
-from recovery.guards.rollback import roll_back
 from recovery.interval import choose_interval_steps, cluster_mtbf_s
 from recovery.preemption import Preemption, torchrun_grace_problem
 from recovery.resume import resume
@@ -55,7 +54,7 @@ class RecoveryRuntime:
         self._writing: Optional[int] = None  # step of the background write the watchdog times
         self.auto_interval = AutoInterval(rc, steps, world.world_size) if ckpt.cfg.every == "auto" else None
         self.auto_memory_interval = AutoInterval(rc, steps, world.world_size, tier="memory") \
-            if ckpt.cfg.memory.interval.strip().lower() == "auto" and ckpt.memory is not None else None
+            if ckpt.memory is not None and ckpt.memory.auto else None
 
     # -- heartbeats and injection points ---------------------------------------------------
     def beat(self, phase: str, step: int) -> None:
@@ -100,10 +99,13 @@ class RecoveryRuntime:
             log.info("resume took %.2f s (load + verification)", time.perf_counter() - t0)
         return resumed
 
-    def roll_back(self, request, data, rollbacks_done: int) -> int:
-        """A guard asked for a rollback at ``request.step``: load a verified checkpoint; the step to go on from."""
-        self.beat("checkpoint_load", request.step)  # a rollback load is not a hung step
-        return roll_back(request, self.guards, self.ckpt, data, self.cfg.guards, self.run_dir, rollbacks_done)
+    def step_boundary(self, step: int, data) -> Optional[int]:
+        """After the update of 1-based ``step``: the guards' periodic checks; the step to go on from when they
+        rolled back to a verified checkpoint, else None."""
+        if self.guards is None:
+            return None
+        return self.guards.step_boundary(step, self.ckpt, data, self.run_dir,
+                                         lambda: self.beat("checkpoint_load", step))  # a rollback load is no hang
 
     # -- after every step ----------------------------------------------------------------
     def end_of_step(self, step: int, step_s: float, loss: float) -> bool:
@@ -117,7 +119,7 @@ class RecoveryRuntime:
         records = ckpt.after_step(step, loss, verified_gate=gate)
         autos = [a for a in (self.auto_interval, self.auto_memory_interval) if a is not None]
         for auto in autos:
-            auto.record(step_s, records if auto.tier == "durable" else ckpt.memory_records(),
+            auto.record(step_s, records if auto.tier == "durable" else ckpt.memory.take_records(),
                         first=not self._first_step_done)
         self._first_step_done = True
         self.beat("step", step)

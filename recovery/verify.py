@@ -12,7 +12,7 @@ After the load, three facts are checked against the manifest:
             ``probe_kernels``), within ``probe_rtol_reshard`` after resharding or on another
             device, torch, CUDA or cuDNN (a different reduction order changes the last bits).
             A memory snapshot has none: its restore compared every applied tensor with the
-            snapshot's bytes (checkpoint/memory/restore.py; ``probe_method`` WEIGHTS_CHECK).
+            snapshot's bytes (checkpoint/memory/restore.py; ``probe_method`` APPLIED_BYTES).
 
 Only a failure that means the bytes are wrong is returned as a reason, for which the checkpoint
 manager marks the checkpoint BAD and falls back to the previous committed one: the restored
@@ -36,9 +36,8 @@ from typing import Callable, Optional
 
 from checkpoint.durable.discovery import list_committed
 from checkpoint.durable.layout import parse
-from checkpoint.durable.manifest import ConfigMismatch, Manifest
+from checkpoint.durable.manifest import APPLIED_BYTES, ConfigMismatch, Manifest
 from checkpoint.durable.reads import read_on_rank0
-from checkpoint.memory.restore import WEIGHTS_CHECK
 from checkpoint.storage import location
 from training.schedule import lr_at
 
@@ -110,7 +109,7 @@ class ResumeVerifier:
         same_probe = same_layout and same_kernels and manifest.probe_method == getattr(self.probe, "method", None)
         config_changed = manifest.config_hash != self.config_hash
         probe_now, probe_s = None, None
-        bytes_checked = manifest.probe_method == WEIGHTS_CHECK  # a memory snapshot (checkpoint/memory/restore.py)
+        bytes_checked = manifest.probe_method == APPLIED_BYTES  # a memory snapshot (checkpoint/memory/restore.py)
         if manifest.probe_loss is not None and self.probe is not None:
             probe_now = self.probe()
             probe_s = getattr(self.probe, "last_seconds", None)

@@ -121,16 +121,13 @@ World = int | Tuple[int, ...] | None  # a world size, each one an elastic range 
 
 
 def value_problems(config: Config, world: World) -> List[str]:
-    """Every problem of the values alone (no file is read)."""
-    found = problems(config, "")
+    """Every problem of the values alone (no file is read): each section's (configs/keys.py ``problems``), then
+    what several sections cannot be together."""
+    found = problems(config)
     bad = [p.split("=")[0] for p in found]
     reads_bad = lambda *keys: any(b.startswith(keys) for b in bad)  # noqa: E731
-    c, p, t = config.checkpoint, config.parallel, config.training
-    checks: List[Tuple[Tuple[str, ...], Callable[[], List[str]]]] = [
-        (("model.",), config.model.check),
-        (("data.",), config.data.check),
-        (("checkpoint.",), c.check),
-        (("checkpoint.s3.",), c.s3.check),  # unit: s3
+    p, t = config.parallel, config.training
+    checks: List[Tuple[Tuple[str, ...], Callable[[], List[str]]]] = [  # (the keys each reads, the check)
         (("optim.", "training.steps"), lambda: config.optim.check(t.steps)),
         (("recovery.", "parallel.collective"), lambda: config.recovery.check(
             (p.collective_timeout_s, p.collective_timeout_after_first_step_s))),

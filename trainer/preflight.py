@@ -38,10 +38,9 @@ from checkpoint.durable.lease import LiveOwner, take_lease
 from checkpoint.durable.manifest import CheckpointError, CheckpointUnreadable
 from checkpoint.durable.preflight import PreflightError
 from checkpoint.durable.reads import read_on_rank0
-from checkpoint.interop.model_shape import fill_model_shape
+from checkpoint.interop.model_shape import fill_model_shape  # unit: interop
 from checkpoint.storage import location
 from configs.keys import ConfigError
-from model.config import SHAPE_KEYS
 from parallel import collectives
 from parallel.collectives import agreed
 from parallel.config import DEVICES
@@ -99,8 +98,8 @@ def validate_config(cfg: DictConfig, world_size: World = None, files: bool = Fal
 def fill_from_files(cfg: DictConfig) -> None:
     """The config changes the weights make: a weights-only checkpoint.resume becomes model.init_from, then
     model=hf takes its shape from the weights (both read files; under torchrun rank 0 makes them)."""
-    checkpoint.checks.weights_only_resume(cfg)
-    fill_model_shape(cfg)
+    checkpoint.checks.weights_only_resume(cfg)  # unit: interop
+    fill_model_shape(cfg)  # unit: interop
 
 
 # -- the files -------------------------------------------------------------------------------------------------
@@ -144,9 +143,8 @@ def folder_problems(config: Config) -> List[str]:
     out, seen = [], set()
     folders = [("output_root", config.output_root), ("run_dir", config.run_dir),
                ("checkpoint.dir", config.checkpoint.dir)]
-    m = config.checkpoint.memory
-    if m.root and m.required and m.enabled:  # its default, /dev/shm/..., the tier checks
-        folders.append(("checkpoint.memory.root", m.root))
+    if config.checkpoint.memory.folder:  # unit: memory
+        folders.append(("checkpoint.memory.root", config.checkpoint.memory.folder))
     for name, path in folders:
         found = folder_problem(name, path)
         if found and found[0] not in seen:
@@ -224,8 +222,8 @@ def check_launch(cfg: DictConfig, world_size: int) -> Tuple[Config, List[str]]:
     """Every check of the launch (see the module docstring), agreed: the typed config (the file's changes
     applied on every rank) and the warnings; raises the agreed ConfigError."""
     rc = cfg.recovery
-    try:  # the store's settings before any read that asks it (the same values on every rank)
-        refuse(OmegaConf.to_object(cfg.checkpoint.s3).check())  # unit: s3
+    try:  # the store's settings before any read that asks it (the same on every rank)  # unit: s3
+        refuse(OmegaConf.to_object(cfg.checkpoint.s3).check())
     except ConfigError as exc:
         raise agreed(exc)
     what = "the files of checkpoint.resume and model.init_from"
@@ -259,7 +257,7 @@ def _read_shared(cfg: DictConfig) -> Tuple[Dict, List[str]]:
     checkpoint.resume and model.init_from. Works on a copy, so a read retried starts afresh."""
     work = copy.deepcopy(cfg)
     fill_from_files(work)
-    names = ["checkpoint.resume", *(f"model.{k}" for k in SHAPE_KEYS + ("init_from",))]
+    names = ["checkpoint.resume", *(f"model.{k}" for k in cfg.model)]
     changes = {k: _value(work, k) for k in names if _value(work, k) != _value(cfg, k)}
     config = typed(work)
     return changes, shared_problems(config, value_problems(config, None))

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from checkpoint import storage
 from checkpoint.durable.lease import Heartbeat
 from checkpoint.durable.manifest import set_manifest_read_fault, step_of
-from checkpoint.interop.init_from import apply_init_from
+from checkpoint.interop.init_from import apply_init_from  # unit: interop
 from checkpoint.manager import CheckpointManager
 from checkpoint.state.training_state import TrainingState
 from checkpoint.storage import location
@@ -36,7 +36,7 @@ from model.llama import build_model
 from parallel.init import init_distributed, set_collective_timeout, shutdown_distributed
 from parallel.parallelize import materialize_parallel_model, parallelize_model
 from recovery.faults import FaultInjector
-from recovery.guards.guard import RollbackRequested, build_guards
+from recovery.guards.guard import build_guards  # unit: guards
 from recovery.probe import make_probe
 from recovery.runtime import RecoveryRuntime
 from trainer.config import Config, as_dict
@@ -156,6 +156,7 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
                                 world.device, parallel.dp_group, precision.autocast,
                                 parallel.loss_parallel)  # None: data.validation=none
     throughput = Throughput(mcfg, t.seq_len, world.world_size, config.logging.peak_tflops)  # MFU
+    guards = None  # the silent-corruption and loss-spike guards (recovery/guards/)
     guards = build_guards(rc.guards, run_dir, model, world, parallel, probe, metrics)  # unit: guards
     state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, optim_config=config.optim,
                           rank=world.rank, world_size=world.world_size)  # everything a checkpoint holds
@@ -170,7 +171,7 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     ckpt.preflight(attempt)  # room for the saves to come, on every rank
     metrics.attempt = attempt  # metrics.jsonl rows name it from now on (metrics/records.py)
     resumed = rt.resume(state, probe, dims, plan)  # verified, with bounded fallback
-    resumed = apply_init_from(mcfg.init_from, state, ckpt, resumed, world.device,  # pretrained weights, step 0 only
+    resumed = apply_init_from(mcfg.init_from, state, ckpt, resumed, world.device,  # unit: interop (step 0 only)
                               (rc.read_retries, rc.read_retry_backoff_s))
     if world.is_main:  # the launch is accepted (the resume included): now it may say what it runs
         write_run_config(run_dir, resolved, overrides)
@@ -190,7 +191,7 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     model.train()
     grad_stats = GradStats(model, world.device, loss_copies=world.world_size // dims.dp)  # loss and norms
     recent: list[float] = []
-    step, rollbacks = start_step, 0
+    step = start_step
     while step < t.steps:
         t0 = time.perf_counter()
         rt.phase("data_wait", step + 1)
@@ -209,10 +210,9 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
             ema.update()
         state.record_step(result.target_tokens, plan.global_batch_size)
         step_s = time.perf_counter() - t0
-        try:
-            guards.after_update(step + 1)
-        except RollbackRequested as request:
-            step, rollbacks = rt.roll_back(request, data, rollbacks), rollbacks + 1
+        back_to = rt.step_boundary(step + 1, data)  # the guards' checks: a rollback's step, or None
+        if back_to is not None:
+            step = back_to
             continue
         if rc.halt_on_nonfinite_loss and not math.isfinite(result.loss) and not result.skipped:
             raise FloatingPointError(

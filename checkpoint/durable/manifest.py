@@ -19,6 +19,9 @@ from checkpoint.durable.layout import MANIFEST, parse
 from checkpoint.storage import location
 
 FORMAT_VERSION = 1
+# ``probe_method`` of a restore that compared every applied tensor with the saved bytes (no probe loss: a
+# memory snapshot, checkpoint/memory/restore.py); post-load verification then checks step and LR only.
+APPLIED_BYTES = "applied-bytes"
 
 
 class CheckpointError(RuntimeError):

@@ -43,11 +43,15 @@ from checkpoint.durable.integrity import checksum_file
 from checkpoint.durable.layout import fresh_dir
 from checkpoint.durable.lease import StaleWriter, check_lease, newer_owner
 from checkpoint.durable.manifest import FileEntry, Manifest
+from checkpoint.durable.raw import RawFileWriter  # unit: raw
 from checkpoint.durable.save_errors import RankFailures, failures_of, outcome_of, refused_save, storage_errno
-from checkpoint.durable.writer import WRITERS, RawFileWriter
+from checkpoint.durable.writer import StockFileWriter, _StoreWriter
 from checkpoint.state.staging import HostStager
 from checkpoint.storage import Loc, location
 from parallel import collectives
+
+WRITERS = {"dcp": StockFileWriter}  # checkpoint.format -> the writer of its data files
+WRITERS["raw"] = RawFileWriter  # unit: raw
 
 log = logging.getLogger("trainer")
 
@@ -190,7 +194,7 @@ class CheckpointSaver:
                 self.stager.close()
 
     # -- background (async) or inline (sync) ------------------------------------------------
-    def _persist(self, upload: Future, writer: RawFileWriter, staging: Loc, manifest: Manifest,
+    def _persist(self, upload: Future, writer: _StoreWriter, staging: Loc, manifest: Manifest,
                  blocking: float, waited: float) -> SaveRecord:
         t0 = time.perf_counter()
         try:
@@ -201,7 +205,7 @@ class CheckpointSaver:
         return SaveRecord(manifest.step, manifest.checkpoint_id, self.mode, blocking, waited,
                           time.perf_counter() - t0, size, committed)
 
-    def _finish(self, staging: Loc, manifest: Manifest, writer: RawFileWriter) -> tuple:
+    def _finish(self, staging: Loc, manifest: Manifest, writer: _StoreWriter) -> tuple:
         """Acknowledge (every rank), then collect, commit and move ``latest`` (coordinator).
         Each of the two phases ends with an agreement, so all ranks succeed or fail it together."""
         step = manifest.step

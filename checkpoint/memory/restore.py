@@ -12,7 +12,8 @@ only at the world size and layout it was taken at, into the same local tensors, 
 are the same weights (and the same optimizer and EMA state, which the probe never sees); the
 snapshot's bytes are the staged ones (their checksum, taken while they were written, passed before
 the apply). The snapshots' manifests therefore carry no probe loss: ``probe_method`` says
-``WEIGHTS_CHECK`` instead, and post-load verification (recovery/verify.py) checks step and LR only.
+``APPLIED_BYTES`` (checkpoint/durable/manifest.py) instead, and post-load verification
+(recovery/verify.py) checks step and LR only.
 """
 
 from __future__ import annotations
@@ -37,10 +38,6 @@ from checkpoint.memory.snapshot import (
 )
 
 log = logging.getLogger("trainer")
-
-# A memory snapshot's manifest ``probe_method``: no probe loss; the restore compares the applied bytes.
-WEIGHTS_CHECK = "applied-bytes"
-
 
 @dataclass
 class Restored:

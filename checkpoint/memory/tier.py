@@ -26,14 +26,20 @@ from __future__ import annotations
 import getpass
 import json
 import logging
+import os
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from checkpoint.durable.manifest import Manifest
+from checkpoint.config import AUTO_MEASURE_STEPS
+from checkpoint.durable.integrity import default_algorithm
+from checkpoint.durable.layout import checkpoint_id, parse
+from checkpoint.durable.manifest import APPLIED_BYTES, CheckpointError, Manifest
+from checkpoint.durable.preflight import PreflightError
 from checkpoint.memory.commit import SnapshotRecord, persist
+from checkpoint.memory.config import MemoryTierConfig
 from checkpoint.memory.restore import Restored, restore
 from checkpoint.memory.snapshot import STEP_DIR, FlatStager
 from checkpoint.memory.transport import PeerGroup, size_text
@@ -47,10 +53,27 @@ def default_root(run_name: str) -> Path:
 
 
 class MemoryTier:
+    @classmethod
+    def of(cls, mcfg: MemoryTierConfig, ckpt, run_name: str) -> Optional["MemoryTier"]:
+        """The tier of a checkpoint manager (checkpoint/manager.py) when checkpoint.memory turns it on, else None:
+        it shares the manager's rank, layout, config hash, fault hook and events."""
+        if not mcfg.enabled:
+            return None
+        tier = cls(mcfg, run_name=run_name, rank=ckpt.rank, world_size=ckpt.world_size,
+                   local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", ckpt.world_size)), layout=ckpt.layout,
+                   config_hash=ckpt.manifests.config_hash, algorithm=default_algorithm(),
+                   pin_memory=ckpt.device.type == "cuda", timeout_s=ckpt.cfg.commit_timeout_s,
+                   fault_hook=ckpt.fault_hook, events=ckpt.events)
+        if tier.auto:  # recovery/runtime.py measures a first snapshot, then sets the interval
+            tier.set_interval(AUTO_MEASURE_STEPS)
+        return tier
+
     def __init__(self, mcfg, *, run_name: str, rank: int, world_size: int, local_world_size: int,
                  layout: Dict[str, int], config_hash: str, algorithm: str, pin_memory: bool = False,
-                 timeout_s: float = 600.0, fault_hook: Optional[Callable[..., None]] = None):
-        self.cfg = mcfg
+                 timeout_s: float = 600.0, fault_hook: Optional[Callable[..., None]] = None, events=None):
+        self.cfg, self.events = mcfg, events  # events: checkpoint/events.py (None: log lines only)
+        self.auto = str(mcfg.interval).strip().lower() == "auto"
+        self.records: List[SnapshotRecord] = []  # the newest finished snapshots (checkpoint.memory.interval=auto)
         root = Path(mcfg.root) if mcfg.root else default_root(run_name)
         self.dir = root / f"node-{mcfg.node}" if mcfg.node is not None else root
         self.rank, self.world_size = rank, world_size
@@ -87,6 +110,16 @@ class MemoryTier:
                 "or mount -o remount,size=... /dev/shm), point checkpoint.memory.root at a larger tmpfs, or set "
                 "checkpoint.memory.required=false to train on the durable tier alone")
 
+    def agreed_preflight(self, state_bytes: int) -> None:
+        """``preflight`` on every rank, agreed: one node short of room stops every rank (PreflightError) or, with
+        checkpoint.memory.required=false, turns the tier off on every rank."""
+        problem = self.peers.agree(self.preflight(state_bytes))
+        if problem is not None and self.cfg.required:
+            raise PreflightError(problem)
+        if problem is not None:
+            log.warning("%s. checkpoint.memory.required=false: training on the durable tier alone", problem)
+            self.disable()
+
     def disable(self) -> None:
         self.enabled = False
 
@@ -98,6 +131,16 @@ class MemoryTier:
         if steps < 1:
             raise ValueError(f"memory snapshot interval {steps} must be >= 1")
         self.interval = int(steps)
+
+    def after_step(self, step: int, loss: float, manifests, state) -> None:
+        """After every optimizer step: a snapshot when due (its manifest from ``manifests``, the manager's
+        ManifestBuilder, which runs no probe for it: the restore compares the applied bytes), else a poll."""
+        if not self.due(step):
+            self.poll()
+            return
+        started = time.perf_counter()  # the manifest's build counts in the stall
+        manifest = manifests.build(step, loss, probe_method=APPLIED_BYTES)  # sets the state's metadata
+        self.snapshot(step, state.state_dict(), manifest, started)
 
     def snapshot(self, step: int, state_dict: Dict[str, Any], manifest: Manifest,
                  started: Optional[float] = None) -> None:
@@ -136,6 +179,27 @@ class MemoryTier:
         out, self._finished = self._finished, []
         return out
 
+    def report(self) -> List[SnapshotRecord]:
+        """Log the snapshots finished since the last call (and record them in metrics.jsonl); keep the newest."""
+        done = self.finished()
+        for r in done:
+            log.debug("memory snapshot of step %d: stalled training %.3f s, background %.3f s (replica %.3f s), "
+                      "%.1f MiB%s", r.step, r.stall_s, r.background_s, r.replica_s, r.bytes / 2**20,
+                      ", complete" if r.committed else ", NOT complete")
+            if self.events is not None:
+                self.events.event(r.step, kind="memory_snapshot", stall_s=round(r.stall_s, 4),
+                                  waited_s=round(r.waited_s, 4), background_s=round(r.background_s, 4),
+                                  replica_s=round(r.replica_s, 4), bytes=r.bytes, replica_bytes=r.replica_bytes,
+                                  committed=r.committed)
+        self.records = (self.records + done)[-16:]
+        return done
+
+    def take_records(self) -> List[SnapshotRecord]:
+        """The snapshots finished since the last call (logged already): what checkpoint.memory.interval=auto
+        measures."""
+        out, self.records = self.records, []
+        return out
+
     def close(self) -> None:
         try:
             self.wait()
@@ -170,3 +234,38 @@ class MemoryTier:
     def agree(self, problem: Optional[str]) -> Optional[str]:
         """Every rank's problems, joined, if any rank has one (else None)."""
         return self.peers.agree(problem)
+
+    def resume(self, ckpt, verify, newest: Optional[Path]) -> Optional[str]:
+        """Resume ``ckpt``'s state (a CheckpointManager) from the newest step every rank can get an intact copy
+        of, newer than ``newest`` (the newest committed durable checkpoint, agreed), verified like a durable
+        load. What happened (for the banner), or None: go on to the durable tier (nothing usable, or the
+        snapshot failed and was forgotten)."""
+        t0 = time.perf_counter()
+        restored = self.restore(ckpt.state, newer_than=parse(newest.name)[0] if newest is not None else 0,
+                                allow_config_change=ckpt.cfg.allow_config_change)
+        if restored is None:
+            return None
+        problem = self.agree(restored.problem)
+        where = self.dir / STEP_DIR.format(restored.step)
+        if problem is None and verify is not None:
+            problem = self.agree(verify(restored.manifest, where))
+        if problem is not None:
+            self.forget(restored.step)
+            log.error("the memory snapshot of step %d failed to load or verify: %s; falling back to the durable tier",
+                      restored.step, problem)
+            ckpt.events.event(restored.step, kind="memory_restore_failed", problem=problem[:2000])
+            if newest is None:
+                raise CheckpointError(
+                    f"the memory snapshot of step {restored.step} failed to load or verify ({problem}) and "
+                    f"{ckpt.root} has no committed checkpoint to fall back to; the live state is partly overwritten, "
+                    "so this attempt stops. The snapshot is forgotten: a restart starts afresh")
+            return None
+        seconds = time.perf_counter() - t0
+        sources = ", ".join(f"rank {r} {s}" for r, s in sorted(restored.sources.items()))
+        log.info("resumed step %d from the memory tier in %.2f s (%s): %s", restored.step, seconds,
+                 ", ".join(f"{k} {v:.2f} s" for k, v in restored.timings.items()), sources)
+        ckpt.events.event(restored.step, kind="resume", checkpoint_id=checkpoint_id(restored.step), path=str(where),
+                          load_s=round(seconds, 3), skipped=[], source="memory",
+                          sources={str(r): s for r, s in restored.sources.items()},
+                          saved_world_size=ckpt.world_size, saved_layout=dict(ckpt.layout), **restored.timings)
+        return f"from the memory tier (step {restored.step}; {sources})"

@@ -34,18 +34,10 @@ from recovery.guards.alarms import Alarm, AlarmSink
 from recovery.guards.config import ACTIONS, GuardsConfig
 from recovery.guards.detectors import Anomaly, RatioToRunningMean, RobustSpike
 from recovery.guards.replica import check_replicas
+from recovery.guards.rollback import RollbackRequested, roll_back
 from training.grad_stats import layer_grad_norms, layer_groups
 
 log = logging.getLogger("trainer")
-
-
-class RollbackRequested(RuntimeError):
-    """Raised at a step boundary: restore the newest verified checkpoint and skip ahead."""
-
-    def __init__(self, step: int, reason: str):
-        super().__init__(f"rollback requested at step {step}: {reason}")
-        self.step = step
-        self.reason = reason
 
 
 class TrainingGuards:
@@ -63,6 +55,7 @@ class TrainingGuards:
         self.shadow_loss, self.replicate_group = shadow_loss, replicate_group
         self.sink = AlarmSink(run_dir, rank, metrics)
         self.consecutive_skips = 0
+        self.rollbacks = 0  # done by this process (recovery.guards.max_rollbacks bounds them)
         self.block_reason: Optional[str] = None
         self.last_layer_norms: dict = {}
         self._rollback_after_skip: Optional[RollbackRequested] = None
@@ -95,6 +88,17 @@ class TrainingGuards:
         if action == "rollback":
             self._rollback_after_skip = RollbackRequested(step, found[0].describe())
         return False
+
+    def step_boundary(self, step: int, ckpt, data, run_dir: Path, before_load: Callable[[], None]) -> Optional[int]:
+        """After the update of ``step``: the periodic checks, and a rollback they (or the step's own check) asked
+        for, done here (``before_load`` first). The step to go on from after a rollback, else None."""
+        try:
+            self.after_update(step)
+        except RollbackRequested as request:
+            before_load()
+            self.rollbacks += 1
+            return roll_back(request, self, ckpt, data, self.cfg, run_dir, self.rollbacks - 1)
+        return None
 
     def after_update(self, step: int) -> None:
         """At the step boundary: raise a pending rollback, run the periodic checks."""

@@ -23,10 +23,18 @@ from typing import Optional, Sequence
 from checkpoint.durable.discovery import list_committed, mark_superseded
 from checkpoint.durable.layout import parse
 from checkpoint.storage import location
-from recovery.guards.guard import RollbackRequested
 from recovery.resume import load_with_fallback
 
 log = logging.getLogger("trainer")
+
+
+class RollbackRequested(RuntimeError):
+    """Raised at a step boundary: restore the newest verified checkpoint and skip ahead."""
+
+    def __init__(self, step: int, reason: str):
+        super().__init__(f"rollback requested at step {step}: {reason}")
+        self.step = step
+        self.reason = reason
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from checkpoint.manager import AUTO_MEASURE_STEPS
+from checkpoint.config import AUTO_MEASURE_STEPS
 from recovery.interval import choose_interval_steps
 from rehearsal.chains import faults_override
 from rehearsal.runs import tiny_overrides

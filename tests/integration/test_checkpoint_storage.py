@@ -12,8 +12,8 @@ from checkpoint.durable import segments
 from checkpoint.durable.commit import acknowledge
 from checkpoint.durable.integrity import checksum_file
 from checkpoint.durable.manifest import CheckpointError, FileEntry
+from checkpoint.durable.raw import RawFileWriter
 from checkpoint.durable.reader import RawFileReader
-from checkpoint.durable.writer import RawFileWriter
 from support.launch import run, torchrun, worker
 
 

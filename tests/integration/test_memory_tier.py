@@ -21,8 +21,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from checkpoint.config import MemoryTierConfig
-from checkpoint.manager import AUTO_MEASURE_STEPS
+from checkpoint.config import AUTO_MEASURE_STEPS
+from checkpoint.memory.config import MemoryTierConfig
 from checkpoint.memory.snapshot import SnapshotError, apply_snapshot, write_snapshot
 from checkpoint.memory.tier import MemoryTier
 from checkpoint.state.training_state import TrainingState
@@ -227,8 +227,7 @@ def test_a_snapshot_runs_no_probe_and_its_restore_checks_every_applied_byte(tmp_
     every tensor the state holds after the apply with the snapshot's bytes, and that check, not a
     forward, is what post-load verification relies on. A leaf put in the wrong place or damaged
     after the apply is refused, and the snapshot is forgotten."""
-    from checkpoint.durable.manifest import CheckpointError
-    from checkpoint.memory.restore import WEIGHTS_CHECK
+    from checkpoint.durable.manifest import APPLIED_BYTES, CheckpointError
     from recovery.resume import resume
     from recovery.verify import ResumeVerifier
 
@@ -250,7 +249,7 @@ def test_a_snapshot_runs_no_probe_and_its_restore_checks_every_applied_byte(tmp_
         for k, v in saved.items():
             assert torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v, k
         snap = json.loads(next((tmp_path / "shm").glob("step_*/rank00000.json")).read_text())["manifest"]
-        assert snap["probe_loss"] is None and snap["probe_method"] == WEIGHTS_CHECK
+        assert snap["probe_loss"] is None and snap["probe_method"] == APPLIED_BYTES
 
         train_step()
         load = state.load_state_dict

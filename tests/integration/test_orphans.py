@@ -155,7 +155,7 @@ def test_a_writer_whose_files_a_newer_attempt_removed_stops_as_a_stale_writer(tm
     heartbeat went silent) and removes step_12 (an uncommitted leftover to it) under it. The writer stops with
     the StaleWriter message, naming both attempts, and commits nothing."""
     from checkpoint.durable.discovery import remove_checkpoint
-    from checkpoint.durable.writer import RawFileWriter
+    from checkpoint.durable.raw import RawFileWriter
 
     old = CheckpointSaver(tmp_path, mode, rank=0, world_size=1, checksum_algorithm="crc32")
     old.attempt = take_lease(tmp_path)

@@ -91,7 +91,7 @@ def test_sigterm_saves_commits_exits_cleanly_and_resume_continues(tmp_path, pydo
 
 
 def test_auto_checkpoint_interval_is_measured_chosen_and_logged(tmp_path, pydoc_data):
-    from checkpoint.manager import AUTO_MEASURE_STEPS
+    from checkpoint.config import AUTO_MEASURE_STEPS
     from recovery.interval import choose_interval_steps
 
     run_dir = tmp_path / "auto"

@@ -213,8 +213,8 @@ def test_a_rank_fetches_only_the_slices_it_loads(s3):
 
     from checkpoint.durable.integrity import default_algorithm
     from checkpoint.durable.loader import verification_shares
+    from checkpoint.durable.raw import RawFileWriter
     from checkpoint.durable.reader import RawFileReader
-    from checkpoint.durable.writer import RawFileWriter
 
     g = torch.Generator().manual_seed(0)
     saved = {k: torch.randn(256, 256, generator=g) for k in ("model.0.weight", "optim.exp_avg", "optim.exp_avg_sq")}

@@ -26,8 +26,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
+from checkpoint.durable.raw import RawFileWriter
 from checkpoint.durable.reader import RawFileReader
-from checkpoint.durable.writer import RawFileWriter
 
 
 def full_tensors() -> dict:
