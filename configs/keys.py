@@ -167,11 +167,8 @@ def _own(obj, prefix: str) -> Iterator[Tuple[str, Any, Optional[Bound], tuple]]:
             yield name, value, bound, choices
 
 
-def problems(obj, prefix: str = "") -> List[str]:
-    """Every value of section ``obj`` (sub-sections included) outside its declaration, one message each: a
-    number outside its bound (NaN and the infinities never hold), a word not among its choices; then each
-    section's own ``check()`` (what its keys cannot be together), run only when its keys are within bounds.
-    Keys are named ``prefix.key``."""
+def _own_problems(obj, prefix: str) -> Tuple[List[str], list]:
+    """(the problems of a section's own values, its sub-sections as (section, name))."""
     out, subs = [], []
     for name, value, bound, choices in _own(obj, prefix + "." if prefix else ""):
         if not name:
@@ -182,9 +179,28 @@ def problems(obj, prefix: str = "") -> List[str]:
                 out.append(f"{name}={value} must be {what}{bound.describe()}")
         elif choices and value not in choices:
             out.append(f"{name}={value!r}: choose one of {list(choices)}")
+    return out, subs
+
+
+def in_bounds(obj) -> bool:
+    """Every value of section ``obj`` (not its sub-sections) within its declaration."""
+    return not _own_problems(obj, "")[0]
+
+
+def problems(obj, prefix: str = "") -> List[str]:
+    """Every value of section ``obj`` (sub-sections included) outside its declaration, one message each: a
+    number outside its bound (NaN and the infinities never hold), a word not among its choices; and each
+    section's own ``check()`` (what its keys cannot be together). A check that trips over a value already
+    refused by its bound (a division by zero) adds nothing: the bound is the message. Keys are named
+    ``prefix.key``."""
+    out, subs = _own_problems(obj, prefix)
     check = getattr(obj, "check", None)
-    if not out and check is not None and not inspect.signature(check).parameters:
-        out += check()
+    if check is not None and not inspect.signature(check).parameters:
+        try:
+            out += check()
+        except (ArithmeticError, TypeError, ValueError):
+            if not out:
+                raise
     for sub, name in subs:
         out += problems(sub, name)
     return out

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Dict, List, Optional
 
-from configs.keys import FRACTION, SIZE, Bound, divisors, key, problems
+from configs.keys import FRACTION, SIZE, Bound, divisors, in_bounds, key, problems
 
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 ROPE_BOUNDS = {  # model.rope_scaling's numbers: a finite context extension of a finite context
@@ -64,7 +64,10 @@ class ModelConfig:
         return ffn_hidden_dim(self.dim, self.multiple_of, self.ffn_dim_multiplier)
 
     def check(self) -> List[str]:
-        """What the shape's keys cannot be together (each key's own bound is its declaration's)."""
+        """What the shape's keys cannot be together (each key's own bound is its declaration's; while one is out
+        of it, that is the message: no search over the divisors of an absurd value)."""
+        if not in_bounds(self):
+            return []
         out = []
         if self.dim % self.n_heads:
             near = sorted(sorted(divisors(self.dim) or [], key=lambda h: abs(h - self.n_heads))[:3])

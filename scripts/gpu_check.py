@@ -187,7 +187,7 @@ class Check:
         overrides = self.overrides(self.out / "plan", shape, extra)
         cuda = self.cuda
         device = Device(memory_gib=float(self.env["gpu_memory_gib"]), tflops=self.peak_tflops) if cuda else Device()
-        return compose(overrides), device, lambda cfg: plan_from_config(typed(cfg), 1, device=device)
+        return compose(overrides), device, lambda cfg: plan_from_config(typed(cfg)[0], 1, device=device)
 
 
 def fail_on(problems: List[str]) -> tuple:

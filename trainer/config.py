@@ -27,7 +27,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from checkpoint.config import CheckpointConfig
-from configs.keys import Bound, ConfigError, declared, hints, key, problems, section
+from configs.keys import Bound, ConfigError, declared, hints, in_bounds, key, problems, section
 from data.batching import make_batch_plan
 from data.config import DataConfig
 from metrics.config import LoggingConfig
@@ -98,18 +98,27 @@ def _plain(tp):
     return args[0] if typing.get_origin(tp) is typing.Union else tp
 
 
-def typed(cfg: DictConfig) -> Config:
-    """The composed config as its sections (interpolations resolved). Refuses a key the schema does not
-    declare, or a model shape left unset, with a ConfigError."""
-    found = unknown_keys(cfg)
+def typed(cfg: DictConfig) -> Tuple[Config, List[str]]:
+    """The composed config as its sections (interpolations resolved), and the keys it holds that no section
+    declares (each a problem, left out of the sections). A model shape left unset is a ConfigError."""
+    if OmegaConf.get_type(cfg) is not Config:  # composed without the schema (a test's, a worker's)
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)
     unset = [k for k in SHAPE_KEYS if OmegaConf.is_missing(cfg.model, k)]
     if unset:
-        found.append(f"model.{', model.'.join(unset)} unset: model=hf takes the shape from the weights it starts "
-                        "from; add model.init_from=PATH (a Hugging Face Llama folder, a checkpoint or an export), or "
-                        "choose a preset (e.g. model=llama3_1_8b)")
-    if found:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(found))
-    return OmegaConf.to_object(cfg)
+        raise ConfigError(f"invalid configuration:\n  - model.{', model.'.join(unset)} unset: model=hf takes the "
+                          "shape from the weights it starts from; add model.init_from=PATH (a Hugging Face Llama "
+                          "folder, a checkpoint or an export), or choose a preset (e.g. model=llama3_1_8b)")
+    found = unknown_keys(cfg)
+    if found:  # the sections without those keys, so that every other problem is found too
+        plain = OmegaConf.to_container(cfg)
+        for name in _undeclared(cfg, Config, ""):
+            *parents, leaf = re.sub(r"\[(\d+)\]", r".\1", name).split(".")
+            node = plain
+            for part in parents:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            del node[leaf]
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), plain)
+    return OmegaConf.to_object(cfg), found
 
 
 def as_dict(config: Config) -> Dict[str, Any]:
@@ -124,20 +133,21 @@ def value_problems(config: Config, world: World) -> List[str]:
     """Every problem of the values alone (no file is read): each section's (configs/keys.py ``problems``), then
     what several sections cannot be together."""
     found = problems(config)
-    bad = [p.split("=")[0] for p in found]
-    reads_bad = lambda *keys: any(b.startswith(keys) for b in bad)  # noqa: E731
     p, t = config.parallel, config.training
-    checks: List[Tuple[Tuple[str, ...], Callable[[], List[str]]]] = [  # (the keys each reads, the check)
-        (("optim.", "training.steps"), lambda: config.optim.check(t.steps)),
-        (("recovery.", "parallel.collective"), lambda: config.recovery.check(
-            (p.collective_timeout_s, p.collective_timeout_after_first_step_s))),
-        (("training.seq_len", "model.max_seq_len"), lambda: _seq_len_problems(config)),
-        (("checkpoint.", "data.validation", "eval."), lambda: _best_metric_problems(config)),
-        (("model.", "parallel.", "training."), lambda: layout_problems(config, world)),
+    checks: List[Callable[[], List[str]]] = [
+        lambda: config.optim.check(t.steps),
+        lambda: config.recovery.check((p.collective_timeout_s, p.collective_timeout_after_first_step_s)),
+        lambda: _seq_len_problems(config),
+        lambda: _best_metric_problems(config),
     ]
-    for keys, run_check in checks:
-        if not reads_bad(*keys):
+    if all(in_bounds(s) for s in (config.model, p, t)):  # the layout: no search over an absurd value's divisors
+        checks.append(lambda: layout_problems(config, world))
+    for run_check in checks:
+        try:
             found += run_check()
+        except (ArithmeticError, TypeError, ValueError):  # it tripped over a value its bound refuses already
+            if not found:
+                raise
     return found
 
 

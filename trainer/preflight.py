@@ -81,8 +81,8 @@ def check(cfg: DictConfig, world_size: World = None, files: bool = False) -> Tup
     (``world_size_of``): the layout is checked; ``files``: the file probes too (the data, folder and device
     ones not for a dry run). First the config changes the files make (``fill_from_files``)."""
     fill_from_files(cfg)
-    config = typed(cfg)
-    found = value_problems(config, world_size)
+    config, found = typed(cfg)
+    found += value_problems(config, world_size)
     if files:
         data_found, local_found = local_problems(config, found)
         found += data_found + shared_problems(config, found) + local_found
@@ -238,10 +238,10 @@ def check_launch(cfg: DictConfig, world_size: int) -> Tuple[Config, List[str]]:
     for name, value in changes.items():
         OmegaConf.update(cfg, name, value, merge=False)
     try:
-        config = typed(cfg)
+        config, found = typed(cfg)
     except ConfigError as exc:
         raise agreed(exc)
-    found = value_problems(config, world_size)
+    found += value_problems(config, world_size)
     seen = collectives.all_gather_object(local_problems(config, found))  # what each rank sees itself
     by_rank = collectives.problems_by_rank
     found += by_rank([s[0] for s in seen]) + shared + by_rank([s[1] for s in seen])
@@ -259,8 +259,8 @@ def _read_shared(cfg: DictConfig) -> Tuple[Dict, List[str]]:
     fill_from_files(work)
     names = ["checkpoint.resume", *(f"model.{k}" for k in cfg.model)]
     changes = {k: _value(work, k) for k in names if _value(work, k) != _value(cfg, k)}
-    config = typed(work)
-    return changes, shared_problems(config, value_problems(config, None))
+    config, found = typed(work)
+    return changes, shared_problems(config, found + value_problems(config, None))
 
 
 def _value(cfg: DictConfig, name: str):

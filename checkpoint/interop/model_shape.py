@@ -72,7 +72,7 @@ def fill_model_shape(cfg: DictConfig) -> List[str]:
     for key in unset:
         cfg.model[key] = values[key]
     # Keys given on the command line must agree; checked here too, so dry_run (which reads no weights) stops.
-    problems = source_problems(OmegaConf.to_object(cfg.model), source)
+    problems = source_problems(ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True)), source)
     if problems:
         raise ConfigError("model=hf: model.* given on the command line disagree with model.init_from (drop them, "
                           "or choose another folder):\n  - " + "\n  - ".join(problems))

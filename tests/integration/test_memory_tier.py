@@ -193,7 +193,7 @@ def _probed_run(tmp_path, durable_interval: int = 0):
     model.register_forward_hook(lambda *_: forwards.append(1))
     probe = Probe(model, (rows[:, :-1], rows[:, 1:]), torch.device("cpu"),
                   weights_version=lambda: state.weights_version)
-    ckpt = checkpoint_manager(typed(cfg), state, 0, 1, ParallelDims(1, 1, 1, 1).layout, torch.device("cpu"),
+    ckpt = checkpoint_manager(typed(cfg)[0], state, 0, 1, ParallelDims(1, 1, 1, 1).layout, torch.device("cpu"),
                               probe=probe)
 
     def train_step():

@@ -259,22 +259,23 @@ def test_a_rank_fetches_only_the_slices_it_loads(s3):
 @pytest.mark.distributed  # the manager's pre-flight: left out of the fast loop
 def test_a_live_owner_is_refused_and_a_missing_bucket_named_before_anything_is_written(s3, base):
     from checkpoint.checks import resume_problems
+    from trainer.config import typed
     from checkpoint.durable.lease import LiveOwner
     from checkpoint.durable.preflight import PreflightError
 
     root, cfg = _copy(base, "leased")
     with manager(cfg, tiny_state(4)):  # a live run: its lease held, its heartbeat beating
-        [problem] = resume_problems(cfg)
+        [problem] = resume_problems(typed(cfg)[0])
         assert problem.startswith(f"checkpoint.dir: {root} is in use by a live run: attempt ")
         before = keys(root)
         with pytest.raises(LiveOwner, match="is in use by a live run"):
             with manager(cfg, tiny_state(4)):
                 pass
         assert keys(root) == before  # nothing written by the refused launch
-    assert resume_problems(cfg) == []  # released when the run closed
+    assert resume_problems(typed(cfg)[0]) == []  # released when the run closed
 
     missing = protocol_config("s3://no-such-bucket/run/checkpoints")
-    assert resume_problems(missing) == []  # the checks' probe reads nothing there: no committed checkpoint
+    assert resume_problems(typed(missing)[0]) == []  # the checks' probe reads nothing there: no committed checkpoint
     with pytest.raises(PreflightError, match=r"checkpoint.dir=s3://no-such-bucket/run/checkpoints is not writable "
                                              r"by this process: .*bucket 'no-such-bucket' does not exist: create it, "
                                              r"or point checkpoint.dir at an existing bucket"):
@@ -301,7 +302,7 @@ def test_the_endpoint_comes_from_checkpoint_s3_before_the_environment(s3, monkey
     finally:
         s3_client.configure(None)
     bad = s3_client.S3Config("minio:9000", "", "sideways")
-    assert problems(bad, "checkpoint.s3") + bad.check() == [
+    assert problems(bad, "checkpoint.s3") == [
         "checkpoint.s3.addressing_style='sideways': choose one of ['auto', 'path', 'virtual']",
         "checkpoint.s3.endpoint_url='minio:9000': give the store's URL with its scheme, e.g. "
         "http://minio.internal:9000 or https://s3.us-east-1.amazonaws.com (null: boto3's own settings)",

@@ -119,7 +119,7 @@ def manager(cfg, state, fault_hook=None):
     from trainer.preflight import claim_lease
     from trainer.run import checkpoint_manager
 
-    mgr = checkpoint_manager(typed(cfg), state, 0, 1, ParallelDims(1, 1, 1, 1).layout, torch.device("cpu"),
+    mgr = checkpoint_manager(typed(cfg)[0], state, 0, 1, ParallelDims(1, 1, 1, 1).layout, torch.device("cpu"),
                              fault_hook=fault_hook)
     mgr.preflight(claim_lease(cfg.checkpoint))
     beat = Heartbeat(mgr.root, mgr.saver.attempt, cfg.checkpoint.lease_timeout_s)
