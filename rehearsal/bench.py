@@ -13,8 +13,8 @@ their medians.
                                buffers); from a GPU, into pinned host memory
   write_floor, read_floor      a file written and fsynced, files read sequentially: the disk's floors
   drop_page_cache              cold reads (root only)
-  MetricsTail                  metrics.jsonl rows stamped with the moment each appeared: what a step's
-                               own step_s does not see (the stalls after it, a restart)
+  MetricsTail, resumed         metrics.jsonl rows stamped with the moment each appeared: what a step's
+                               own step_s does not see (the stalls after it, a restart until its first step)
   model_preset                 a configs/model/ preset as a ModelConfig, with overrides
 """
 
@@ -26,7 +26,7 @@ import statistics
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, Hashable, Iterable, List, Mapping, Sequence, TypeVar
+from typing import Callable, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, TypeVar
 
 GiB = 2**30
 CHUNK = 64 << 20  # the floors' reads and writes: 64 MiB at a time, what ``cat`` and ``dd`` reach
@@ -160,6 +160,17 @@ class MetricsTail(threading.Thread):
     def stop(self) -> None:
         self._done.set()
         self.join()
+
+
+def resumed(rows: Sequence[tuple]) -> Optional[tuple]:
+    """(arrival of the last resume event, the event, arrival of the first step after it) from MetricsTail's
+    rows; None until that step's row has come (what a restart is timed to)."""
+    last = max((i for i, (_, r) in enumerate(rows) if r.get("kind") == "resume"), default=None)
+    if last is None:
+        return None
+    t_resume, event = rows[last]
+    t_first = next((t for t, r in rows[last:] if "kind" not in r and r["step"] == event["step"] + 1), None)
+    return None if t_first is None else (t_resume, event, t_first)
 
 
 def model_preset(name: str, overrides: Sequence[str] = ()):

@@ -82,7 +82,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from rehearsal import processes
-from rehearsal.bench import GiB, Memcpy, MetricsTail, against, drop_page_cache
+from rehearsal.bench import GiB, Memcpy, MetricsTail, against, drop_page_cache, resumed
 
 ROOT = Path(__file__).resolve().parent.parent
 DURABLE_INTERVAL = 10
@@ -196,20 +196,8 @@ class Bench:
 
     # -- 4. restore --------------------------------------------------------------------------------
     @staticmethod
-    def _resume(job: Launch) -> tuple:
-        """(arrival of the resume event, the event, arrival of the first resumed step's row)."""
-        if not job.events("resume"):
-            raise RuntimeError(f"{job.tag}: no resume event (exit codes {job.codes})\n{job.text()}")
-        last = max(i for i, (_, r) in enumerate(job.rows) if r.get("kind") == "resume")
-        t_resume, ev = job.rows[last]
-        t_first = next(t for t, r in job.rows[last:] if "kind" not in r and r["step"] == ev["step"] + 1)
-        return t_resume, ev, t_first
-
-    @staticmethod
     def _first_resumed_step(rows: list) -> bool:
-        last = max((i for i, (_, r) in enumerate(rows) if r.get("kind") == "resume"), default=None)
-        return last is not None and any("kind" not in r and r["step"] == rows[last][1]["step"] + 1
-                                        for _, r in rows[last:])
+        return resumed(rows) is not None
 
     @staticmethod
     def _logged(job: Launch, pattern: str) -> Optional[float]:
@@ -219,7 +207,9 @@ class Bench:
         return found[-1] if found else None
 
     def _restore_record(self, job: Launch, t_failure: float) -> dict:
-        t_resume, ev, t_first = self._resume(job)
+        if resumed(job.rows) is None:
+            raise RuntimeError(f"{job.tag}: no resumed step (exit codes {job.codes})\n{job.text()}")
+        t_resume, ev, t_first = resumed(job.rows)
         keys = ("step", "source", "sources", "load_s", "verify_s", "read_s", "apply_s", "check_s", "total_s")
         return {**{k: ev.get(k) for k in keys}, "resume_took_s": self._logged(job, r"resume took ([\d.]+) s"),
                 "probe_s": self._logged(job, r"post-load verification .* passed: .*\(probe ([\d.]+) s\)"),
@@ -227,7 +217,7 @@ class Bench:
 
     def crash(self) -> dict:
         """(a) rank 1 SIGKILLed at CRASH_STEP, torchrun restarts the workers (--max-restarts 1)."""
-        from rehearsal.chains import faults_override
+        from rehearsal.chains import faults_override, fired_at
 
         run_dir = self.runs / "restore-crash"
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -235,8 +225,7 @@ class Bench:
         job = self.launch("restore-crash", run_dir, self.overrides(
             run_dir, CRASH_STEP + 1, DURABLE_INTERVAL, RESTORE_MEMORY_INTERVAL, [fault]), max_restarts=1,
             stop_when=self._first_resumed_step)
-        marker = next((run_dir / "faults").glob("fired-*")).read_text().split()
-        out = self._restore_record(job, float(marker[marker.index("time") + 1]))
+        out = self._restore_record(job, fired_at(run_dir))
         print(f"  crash_local    resumed step {out['step']} from {out['source']} {out['sources']}: load "
               f"{out['load_s']} s", flush=True)
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)

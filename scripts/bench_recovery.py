@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from recovery.watchdog import read_records
-from rehearsal.bench import MetricsTail, spread
-from rehearsal.chains import faults_override
+from rehearsal.bench import MetricsTail, resumed, spread
+from rehearsal.chains import faults_override, fired_at
 from rehearsal.processes import child_env
 from rehearsal.runs import prepare_debug_data, tiny_overrides
 
@@ -42,20 +42,17 @@ def run_once(kind: str, root: Path, data: Path, nproc: int, kill_step: int, hang
                             stderr=subprocess.STDOUT, timeout=900).returncode
     time.sleep(0.05)
     tail.stop()
-    resume = [(t, r) for t, r in tail.rows if r.get("kind") == "resume"]
-    if rc != 0 or not resume:
-        raise RuntimeError(f"{kind} run failed (rc {rc}, resumed: {bool(resume)}); see {root / 'bench.log'}")
-    t_resumed, ev = resume[0]
-    t_first = next(t for t, r in tail.rows if "kind" not in r and t >= t_resumed and r["step"] == ev["step"] + 1)
-    marker = next((run_dir / "faults").glob("fired-*")).read_text().split()
-    fired_at = float(marker[marker.index("time") + 1])
-    out = {"kind": kind, "resumed_from": ev["checkpoint_id"], "load_done_s": t_resumed - fired_at}
+    if rc != 0 or resumed(tail.rows) is None:
+        raise RuntimeError(f"{kind} run failed (rc {rc}, or no resumed step); see {root / 'bench.log'}")
+    t_resumed, ev, t_first = resumed(tail.rows)
+    failed_at = fired_at(run_dir)
+    out = {"kind": kind, "resumed_from": ev["checkpoint_id"], "load_done_s": t_resumed - failed_at}
     if kind == "hang":
         rec = read_records(run_dir)[0]
         out["detection_s"] = rec["detected_at"] - rec["last_beat_at"]
         out["mttr_s"] = t_first - rec["last_beat_at"]
     else:
-        out["mttr_s"] = t_first - fired_at
+        out["mttr_s"] = t_first - failed_at
     return out
 
 
