@@ -54,11 +54,10 @@ def in_turns(variants: Mapping[K, Callable[[], T]], rounds: int, shift: int = 0)
     return out
 
 
-def spread(xs: Iterable[float], unit: str = "s", scale: float = 1.0) -> str:
+def spread(seconds_: Iterable[float]) -> str:
     """``median 1.23 s (min 1.01, max 1.50, 5 runs)``."""
-    xs = [x * scale for x in xs]
-    return (f"median {statistics.median(xs):.3g} {unit} (min {min(xs):.3g}, max {max(xs):.3g}, "
-            f"{len(xs)} run{'s' if len(xs) != 1 else ''})")
+    xs = list(seconds_)
+    return f"median {statistics.median(xs):.3g} s (min {min(xs):.3g}, max {max(xs):.3g}, {len(xs)} runs)"
 
 
 def against(ratio: float, target: float, at_most: bool = True) -> str:
