@@ -104,6 +104,12 @@ def fired_pids(run_dir: Path) -> Dict[int, str]:
     return out
 
 
+def fired_at(run_dir: Path) -> float:
+    """When (time.time()) the run's injected fault fired, from its marker (recovery/faults.py)."""
+    fields = next((Path(run_dir) / "faults").glob("fired-*")).read_text().split()
+    return float(fields[fields.index("time") + 1])
+
+
 def resume_problems(run_dir: Path, attempts: List[dict]) -> List[str]:
     """Each restart after a death must resume from the newest committed checkpoint at that death."""
     expected = []

@@ -11,7 +11,6 @@ file is half uploaded gets a window it can see, instead of the milliseconds a lo
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,14 +18,10 @@ import tempfile
 import time
 from typing import Dict, Optional
 
+from rehearsal.processes import free_port, kill_tree
+
 BUCKET = "checkpoints"
 PART_BYTES = 256 << 10  # the tests' multipart part size (S3's floor is 5 MiB; moto's is lowered to match)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class S3Server:
@@ -60,7 +55,7 @@ class S3Server:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_tree(self.proc.pid)
             self.proc.wait()
         self.proc = None
         if getattr(self, "delay_file", None):

@@ -3,13 +3,13 @@
 
   python scripts/bench_checkpoint.py --dir /tmp/ckpt-bench            # 1.5 GiB: 134M params + AdamW
   python scripts/bench_checkpoint.py --dir /tmp/ckpt-bench --dim 1024 --layers 16
+  python scripts/bench_checkpoint.py --dir /tmp/ckpt-bench --format dcp   # stock DCP files, same floors
 
-Floors, each measured in turn with what it bounds, --reps times, compared by medians (a
-shared VM's disk moves by 2x from one second to the next; its memory bandwidth by 1.5x):
-memcpy (one copy of the state's size into an already-touched buffer, as staging does) right
-before each async save; write+fsync of a file of that size in --dir before each async save;
-a plain sequential read of each saved checkpoint's data files, taking turns with its two cold
-loads (cold when the page cache can be dropped, i.e. as root; warm otherwise).
+Floors (rehearsal/bench.py), each measured in turn with what it bounds, --reps times, compared by
+medians: memcpy (one copy of the state's size into an already-touched buffer, as staging does) right
+before each async save; write+fsync of a file of that size in --dir before each async save; a plain
+sequential read of each saved checkpoint's data files, taking turns with its two cold loads (cold
+when the page cache can be dropped, i.e. as root; warm otherwise).
 Targets (docs/checkpoint-format.md):
 async blocking <= 1.5 x bytes / memcpy and <= 1/10 of the sync save; persist >= 0.7 x write
 bandwidth; load >= 0.7 x read bandwidth.
@@ -18,12 +18,10 @@ bandwidth; load >= 0.7 x read bandwidth.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import time
 from pathlib import Path
-from typing import List
 
 import torch
 
@@ -35,62 +33,7 @@ from checkpoint.durable.saver import CheckpointSaver
 from checkpoint.state.training_state import TrainingState, local_state_bytes
 from model.config import ModelConfig
 from model.llama import build_model
-
-GiB = 2**30
-
-
-def drop_caches() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
-
-
-class Memcpy:
-    """The copy floor: one copy of ``nbytes`` into an already-touched buffer (median of 3)."""
-
-    def __init__(self, nbytes: int):
-        self.nbytes = nbytes
-        self.src = torch.ones(nbytes // 4, dtype=torch.float32)
-        self.dst = torch.empty_like(self.src)
-        self.dst.copy_(self.src)  # touch
-
-    def bandwidth(self) -> float:
-        times = []
-        for _ in range(3):
-            t = time.perf_counter()
-            self.dst.copy_(self.src)
-            times.append(time.perf_counter() - t)
-        return self.nbytes / statistics.median(times)
-
-
-def write_floor_file(directory: Path, nbytes: int) -> tuple:
-    """(path, write+fsync bandwidth) of a file of ``nbytes`` random bytes written in ``directory``."""
-    path = directory / "floor.bin"
-    chunk = bytearray(os.urandom(1 << 20)) * 64  # 64 MiB
-    t = time.perf_counter()
-    with open(path, "wb", buffering=0) as f:
-        written = 0
-        while written < nbytes:
-            written += f.write(chunk)
-        os.fsync(f.fileno())
-    return path, written / (time.perf_counter() - t)
-
-
-def read_bandwidth(paths: List[Path], cold: bool) -> float:
-    """One sequential pass over ``paths`` in 64 MiB reads (what ``cat`` achieves)."""
-    if cold:
-        drop_caches()
-    buf = bytearray(64 << 20)
-    t = time.perf_counter()
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.readinto(buf):
-                pass
-    return sum(p.stat().st_size for p in paths) / (time.perf_counter() - t)
+from rehearsal.bench import GiB, Memcpy, against, drop_page_cache, in_turns, read_floor, seconds, write_floor
 
 
 def make_state(dim: int, layers: int, vocab: int) -> TrainingState:
@@ -105,28 +48,16 @@ def make_state(dim: int, layers: int, vocab: int) -> TrainingState:
     return TrainingState(model, opt, sched)
 
 
-def manifest(step: int) -> Manifest:
-    return Manifest(f"step_{step:08d}", step, 0, 0, time.time(), "bench", {}, 1, {"dp_shard": 1}, 1, None, None,
-                    None)
-
-
 def timed_save(saver: CheckpointSaver, state: TrainingState, step: int):
     """The save's record, with blocking_s measured around everything the training thread does."""
     state.step = step
-    t = time.perf_counter()
-    saver.save(state.state_dict(), manifest(step))
-    blocking = time.perf_counter() - t
+    manifest = Manifest(f"step_{step:08d}", step, 0, 0, time.time(), "bench", {}, 1, {"dp_shard": 1}, 1, None, None,
+                        None)
+    blocking = seconds(lambda: saver.save(state.state_dict(), manifest))
     saver.wait()
     (record,) = saver.finished()
     record.blocking_s = blocking
     return record
-
-
-def load_warm(state: TrainingState, path: Path) -> float:
-    load_checkpoint(state, path, seed=0)  # fills the page cache
-    t = time.perf_counter()
-    load_checkpoint(state, path, seed=0)
-    return time.perf_counter() - t
 
 
 def main() -> None:
@@ -135,6 +66,7 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--format", default="raw", choices=("raw", "dcp"), help="checkpoint.format")
     p.add_argument("--reps", type=int, default=3, help="cold read floor / cold load pairs")
     a = p.parse_args()
     shutil.rmtree(a.dir, ignore_errors=True)
@@ -143,80 +75,80 @@ def main() -> None:
     state = make_state(a.dim, a.layers, a.vocab)
     nbytes = local_state_bytes(state.state_dict())
     print(f"state: {sum(p.numel() for p in state.model.parameters()) / 1e6:.1f} M params + AdamW = "
-          f"{nbytes / GiB:.2f} GiB; torch threads {torch.get_num_threads()}; dir {a.dir}")
+          f"{nbytes / GiB:.2f} GiB; checkpoint.format={a.format}; torch threads {torch.get_num_threads()}; "
+          f"dir {a.dir}")
 
     memcpy = Memcpy(nbytes)
-    cold = drop_caches()
+    cold = drop_page_cache()
     print(f"floors are measured in turns with what they bound (see the docstring); reads are "
           f"{'cold' if cold else 'WARM (cannot drop the page cache: run as root for cold reads)'}")
 
-    sums, nosums = [], []
-    for i in range(2):  # in turns; the first save of a process is slower (page cache, allocator)
-        nosums.append(timed_save(CheckpointSaver(a.dir / f"nosum{i}", "sync", 0, 1, checksum_algorithm=None),
-                                 state, 1).blocking_s)
-        shutil.rmtree(a.dir / f"nosum{i}")
-        sums.append(timed_save(CheckpointSaver(a.dir / f"sync{i}", "sync", 0, 1), state, 1).blocking_s)
-    t_sync, t_nosum = statistics.median(sums), statistics.median(nosums)
-    path = checkpoint_dir(a.dir / "sync1", 1)
+    def sync_save(checksums: bool) -> float:
+        root = a.dir / ("sync" if checksums else "nosum")
+        shutil.rmtree(root, ignore_errors=True)
+        kept = {} if checksums else {"checksum_algorithm": None}
+        blocking = timed_save(CheckpointSaver(root, "sync", 0, 1, storage_format=a.format, **kept), state, 1).blocking_s
+        if not checksums:
+            shutil.rmtree(root)
+        return blocking
+
+    # in turns; the first save of a process is slower (page cache, allocator)
+    sync = in_turns({"without": lambda: sync_save(False), "with": lambda: sync_save(True)}, 2)
+    t_sync, t_nosum = statistics.median(sync["with"]), statistics.median(sync["without"])
+    path = checkpoint_dir(a.dir / "sync", 1)
     files = sorted(path.glob("*.distcp"))
     checksum_files(files, default_algorithm())  # into the page cache
-    t = time.perf_counter()
-    checksum_files(files, default_algorithm())
-    t_sum = time.perf_counter() - t
-    print("sync save (with checksums): " + ", ".join(f"{t:.2f}" for t in sums) + " s; without: "
-          + ", ".join(f"{t:.2f}" for t in nosums) + f" s; medians {t_sync:.2f} / {t_nosum:.2f} s. "
+    t_sum = seconds(lambda: checksum_files(files, default_algorithm()))
+    print("sync save (with checksums): " + ", ".join(f"{t:.2f}" for t in sync["with"]) + " s; without: "
+          + ", ".join(f"{t:.2f}" for t in sync["without"]) + f" s; medians {t_sync:.2f} / {t_nosum:.2f} s. "
           f"Checksumming the files alone ({default_algorithm()}, page cache): {t_sum:.2f} s = "
           f"{nbytes / t_sum / GiB:.2f} GiB/s")
 
     def load(path: Path, verify: bool) -> float:
         if cold:
-            drop_caches()
-        t = time.perf_counter()
-        load_checkpoint(state, path, seed=0, verify=verify)
-        return time.perf_counter() - t
+            drop_page_cache()
+        return seconds(lambda: load_checkpoint(state, path, seed=0, verify=verify))
 
-    asaver = CheckpointSaver(a.dir / "async", "async", 0, 1)
+    asaver = CheckpointSaver(a.dir / "async", "async", 0, 1, storage_format=a.format)
     first = timed_save(asaver, state, 1)  # allocates the staging buffers; later saves reuse them
     rows = []
     print(f"{'rep':>3} | {'memcpy GiB/s':>12} | {'async block s':>13} | {'block/copy':>10} | {'write GiB/s':>11} | "
           f"{'persist s':>9} | {'persist/write':>13} | "
           f"{'read GiB/s':>10} | {'load s':>6} | {'load/read':>9} | {'unverified s':>12}")
     for i in range(a.reps):  # in turns: a slow moment of the disk hits a floor and what it is compared with
-        # On a thin-provisioned virtual disk, writing never-used blocks measured 2x slower than
-        # writing freed ones: the floor file is deleted before the save and the checkpoint after
-        # its loads, so both writes land in blocks freed by the rep before.
-        floor_file, write_bw = write_floor_file(a.dir, nbytes)
-        floor_file.unlink()
+        # write_floor deletes its file, and each checkpoint is deleted after its loads: both writes land
+        # in blocks freed by the rep before.
+        write_bw = write_floor(a.dir, nbytes)
         copy_bw = memcpy.bandwidth()  # right before the save it bounds
         rec = timed_save(asaver, state, 2 + i)
-        # The read floor is a plain sequential read of this checkpoint's own data files: the
-        # same blocks the loads read. The three reads take turns going first.
+        # The read floor is a plain sequential read of this checkpoint's own data files: the same blocks
+        # the loads read. The three reads take turns going first.
         ckpt = checkpoint_dir(a.dir / "async", 2 + i)
         files = sorted(ckpt.glob("*.distcp"))
-        reads = {"read": lambda: read_bandwidth(files, cold), "load": lambda: load(ckpt, True),
-                 "unverified": lambda: load(ckpt, False)}
-        order = list(reads)[i % 3:] + list(reads)[:i % 3]
-        row = {k: reads[k]() for k in order}
+        reads = in_turns({"read": lambda: read_floor(files, cold), "load": lambda: load(ckpt, True),
+                          "unverified": lambda: load(ckpt, False)}, 1, shift=i)
+        row = {k: v[0] for k, v in reads.items()}
         row.update(memcpy=copy_bw, write=write_bw, block=rec.blocking_s, persist=rec.background_s)
         shutil.rmtree(ckpt)
-        read_bw = row["read"]
         rows.append(row)
-        block_ratio = row['block'] * copy_bw / nbytes
-        print(f"{i + 1:>3} | {copy_bw / GiB:>12.2f} | {row['block']:>13.3f} | {block_ratio:>10.2f} | "
-              f"{write_bw / GiB:>11.2f} | {row['persist']:>9.2f} | "
-              f"{nbytes / row['persist'] / write_bw:>13.2f} | {read_bw / GiB:>10.2f} | {row['load']:>6.2f} | "
-              f"{nbytes / row['load'] / read_bw:>9.2f} | {row['unverified']:>12.2f}")
+        print(f"{i + 1:>3} | {copy_bw / GiB:>12.2f} | {row['block']:>13.3f} | "
+              f"{row['block'] * copy_bw / nbytes:>10.2f} | {write_bw / GiB:>11.2f} | {row['persist']:>9.2f} | "
+              f"{nbytes / row['persist'] / write_bw:>13.2f} | {row['read'] / GiB:>10.2f} | {row['load']:>6.2f} | "
+              f"{nbytes / row['load'] / row['read']:>9.2f} | {row['unverified']:>12.2f}")
     asaver.close()
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    load_checkpoint(state, path, seed=0)  # fills the page cache
+    warm = seconds(lambda: load_checkpoint(state, path, seed=0))
     print(f"medians of {a.reps} (the reads take turns going first: read floor, verified load, unverified load):")
-    print(f"  async blocking {med['block']:.3f} s = {med['block'] * med['memcpy'] / nbytes:.2f}x bytes/memcpy "
-          f"(target <= 1.5x) = {med['block'] / t_sync:.3f} of the sync save (target <= 0.1); first save "
-          f"(allocating buffers) {first.blocking_s:.3f} s")
-    print(f"  persist {med['persist']:.2f} s = {nbytes / med['persist'] / GiB:.2f} GiB/s = "
-          f"{nbytes / med['persist'] / med['write']:.2f}x write+fsync bandwidth (target >= 0.7)")
+    print(f"  async blocking {med['block']:.3f} s, against the memcpy floor "
+          f"{against(med['block'] * med['memcpy'] / nbytes, 1.5)}, against the sync save "
+          f"{against(med['block'] / t_sync, 0.1)}; first save (allocating buffers) {first.blocking_s:.3f} s")
+    print(f"  persist {med['persist']:.2f} s = {nbytes / med['persist'] / GiB:.2f} GiB/s, against the write+fsync "
+          f"floor {against(nbytes / med['persist'] / med['write'], 0.7, at_most=False)}")
     print(f"  load, checksums verified, {'cold' if cold else 'warm'}: {med['load']:.2f} s = "
-          f"{nbytes / med['load'] / GiB:.2f} GiB/s = {nbytes / med['load'] / med['read']:.2f}x read bandwidth "
-          f"(target >= 0.7); unverified {med['unverified']:.2f} s; from the page cache {load_warm(state, path):.2f} s")
+          f"{nbytes / med['load'] / GiB:.2f} GiB/s, against the read floor "
+          f"{against(nbytes / med['load'] / med['read'], 0.7, at_most=False)}; unverified {med['unverified']:.2f} s; "
+          f"from the page cache {warm:.2f} s")
     shutil.rmtree(a.dir, ignore_errors=True)
 
 

@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 from data.batching import make_batch_plan
 from data.config import DataConfig
 from data.setup import build_data_pipeline
+from rehearsal.bench import in_turns
 from rehearsal.runs import prepare_debug_data
 
 WORLD = SimpleNamespace(local_rank=0, device=torch.device("cpu"))
@@ -112,10 +113,7 @@ def main(argv=None) -> int:
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     steps = (10, 10 ** 6)
     for workers in args.workers:
-        times = {s: [] for s in steps}
-        for _ in range(args.repeats):  # alternate, so load from other processes hits both alike
-            for s in steps:
-                times[s].append(resume_seconds(args, s, workers))
+        times = in_turns({s: (lambda s=s: resume_seconds(args, s, workers)) for s in steps}, args.repeats)
         locate = {s: statistics.median(t[0] for t in times[s]) for s in steps}
         first = {s: statistics.median(t[1] for t in times[s]) for s in steps}
         print(f"resume, num_workers={workers} (median of {args.repeats}): load state + locate next batch "

@@ -28,16 +28,13 @@ import json
 import pickle
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from rehearsal.bench import model_preset
 
 
 def main(argv=None) -> int:
     import torch
     import torch.distributed as dist
-    from omegaconf import OmegaConf
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
@@ -46,7 +43,6 @@ def main(argv=None) -> int:
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from model.config import ModelConfig
     from model.llama import build_model
     from parallel.config import ParallelConfig
     from parallel.dims import resolve_parallel_dims
@@ -59,8 +55,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     world = args.dp_shard * args.tp
 
-    raw = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "model" / f"{args.model}.yaml"))
-    mcfg = ModelConfig(**raw)
+    mcfg = model_preset(args.model)
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     t0 = time.perf_counter()
     model = build_model(mcfg, materialize=False)

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from rehearsal.bench import model_preset
+from rehearsal.processes import child_env
 
 
 def _status_kib(field: str) -> int:
@@ -35,10 +35,8 @@ def _status_kib(field: str) -> int:
 def worker(args) -> None:
     import torch
     import torch.distributed as dist
-    from omegaconf import OmegaConf
     from torch.distributed.tensor import DTensor
 
-    from model.config import ModelConfig
     from model.counting import count_params
     from model.llama import build_model
     from parallel.config import ParallelConfig
@@ -46,9 +44,7 @@ def worker(args) -> None:
     from parallel.init import init_distributed
     from parallel.parallelize import materialize_parallel_model, parallelize_model
 
-    yaml = OmegaConf.merge(OmegaConf.load(ROOT / "configs" / "model" / f"{args.model}.yaml"),
-                           OmegaConf.from_dotlist(args.set))
-    mcfg = ModelConfig(**OmegaConf.to_container(yaml))
+    mcfg = model_preset(args.model, args.set)
     pcfg = ParallelConfig(device="cpu", dp_shard=args.dp_shard, tp=args.tp)
     world = init_distributed("cpu", pcfg.collective_timeout_s)
     dims = resolve_parallel_dims(pcfg.dp_replicate, pcfg.dp_shard, pcfg.tp, world.world_size)
@@ -105,8 +101,7 @@ def main() -> None:
     nproc = args.dp_shard * args.tp
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", __file__,
            "--worker", *sys.argv[1:]]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    sys.exit(subprocess.run(cmd, env=env).returncode)
+    sys.exit(subprocess.run(cmd, env=child_env()).returncode)
 
 
 if __name__ == "__main__":

@@ -28,8 +28,8 @@ async, on disk under --out.
    waiting for the previous snapshot, the copy into the staging buffer; median over the run's
    snapshots after the first, rank 0's: the first allocates the reused staging buffer, and its
    stall is printed apart, as bench_checkpoint.py prints an async save's first blocking time)
-   against the memcpy floor of the same bytes (bench_checkpoint.Memcpy, measured by this process
-   right after each memory run, median); the background time beside the floor sum below.
+   against the memcpy floor of the same bytes (rehearsal/bench.py, measured by this process right
+   after each memory run, median); the background time beside the floor sum below.
 3. Replica bandwidth in training (replica_bytes / replica_s: the exchange with the peer, writing
    the replica to tmpfs and its checksum, while the other rank trains) against the gloo floor; then
    one snapshot on its own (floor_worker: two processes, the state shaped like a rank's, the tier's
@@ -50,7 +50,7 @@ async, on disk under --out.
    (c) peer: the same stopped job with node 1's memory directory deleted: its rank streams its
        copy from the replica on node 0;
    (d) durable, cold: the same stopped job with both nodes' memory deleted: the durable load, with
-       the page cache dropped first (as root; bench_checkpoint.drop_caches).
+       the page cache dropped first (as root).
    (b)-(d) restart from the same copy of the stopped job (run directory and memory restored from a
    backup on disk before each); before each the page cache is dropped and then torch and the
    trainer are imported once, so their start-up is alike and only (d)'s checkpoint is cold.
@@ -70,13 +70,10 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import importlib.util
 import json
 import os
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -84,8 +81,10 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from rehearsal import processes
+from rehearsal.bench import GiB, Memcpy, MetricsTail, against, drop_page_cache, resumed
+
 ROOT = Path(__file__).resolve().parent.parent
-GiB = 2**30
 DURABLE_INTERVAL = 10
 MEMORY_INTERVALS = (1, 5, 10)
 RESTORE_MEMORY_INTERVAL, RESTORE_SNAPSHOT, CRASH_STEP = 5, 15, 19
@@ -93,54 +92,13 @@ RESTORE_MEMORY_INTERVAL, RESTORE_SNAPSHOT, CRASH_STEP = 5, 15, 19
 WARM_IMPORTS = [sys.executable, "-c", "import torch.distributed.run, hydra, trainer.run"]
 
 
-def _script(name: str):
-    """scripts/<name>.py as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def child_env() -> Dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return env
+    return processes.child_env({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def descendants(pid: int) -> List[int]:
-    """Every live process below ``pid`` (torchrun starts its workers in sessions of their own)."""
-    parents: Dict[int, List[int]] = {}
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(ppid, []).append(int(name))
-    out, todo = [], [pid]
-    while todo:
-        kids = parents.get(todo.pop(), [])
-        out += kids
-        todo += kids
-    return out
-
-
-def kill_tree(procs: List[subprocess.Popen]) -> None:
-    """SIGKILL the agents and every process they started (collected first: orphans change parents)."""
-    below = [p for proc in procs if proc.poll() is None for p in descendants(proc.pid)]
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-    for pid in below:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def kill_all(procs: List[subprocess.Popen]) -> None:
+    """SIGKILL the agents and every process they started, then reap the agents."""
+    processes.kill_tree(*(p.pid for p in procs if p.poll() is None))
     for proc in procs:
         proc.wait()
 
@@ -164,7 +122,6 @@ class Launch:
 class Bench:
     def __init__(self, a):
         self.a = a
-        self.tail_cls = _script("bench_recovery").MetricsTail
         self.runs, self.logs = a.out / "runs", a.out / "logs"
         self.n_heads = max(1, a.dim // 64)
 
@@ -183,8 +140,8 @@ class Bench:
         """Both agents; until they exit, or until ``stop_when(rows)`` (then every process is SIGKILLed)."""
         from metrics.records import read_rows
 
-        port, known = free_port(), len(read_rows(run_dir))
-        tail = self.tail_cls(run_dir / "metrics.jsonl")
+        port, known = processes.free_port(), len(read_rows(run_dir))
+        tail = MetricsTail(run_dir / "metrics.jsonl")
         tail.start()
         procs, logs = [], []
         t_start = time.time()
@@ -208,7 +165,7 @@ class Bench:
                     raise RuntimeError(f"{tag}: still running after {self.a.timeout} s")
                 time.sleep(0.02)
         finally:
-            kill_tree(procs)
+            kill_all(procs)
             time.sleep(0.05)
             tail.stop()
         return Launch(tag, t_start, [p.returncode for p in procs], tail.rows[known:], logs)
@@ -239,20 +196,8 @@ class Bench:
 
     # -- 4. restore --------------------------------------------------------------------------------
     @staticmethod
-    def _resume(job: Launch) -> tuple:
-        """(arrival of the resume event, the event, arrival of the first resumed step's row)."""
-        if not job.events("resume"):
-            raise RuntimeError(f"{job.tag}: no resume event (exit codes {job.codes})\n{job.text()}")
-        last = max(i for i, (_, r) in enumerate(job.rows) if r.get("kind") == "resume")
-        t_resume, ev = job.rows[last]
-        t_first = next(t for t, r in job.rows[last:] if "kind" not in r and r["step"] == ev["step"] + 1)
-        return t_resume, ev, t_first
-
-    @staticmethod
     def _first_resumed_step(rows: list) -> bool:
-        last = max((i for i, (_, r) in enumerate(rows) if r.get("kind") == "resume"), default=None)
-        return last is not None and any("kind" not in r and r["step"] == rows[last][1]["step"] + 1
-                                        for _, r in rows[last:])
+        return resumed(rows) is not None
 
     @staticmethod
     def _logged(job: Launch, pattern: str) -> Optional[float]:
@@ -262,7 +207,9 @@ class Bench:
         return found[-1] if found else None
 
     def _restore_record(self, job: Launch, t_failure: float) -> dict:
-        t_resume, ev, t_first = self._resume(job)
+        if resumed(job.rows) is None:
+            raise RuntimeError(f"{job.tag}: no resumed step (exit codes {job.codes})\n{job.text()}")
+        t_resume, ev, t_first = resumed(job.rows)
         keys = ("step", "source", "sources", "load_s", "verify_s", "read_s", "apply_s", "check_s", "total_s")
         return {**{k: ev.get(k) for k in keys}, "resume_took_s": self._logged(job, r"resume took ([\d.]+) s"),
                 "probe_s": self._logged(job, r"post-load verification .* passed: .*\(probe ([\d.]+) s\)"),
@@ -270,7 +217,7 @@ class Bench:
 
     def crash(self) -> dict:
         """(a) rank 1 SIGKILLed at CRASH_STEP, torchrun restarts the workers (--max-restarts 1)."""
-        from rehearsal.chains import faults_override
+        from rehearsal.chains import faults_override, fired_at
 
         run_dir = self.runs / "restore-crash"
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -278,8 +225,7 @@ class Bench:
         job = self.launch("restore-crash", run_dir, self.overrides(
             run_dir, CRASH_STEP + 1, DURABLE_INTERVAL, RESTORE_MEMORY_INTERVAL, [fault]), max_restarts=1,
             stop_when=self._first_resumed_step)
-        marker = next((run_dir / "faults").glob("fired-*")).read_text().split()
-        out = self._restore_record(job, float(marker[marker.index("time") + 1]))
+        out = self._restore_record(job, fired_at(run_dir))
         print(f"  crash_local    resumed step {out['step']} from {out['source']} {out['sources']}: load "
               f"{out['load_s']} s", flush=True)
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
@@ -432,7 +378,7 @@ def floor_worker(rank: int, port: int, model: str, reps: int, shm: Path, out: Pa
 
 def floors_and_snapshot(a, n_heads: int, out: Path) -> dict:
     """floor_worker's measurements (rank 0's), from two processes on this host."""
-    port = free_port()
+    port = processes.free_port()
     shm = a.shm / "floors"
     model = f"{a.dim},{a.layers},{a.vocab},{n_heads}"
     procs = [subprocess.Popen([sys.executable, __file__, "--floor-worker", str(rank), str(port), model, str(a.reps),
@@ -440,7 +386,7 @@ def floors_and_snapshot(a, n_heads: int, out: Path) -> dict:
     try:
         codes = [p.wait(timeout=1200) for p in procs]
     finally:
-        kill_tree(procs)
+        kill_all(procs)
         shutil.rmtree(shm, ignore_errors=True)
     if codes != [0, 0]:
         raise RuntimeError(f"floor worker: exit codes {codes}")
@@ -521,7 +467,6 @@ def main(argv=None) -> None:
     if a.steps < a.warmup + 2 * max(MEMORY_INTERVALS):
         p.error(f"--steps must be at least --warmup + {2 * max(MEMORY_INTERVALS)} (two snapshots at interval 10)")
     a.out, a.shm, a.data = a.out.resolve(), a.shm.resolve(), a.data.resolve()
-    bench_checkpoint = _script("bench_checkpoint")
     from model.config import ModelConfig
     from model.counting import count_params
     from rehearsal.runs import prepare_debug_data
@@ -549,7 +494,7 @@ def main(argv=None) -> None:
         return
     if a.restore_only:
         try:
-            drop = (lambda: False) if a.keep_page_cache else bench_checkpoint.drop_caches
+            drop = (lambda: False) if a.keep_page_cache else drop_page_cache
             restore = {"crash_local": bench.crash(), **bench.restarts(drop)}
         finally:
             shutil.rmtree(a.shm, ignore_errors=True)
@@ -569,13 +514,13 @@ def main(argv=None) -> None:
         for name, durable, memory in plan + [("none_again", 0, 0)]:
             tp[name] = bench.throughput(name, durable, memory)
             if memory:  # the memcpy floor right after each memory run, on the now idle machine
-                memcpy = memcpy or bench_checkpoint.Memcpy(tp[name]["snapshots"][0]["bytes"])
+                memcpy = memcpy or Memcpy(tp[name]["snapshots"][0]["bytes"])
                 copy_bws.append(memcpy.bandwidth())
         del memcpy
         print("3. floors and one snapshot on its own", flush=True)
         alone = floors_and_snapshot(a, bench.n_heads, a.out / "floors.json")
         print("4. restore", flush=True)
-        drop = (lambda: False) if a.keep_page_cache else bench_checkpoint.drop_caches
+        drop = (lambda: False) if a.keep_page_cache else drop_page_cache
         restore = {"crash_local": bench.crash(), **bench.restarts(drop)}
     finally:
         shutil.rmtree(a.shm, ignore_errors=True)
@@ -725,25 +670,19 @@ def print_table(res: dict) -> None:
           f"memory restore's byte comparison; probe: the durable verification's forward")
     t = res["targets"]
 
-    def verdict(met: bool) -> str:
-        return "MET" if met else "MISSED"
-
     a, b = t["interval10_within_3pct"], t["local_2x_faster_than_cold_durable"]
     r, st, bg = t["replica_half_of_gloo"], t["stall_1_5x_memcpy"], t["background_2x_floors"]
-    print(f"\ntarget: memory interval 10 within 3% of no checkpointing: {100 * a['overhead']:+.1f}% "
-          f"(noise, none vs none: {100 * a['noise']:.1f}%) -> {verdict(a['met'])}")
-    print(f"target: replica >= 0.5x the gloo floor: training (interval 10) {r['training']:.2f}x -> "
-          f"{verdict(r['met'])}; on its own {r['alone']:.2f}x (on the wire {r['alone_transfer_only'] or 0:.2f}x) -> "
-          f"{verdict(r['alone_met'])}")
-    print(f"target: stall <= 1.5x the memcpy floor: training (interval 10) {st['training']:.2f}x -> "
-          f"{verdict(st['met'])}; the copy on its own {st['alone']:.2f}x -> {verdict(st['alone_met'])}")
-    print(f"target: background CPU of one snapshot <= 2x the floor sum: {bg['alone_cpu']:.2f}x -> "
-          f"{verdict(bg['met'])} (wall on its own {bg['alone_wall']:.2f}x; wall beside training, interval 10, "
-          f"{bg['training_wall']:.2f}x)")
-    print(f"target: local memory restore >= 2x faster than a cold durable load: {b['local_load_s']:.2f} s vs "
-          f"{b['durable_load_s']:.2f} s = {b['speedup']:.2f}x -> {verdict(b['met'])} (post-load check: "
-          f"{b['check']}; without the durable probe's {b['durable_probe_s'] or 0:.2f} s: "
-          f"{b['speedup_without_durable_probe']:.2f}x)")
+    print(f"\ntarget: memory interval 10 within 3% of no checkpointing: s/step against none's "
+          f"{against(1 + a['overhead'], 1.03)} (noise, none vs none: {100 * a['noise']:.1f}%)")
+    print(f"target: replica against the gloo floor: training (interval 10) {against(r['training'] or 0, 0.5, False)}; "
+          f"on its own {against(r['alone'], 0.5, False)} (on the wire {r['alone_transfer_only'] or 0:.2f}x)")
+    print(f"target: stall against the memcpy floor: training (interval 10) {against(st['training'], 1.5)}; the copy "
+          f"on its own {against(st['alone'], 1.5)}")
+    print(f"target: background CPU of one snapshot against the floor sum: {against(bg['alone_cpu'], 2.0)} (wall on "
+          f"its own {bg['alone_wall']:.2f}x; wall beside training, interval 10, {bg['training_wall']:.2f}x)")
+    print(f"target: a cold durable load against a local memory restore: {b['durable_load_s']:.2f} s against "
+          f"{b['local_load_s']:.2f} s = {against(b['speedup'], 2.0, False)} (post-load check: {b['check']}; without "
+          f"the durable probe's {b['durable_probe_s'] or 0:.2f} s: {b['speedup_without_durable_probe']:.2f}x)")
     for problem in res["problems"]:
         print(f"PROBLEM: {problem}")
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from rehearsal.bench import in_turns, model_preset, seconds
+from rehearsal.processes import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,7 +52,6 @@ def worker(args) -> None:
 
     from data.batching import make_batch_plan
     from data.dataset import IGNORE_INDEX
-    from model.config import ModelConfig
     from model.llama import build_model
     from parallel.config import ParallelConfig
     from parallel.dims import resolve_parallel_dims
@@ -66,8 +66,7 @@ def worker(args) -> None:
     torch.set_num_threads(1)
     pcfg = OmegaConf.merge(OmegaConf.structured(ParallelConfig(device="cpu")),
                            OmegaConf.from_dotlist(_layout_args(args.layout)))
-    preset = OmegaConf.load(ROOT / f"configs/model/{args.model}.yaml")
-    mcfg = ModelConfig(**OmegaConf.to_container(OmegaConf.merge(preset, OmegaConf.from_dotlist(args.model_set))))
+    mcfg = model_preset(args.model, args.model_set)
     optim_cfg = OmegaConf.structured(OptimConfig(lr=1e-3, warmup_steps=0, schedule="constant"))
     world = init_distributed("cpu", 600)
     dims = resolve_parallel_dims(pcfg.dp_replicate, pcfg.dp_shard, pcfg.tp, world.world_size)
@@ -94,7 +93,7 @@ def worker(args) -> None:
                    before_micro_batch=lambda last: parallel.before_micro_batch(model, last),
                    loss_parallel=parallel.loss_parallel, global_tokens=global_tokens, grad_stats=grad_stats)
 
-    bare_step = None
+    variants = {"framework": framework_step}
     if not dims.tp_enabled:
         bare = build_model(mcfg, seed=0)
         if dims.fsdp_enabled:
@@ -113,29 +112,26 @@ def worker(args) -> None:
             bare_opt.step()
             bare_opt.zero_grad(set_to_none=True)
             loss.item()
+        variants["bare"] = bare_step
 
-    times = {"framework": [], "bare": []}
-    for fn in (framework_step, bare_step):
-        for _ in range(args.warmup if fn else 0):
+    for fn in variants.values():
+        for _ in range(args.warmup):
             fn()
-    variants = [(n, f) for n, f in (("framework", framework_step), ("bare", bare_step)) if f is not None]
-    for r in range(args.rounds):
-        for i in range(args.steps):
-            # Step by step, in alternating order: both variants see the same machine load.
-            for name, fn in (variants if (r * args.steps + i) % 2 == 0 else variants[::-1]):
-                if dist.is_initialized():
-                    dist.barrier()
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
+
+    def timed(fn):
+        if dist.is_initialized():
+            dist.barrier()
+        return seconds(fn)
+
+    # Step by step, in alternating order: both variants see the same machine load.
+    times = in_turns({name: (lambda fn=fn: timed(fn)) for name, fn in variants.items()}, args.rounds * args.steps)
     if world.is_main:
         tokens = args.global_batch * args.seq_len
         out = {"layout": dims.describe(), "world_size": dims.world_size, "tokens_per_step": tokens}
         for name, ts in times.items():
-            if ts:
-                out[f"{name}_step_s"] = statistics.median(ts)
-                out[f"{name}_tokens_per_s"] = tokens / statistics.median(ts)
-        if times["bare"]:
+            out[f"{name}_step_s"] = statistics.median(ts)
+            out[f"{name}_tokens_per_s"] = tokens / statistics.median(ts)
+        if "bare" in times:
             out["overhead_pct"] = 100 * (out["framework_step_s"] / out["bare_step_s"] - 1)
         print("RESULT " + json.dumps(out), flush=True)
     if dist.is_initialized():
@@ -161,7 +157,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = child_env({"OMP_NUM_THREADS": "1"})
     common = ["--model", args.model, "--model-set", *args.model_set, "--global-batch", str(args.global_batch),
               "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len), "--warmup", str(args.warmup),
               "--steps", str(args.steps), "--rounds", str(args.rounds)]

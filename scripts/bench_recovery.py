@@ -14,44 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 from recovery.watchdog import read_records
-from rehearsal.chains import faults_override
-from rehearsal.runs import tiny_overrides
+from rehearsal.bench import MetricsTail, resumed, spread
+from rehearsal.chains import faults_override, fired_at
+from rehearsal.processes import child_env
+from rehearsal.runs import prepare_debug_data, tiny_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class MetricsTail(threading.Thread):
-    """Timestamps each line of metrics.jsonl as it appears (5 ms polling)."""
-
-    def __init__(self, path: Path):
-        super().__init__(daemon=True)
-        self.path, self.rows, self._done = path, [], threading.Event()
-
-    def run(self) -> None:
-        offset, buf = 0, ""
-        while not self._done.is_set():
-            if self.path.exists():
-                with open(self.path) as f:
-                    f.seek(offset)
-                    chunk = f.read()
-                    offset = f.tell()
-                buf += chunk
-                *lines, buf = buf.split("\n")
-                now = time.time()
-                self.rows += [(now, json.loads(line)) for line in lines if line.strip()]
-            time.sleep(0.005)
-
-    def stop(self) -> None:
-        self._done.set()
-        self.join()
 
 
 def run_once(kind: str, root: Path, data: Path, nproc: int, kill_step: int, hang_timeout_s: float) -> dict:
@@ -59,29 +33,26 @@ def run_once(kind: str, root: Path, data: Path, nproc: int, kill_step: int, hang
     fault = {"kind": "sigkill" if kind == "sigkill" else "hang", "phase": "step", "step": kill_step}
     overrides = tiny_overrides(run_dir, data, kill_step + 8, 5, async_mode="async", extra=[
         faults_override([fault]), f"recovery.timeouts.step={hang_timeout_s}"])
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "--max-restarts=1", "--monitor-interval=0.1", str(ROOT / "train.py"), *overrides]
     tail = MetricsTail(run_dir / "metrics.jsonl")
     tail.start()
     with open(root / "bench.log", "a") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900).returncode
+        rc = subprocess.run(cmd, cwd=ROOT, env=child_env({"OMP_NUM_THREADS": "1"}), stdout=log,
+                            stderr=subprocess.STDOUT, timeout=900).returncode
     time.sleep(0.05)
     tail.stop()
-    resume = [(t, r) for t, r in tail.rows if r.get("kind") == "resume"]
-    if rc != 0 or not resume:
-        raise RuntimeError(f"{kind} run failed (rc {rc}, resumed: {bool(resume)}); see {root / 'bench.log'}")
-    t_resumed, ev = resume[0]
-    t_first = next(t for t, r in tail.rows if "kind" not in r and t >= t_resumed and r["step"] == ev["step"] + 1)
-    marker = next((run_dir / "faults").glob("fired-*")).read_text().split()
-    fired_at = float(marker[marker.index("time") + 1])
-    out = {"kind": kind, "resumed_from": ev["checkpoint_id"], "load_done_s": t_resumed - fired_at}
+    if rc != 0 or resumed(tail.rows) is None:
+        raise RuntimeError(f"{kind} run failed (rc {rc}, or no resumed step); see {root / 'bench.log'}")
+    t_resumed, ev, t_first = resumed(tail.rows)
+    failed_at = fired_at(run_dir)
+    out = {"kind": kind, "resumed_from": ev["checkpoint_id"], "load_done_s": t_resumed - failed_at}
     if kind == "hang":
         rec = read_records(run_dir)[0]
         out["detection_s"] = rec["detected_at"] - rec["last_beat_at"]
         out["mttr_s"] = t_first - rec["last_beat_at"]
     else:
-        out["mttr_s"] = t_first - fired_at
+        out["mttr_s"] = t_first - failed_at
     return out
 
 
@@ -95,6 +66,7 @@ def main(argv=None) -> None:
     p.add_argument("--data", type=Path, default=ROOT / "outputs" / "data" / "pydoc-byte")
     a = p.parse_args(argv)
     a.root.mkdir(parents=True, exist_ok=True)
+    prepare_debug_data(a.data)  # the debug experiment's data, as train.py would build it
     results = []
     for i in range(a.repeats):
         for kind in ("sigkill", "hang"):
@@ -106,8 +78,7 @@ def main(argv=None) -> None:
     for kind, key, what in (("sigkill", "mttr_s", "MTTR after SIGKILL (kill -> first resumed step)"),
                             ("hang", "detection_s", f"watchdog detection (timeout {a.hang_timeout_s:g} s)"),
                             ("hang", "mttr_s", "MTTR after a hang (last beat -> first resumed step)")):
-        xs = [r[key] for r in results if r["kind"] == kind]
-        print(f"  {what:<55} median {statistics.median(xs):6.2f} s  min {min(xs):6.2f}  max {max(xs):6.2f}")
+        print(f"  {what:<55} {spread(r[key] for r in results if r['kind'] == kind)}")
     (a.root / "results.json").write_text(json.dumps(results, indent=1))
 
 

@@ -3,6 +3,8 @@
   python scripts/gpu_check.py                   # on the GPU machine; prints the report folder
   python scripts/gpu_check.py --dry-run         # on CPU: the same code paths, tiny shapes (1-5 min here)
 
+From the installed project (README: pip install -e ".[dev]"), as every script in scripts/.
+
 Every part has its own time limit (LIMITS) inside one overall budget (--budget-s, 480 s, counted from
 the start, data preparation included) and records pass, fail or skipped with the reason, so one failure
 does not hide the rest:
@@ -50,8 +52,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from rehearsal.bench import write_floor
+from rehearsal.processes import kill_tree
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a file from anywhere: the project's packages come first
 
 BUDGET_S = 480.0  # the whole check on a GPU: 8 minutes, data preparation included
 DRY_BUDGET_S = 1000.0  # the dry run: only a bound against a hang (it judges code paths, not times)
@@ -137,17 +141,15 @@ class Check:
         return self.budget_s - (time.monotonic() - self.started)
 
     def run(self, cmd: List[str], deadline: float, log: Path, env: Optional[dict] = None):
-        """``cmd`` in its own process group, output to ``log``; killed (the group) at ``deadline``."""
+        """``cmd`` in its own process group, output to ``log``; killed (with everything it started) at ``deadline``."""
         log.parent.mkdir(parents=True, exist_ok=True)
-        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        child_env = {**os.environ, "PYTHONPATH": path, "WANDB_MODE": "disabled", **(env or {})}
         with open(log, "w") as f:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env, stdout=f, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled", **(env or {})},
+                                    stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree(proc.pid)
                 proc.wait()
                 raise PartTimeout(f"{Path(cmd[1]).name if len(cmd) > 1 else cmd[0]} ran past the part's limit")
         return subprocess.CompletedProcess(cmd, rc, log.read_text(), "")
@@ -328,19 +330,9 @@ def probe_memory(check: Check, deadline: float) -> tuple:
 def _disk_write_floor(directory: Path, nbytes: int) -> dict:
     """Write and fsync ``nbytes`` (at most 2 GiB) in ``directory``: the bandwidth a persist is held to."""
     nbytes = max(1, min(nbytes, 2 * 2**30))
-    block = os.urandom(min(nbytes, 64 * 2**20))
-    path = directory / "disk_floor.bin"
     directory.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with open(path, "wb") as f:
-        written = 0
-        while written < nbytes:
-            written += f.write(block[:nbytes - written])
-        f.flush()
-        os.fsync(f.fileno())
-    seconds = time.perf_counter() - t0
-    path.unlink()
-    return {"bytes": nbytes, "seconds": seconds, "gbps": nbytes / seconds / 1e9}
+    bandwidth = write_floor(directory, nbytes)
+    return {"bytes": nbytes, "seconds": nbytes / bandwidth, "gbps": bandwidth / 1e9}
 
 
 def async_checkpoint(check: Check, deadline: float) -> tuple:

@@ -21,7 +21,6 @@ import atexit
 import json
 import os
 import runpy
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -92,26 +91,13 @@ class Measured:
 
         probe_module.probe_loss = measured_probe  # Probe.__call__ looks the name up at each call
 
-    def measure_floor(self, nbytes: int, reps: int = 3) -> None:
-        """Copy ``nbytes`` from the device into pinned host memory (host to host on CPU), median of ``reps``."""
-        torch = self.torch
-        device = "cuda" if self.cuda else "cpu"
-        src = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
-        dst = torch.empty(src.shape, dtype=src.dtype, pin_memory=self.cuda)
-        dst.copy_(src)  # touch: staging reuses its buffers
-        times = []
-        for _ in range(reps):
-            if self.cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            dst.copy_(src, non_blocking=self.cuda)
-            if self.cuda:
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        seconds = statistics.median(times)
-        self.floor = {"bytes": src.numel() * 4, "seconds": seconds, "gbps": src.numel() * 4 / seconds / 1e9,
-                      "pinned": self.cuda}
-        del src, dst
+    def measure_floor(self, nbytes: int) -> None:
+        """Copy ``nbytes`` from the device into pinned host memory (host to host on CPU), median of 3."""
+        from rehearsal.bench import Memcpy
+
+        floor = Memcpy(nbytes, "cuda" if self.cuda else "cpu")
+        gbps = floor.bandwidth() / 1e9
+        self.floor = {"bytes": floor.nbytes, "seconds": floor.nbytes / gbps / 1e9, "gbps": gbps, "pinned": self.cuda}
 
     def report(self) -> dict:
         self._fold_peaks()

@@ -34,9 +34,6 @@ import argparse
 import math
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from model.config import ModelConfig
 from model.counting import count_params
 from parallel.dims import resolve_parallel_dims
 from planner.plan import DEFAULT_HOST_COPY_GBPS, Device, SaveCost, save_cost
@@ -48,6 +45,7 @@ from recovery.interval import (
     work_lost_per_failure_s,
     young_daly_interval_s,
 )
+from rehearsal.bench import model_preset
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("1b", "8b", "70b")
@@ -56,18 +54,14 @@ MODELS = ("1b", "8b", "70b")
 PROBE_TP = {"1b": 1, "8b": 1, "70b": 8}
 
 
-def model_config(name: str) -> ModelConfig:
-    return ModelConfig(**OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "model" / f"{name}.yaml")))
-
-
 def model_params(name: str) -> int:
-    return count_params(model_config(name)).total
+    return count_params(model_preset(name)).total
 
 
 def save(name: str, devices: int, storage_gbps: float, args) -> SaveCost:
     """The planner's cost of one save of ``name`` on ``devices`` devices (its state sharded evenly over
     them), with the planner's default device (H100: peak, achievable fraction, NVLink and NIC)."""
-    mcfg = model_config(name)
+    mcfg = model_preset(name)
     dims = resolve_parallel_dims(1, -1, PROBE_TP.get(name, 1), devices)
     total = count_params(mcfg).total
     return save_cost(mcfg, dims, math.ceil(total / devices), total, args.seq_len, Device(), args.host_copy_gbps,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import subprocess
 import sys
@@ -30,18 +29,19 @@ from pathlib import Path
 from metrics.plots import plot_runs
 from metrics.records import read_metrics, step_losses
 from rehearsal.chains import faults_override
+from rehearsal.processes import child_env
 from rehearsal.runs import prepare_debug_data, tiny_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def torchrun(nproc: int, overrides, max_restarts: int, log: Path, timeout_s: float) -> tuple:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            f"--max-restarts={max_restarts}", str(ROOT / "train.py"), *overrides]
     t0 = time.monotonic()
     with open(log, "a") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+        rc = subprocess.run(cmd, cwd=ROOT, env=child_env({"OMP_NUM_THREADS": "1"}), stdout=f, stderr=subprocess.STDOUT,
+                            timeout=timeout_s).returncode
     return rc, time.monotonic() - t0
 
 

@@ -31,7 +31,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import List, Optional, Tuple
 
 from torch.distributed.elastic.rendezvous.utils import (
@@ -42,8 +41,7 @@ from torch.distributed.elastic.rendezvous.utils import (
 from torch.distributed.run import determine_local_world_size, parse_args, parse_min_max_nnodes
 from torch.distributed.run import main as torchrun_main
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the project's packages
-from trainer.preflight import CHECK_WORLD_SIZES_ENV, CONFIG_CHECKED_ENV  # noqa: E402 - after the path
+from trainer.preflight import CHECK_WORLD_SIZES_ENV, CONFIG_CHECKED_ENV
 
 NOTICES = (signal.SIGTERM, signal.SIGUSR1)
 TORCHRUN_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"  # torchrun's default list less the notices

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from checkpoint.state.training_state import TrainingState
 from metrics.records import read_metrics, step_losses
 from recovery.interval import choose_interval_steps
 from rehearsal.chains import faults_override
+from rehearsal.processes import free_port
 from rehearsal.runs import tiny_overrides
 from support.launch import RDZV_KEEP_ALIVE, run_train
 from support.processes import start, stop
@@ -53,18 +53,12 @@ def baseline(tmp_path_factory, pydoc_data):
     return step_losses(tmp / "run")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Nodes:
     """Two torchrun agents on this host as two nodes (c10d rendezvous, ``per_node`` workers each)."""
 
     def __init__(self, tmp: Path, args, max_restarts: int = 3, per_node: int = 1):
         self.tmp, self.args, self.max_restarts, self.per_node = tmp, list(args), max_restarts, per_node
-        self.port = _free_port()
+        self.port = free_port()
         self.agents: dict = {}
         self.logs: dict = {}
         self.launches = 0

@@ -7,7 +7,6 @@ import datetime
 import json
 import os
 import signal
-import socket
 import sys
 import time
 
@@ -21,6 +20,7 @@ from checkpoint.durable.manifest import Manifest, read_manifest
 from checkpoint.durable.saver import CheckpointSaver
 from metrics.records import read_metrics
 from rehearsal.chains import faults_override
+from rehearsal.processes import free_port
 from rehearsal.runs import tiny_overrides
 from support.processes import alive, children, start, stop, wait_for_faults
 
@@ -80,9 +80,7 @@ def test_connecting_to_a_vanished_store_fails_in_seconds(monkeypatch):
     test gives it 1 s."""
     from parallel.init import STORE_CONNECT_TIMEOUT_S, _restart_store
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
+    port = free_port()  # nothing listens there
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")

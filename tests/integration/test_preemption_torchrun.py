@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 
 from metrics.records import read_metrics, step_losses
 from rehearsal.chains import divergences, faults_override
+from rehearsal.processes import free_port
 from rehearsal.runs import tiny_overrides
 from support.launch import ROOT, WORKERS, run_train, subprocess_env
 from support.processes import start, stop, wait_for_faults
@@ -89,17 +89,11 @@ def test_notice_to_the_torchrun_agent_saves_every_rank_and_exits_0(tmp_path, pyd
     _assert_saved_and_resumable(run_dir, text, overrides, baseline, sig.name)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _slurm_env(tmp_path, **extra):
     return {"PATH": f"{WORKERS / 'fake_slurm'}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
             "FAKE_SLURM_LOG": str(tmp_path / "slurm.log"), "SLURM_JOB_ID": "4242",
             "SLURM_JOB_NODELIST": "node[0]", "SLURM_JOB_NUM_NODES": "1", "SLURM_GPUS_ON_NODE": "2",
-            "SLURM_SUBMIT_DIR": str(ROOT), "RDZV_PORT": str(_free_port()), **extra}
+            "SLURM_SUBMIT_DIR": str(ROOT), "RDZV_PORT": str(free_port()), **extra}
 
 
 @pytest.mark.distributed

@@ -7,9 +7,6 @@ run within RTOL (a different reduction order; bitwise before the kill)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,38 +15,12 @@ import pytest
 
 from metrics.records import read_metrics, step_losses
 from rehearsal.chains import faults_override
+from rehearsal.processes import free_port, kill_tree
 from rehearsal.runs import tiny_overrides
 from support.launch import RDZV_KEEP_ALIVE, ROOT, run_train, subprocess_env
 
 STEPS, INTERVAL = 16, 2
 RTOL = 1e-5  # parallel/ measured FSDP2 at 2 ranks vs 1 to ~5e-7
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _kill_node(agent_pid: int) -> None:
-    """SIGKILL an agent and its workers (torchrun starts each worker in its own session)."""
-    def children(pid):
-        out = []
-        for p in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(p))
-            except (OSError, ValueError, IndexError):
-                pass
-        return out
-
-    doomed = [agent_pid] + children(agent_pid)
-    doomed += [c for w in doomed[1:] for c in children(w)]
-    for pid in doomed:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _agent(overrides, port: int, is_host: bool, log):
@@ -72,7 +43,7 @@ def test_losing_a_node_reforms_smaller_group_with_same_global_batch(tmp_path, py
     stall = faults_override([{"kind": "hang", "phase": "step", "step": 9, "rank": -1, "hang_s": 8.0}])
     overrides = tiny_overrides(run_dir, pydoc_data, STEPS, INTERVAL, keep_last=3,
                                extra=[stall, "recovery.timeouts.step=60"])
-    port = _free_port()
+    port = free_port()
     logs = [open(tmp_path / f"agent{i}.log", "w") for i in range(2)]
     host = _agent(overrides, port, True, logs[0])
     time.sleep(0.5)
@@ -86,13 +57,13 @@ def test_losing_a_node_reforms_smaller_group_with_same_global_batch(tmp_path, py
             time.sleep(0.05)
         else:
             pytest.fail("the 2-node run did not reach step 9")
-        _kill_node(other.pid)  # the node is gone: its agent and its worker
+        kill_tree(other.pid)  # the node is gone: its agent and its worker
         other.wait()
         assert host.wait(timeout=600) == 0, (tmp_path / "agent0.log").read_text()[-6000:]
     finally:
         for p in (host, other):
             if p.poll() is None:
-                _kill_node(p.pid)
+                kill_tree(p.pid)
         for f in logs:
             f.close()
 

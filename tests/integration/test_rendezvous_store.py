@@ -11,9 +11,6 @@ and it finishes."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import sys
 import time
 
@@ -21,6 +18,7 @@ import pytest
 
 from metrics.records import read_metrics
 from rehearsal.chains import faults_override
+from rehearsal.processes import free_port, kill_tree
 from rehearsal.runs import tiny_overrides
 from support.launch import RDZV_KEEP_ALIVE
 from support.processes import alive, children, start, stop, wait_for_faults
@@ -28,12 +26,6 @@ from support.processes import alive, children, start, stop, wait_for_faults
 pytestmark = pytest.mark.distributed
 
 STEPS, INTERVAL, STALL = 16, 2, 9
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _agent(overrides, port: int, is_host: bool, log):
@@ -47,11 +39,7 @@ def _agent(overrides, port: int, is_host: bool, log):
 
 def _lose_node(agent) -> None:
     """The node is gone: its agent and its worker, at once."""
-    for pid in [agent.pid] + children(agent.pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_tree(agent.pid)
     agent.wait()
 
 
@@ -69,7 +57,7 @@ def _two_nodes(tmp_path, pydoc_data, port, first_hosts: bool):
 
 
 def test_losing_the_node_whose_agent_hosts_the_store_ends_the_job(tmp_path, pydoc_data):
-    run_dir, host, other, logs = _two_nodes(tmp_path, pydoc_data, _free_port(), first_hosts=True)
+    run_dir, host, other, logs = _two_nodes(tmp_path, pydoc_data, free_port(), first_hosts=True)
     try:
         workers = children(other.pid)
         _lose_node(host)
@@ -90,7 +78,7 @@ def test_losing_the_node_whose_agent_hosts_the_store_ends_the_job(tmp_path, pydo
 
 
 def test_with_the_store_in_its_own_process_losing_either_node_reforms(tmp_path, pydoc_data):
-    port = _free_port()
+    port = free_port()
     with open(tmp_path / "store.log", "w") as store_log:
         store = start([sys.executable, "scripts/rendezvous_store.py", "--host", "127.0.0.1", "--port", str(port)],
                       store_log)

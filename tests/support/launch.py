@@ -22,6 +22,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Dict, List, Sequence
 
+from rehearsal.processes import child_env
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = ROOT / "tests" / "support" / "workers"
 # For the tests' multi-node c10d rendezvous (--rdzv-conf): a lost node's agent is declared dead after
@@ -31,14 +33,9 @@ RDZV_KEEP_ALIVE = "keep_alive_interval=1,keep_alive_max_attempt=3"
 
 
 def subprocess_env(extra: Dict[str, str] | None = None) -> Dict[str, str]:
-    """This process's environment for a child: this checkout first on PYTHONPATH, one OpenMP thread
-    and wandb off unless the caller set them, then ``extra``."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["WANDB_MODE"] = env.get("WANDB_MODE", "disabled")
-    env.update(extra or {})
-    return env
+    """rehearsal.processes.child_env with this checkout first on PYTHONPATH, then ``extra``."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return child_env({"PYTHONPATH": path, **(extra or {})})
 
 
 def worker(name: str) -> str:

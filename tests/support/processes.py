@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path
-from typing import IO, List, Sequence
+from typing import IO, Sequence
 
+from rehearsal.processes import children, kill_tree
 from support.launch import ROOT, subprocess_env, warm_enabled
+
+__all__ = ["alive", "children", "start", "stop", "wait_for_faults"]
 
 
 def start(cmd: Sequence[str], log: IO, extra_env: dict | None = None, warm: bool = False, **kwargs):
@@ -20,19 +22,6 @@ def start(cmd: Sequence[str], log: IO, extra_env: dict | None = None, warm: bool
         return warm_parent.popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(extra_env))
     return subprocess.Popen(list(cmd), cwd=ROOT, env=subprocess_env(extra_env), stdout=log,
                             stderr=subprocess.STDOUT, **kwargs)
-
-
-def children(pid: int) -> List[int]:
-    """The live processes whose parent is ``pid``."""
-    out = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(name))
-    return out
 
 
 def alive(pid: int) -> bool:
@@ -56,12 +45,7 @@ def wait_for_faults(run_dir: Path, count: int, job: subprocess.Popen, log_path: 
 
 
 def stop(job: subprocess.Popen) -> None:
-    """Kill ``job`` and every worker it still has (cleanup after a failed test)."""
+    """Kill ``job`` and every process below it (cleanup after a failed test)."""
     if job.poll() is None:
-        for pid in children(job.pid):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-        job.kill()
+        kill_tree(job.pid)
         job.wait()

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import IO, Dict, List, Optional, Sequence, Tuple
 
+from rehearsal.processes import kill_tree
 from support.launch import ROOT, subprocess_env, worker
 
 START_TIMEOUT_S = 180.0
@@ -174,9 +175,6 @@ def run(cmd: Sequence[str], timeout: float = 600, env: Dict[str, str] | None = N
 
 
 def _stop_group(proc: WarmProcess) -> None:
-    """Kill a run and its ranks (each run is its own process group)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
+    """Kill a run and its ranks."""
+    kill_tree(proc.pid)
     proc.wait()

@@ -38,6 +38,8 @@ import threading
 import time
 import traceback
 
+from rehearsal.processes import free_port, kill_tree
+
 PR_SET_PDEATHSIG = 1
 RANK_STOP_GRACE_S = 30.0  # as torchrun's agent: SIGTERM the other ranks, SIGKILL after this
 WARM_MODULES = ("trainer.run", "torch.distributed.checkpoint", "torch._dynamo")
@@ -118,16 +120,10 @@ def run_program(argv: list) -> None:
     _finish(code)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch_ranks(argv: list, nproc: int) -> None:
     """torchrun --standalone for one node, forked: start the ranks, wait; on the first failure stop
     the others (SIGTERM, then SIGKILL after the grace) and exit 1; SIGTERM/SIGINT are passed on."""
-    port = _free_port()
+    port = free_port()
     ranks = {}
     for rank in range(nproc):
         pid = os.fork()
@@ -222,11 +218,7 @@ def serve(path: str) -> None:
     runs: dict = {}  # pid -> connection
 
     def stop_all(*_):
-        for pid in runs:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_tree(*runs)
         os._exit(0)
     signal.signal(signal.SIGTERM, stop_all)
 
@@ -240,10 +232,7 @@ def serve(path: str) -> None:
             if not msg:  # the client went away: stop its run if it still runs
                 for pid, conn in list(runs.items()):
                     if conn is sock:
-                        try:
-                            os.killpg(pid, signal.SIGKILL)
-                        except OSError:
-                            pass
+                        kill_tree(pid)
                 conns.remove(sock)
                 sock.close()
                 continue

@@ -1,0 +1,52 @@
+"""The benchmarks' and the tests' shared process handling (rehearsal/processes.py) and the benchmarks' runs in
+turns (rehearsal/bench.py)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+from rehearsal.bench import in_turns
+from rehearsal.processes import descendants, free_port, kill_tree
+from support.processes import alive
+
+# A parent whose child starts a session of its own (as torchrun's workers do) and has a child of its own.
+TREE = """
+import subprocess, time
+subprocess.Popen(["bash", "-c", "sleep 60 & wait"], start_new_session=True)
+time.sleep(60)
+"""
+
+
+def test_kill_tree_takes_every_process_below_even_in_another_session():
+    root = subprocess.Popen([sys.executable, "-c", TREE], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(descendants(root.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        below = descendants(root.pid)
+        assert len(below) == 2, below
+    finally:
+        kill_tree(root.pid)
+        root.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in below) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(p) for p in below)
+
+
+def test_free_port_can_be_listened_on():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", free_port()))
+        s.listen()
+
+
+def test_in_turns_calls_each_variant_once_a_round_and_each_goes_first_in_turn():
+    calls = []
+    out = in_turns({name: (lambda name=name: calls.append(name) or name) for name in "abc"}, rounds=6, shift=1)
+    assert out == {name: [name] * 6 for name in "abc"}
+    firsts = calls[::3]
+    assert firsts == ["b", "c", "a", "b", "c", "a"]
+    assert all(sorted(calls[i:i + 3]) == ["a", "b", "c"] for i in range(0, 18, 3))
