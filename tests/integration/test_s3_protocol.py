@@ -259,9 +259,9 @@ def test_a_rank_fetches_only_the_slices_it_loads(s3):
 @pytest.mark.distributed  # the manager's pre-flight: left out of the fast loop
 def test_a_live_owner_is_refused_and_a_missing_bucket_named_before_anything_is_written(s3, base):
     from checkpoint.checks import resume_problems
-    from trainer.config import typed
     from checkpoint.durable.lease import LiveOwner
     from checkpoint.durable.preflight import PreflightError
+    from trainer.config import typed
 
     root, cfg = _copy(base, "leased")
     with manager(cfg, tiny_state(4)):  # a live run: its lease held, its heartbeat beating
