@@ -57,6 +57,8 @@ class ShardMeta:
 
 
 class Shard(Protocol):
+    """What the runtime reads of a shard (the guarantees are above)."""
+
     path: Path
     meta: ShardMeta
     tokens: np.ndarray

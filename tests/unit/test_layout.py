@@ -1,5 +1,6 @@
-"""The house rules a forker relies on: imports point one way, nothing imports train.py, config
-checks run without torch, and a training run never imports the rehearsal tooling."""
+"""The house rules a forker relies on: imports point one way (inside checkpoint/ and data/ too),
+nothing imports train.py, config checks run without torch, and a training run never imports the
+rehearsal tooling nor the offline data preparation."""
 
 from __future__ import annotations
 
