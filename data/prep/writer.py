@@ -1,12 +1,6 @@
-"""Text to a prepared dataset (data/formats/native.py): the writer both preparations share, and the
-single-process preparation.
-
-Documents are tokenized and concatenated, each followed by the tokenizer's EOS id, into
-``tokens.bin``; ``meta.json`` records the tokenizer, the counts, the sources and the sha256 of
-``tokens.bin``. With a validation fraction, the documents data/prep/split.py holds out go to the
-``validation`` sub-folder instead (a prepared dataset of its own) and ``meta.json`` describes the
-split in its ``validation`` block. A dataset is written in a temporary folder and renamed into
-place: the rename marks it complete.
+"""Text to a prepared dataset (its layout and completion marker: data/formats/native.py): the writer both
+preparations share, documents tokenized and each followed by EOS, those data/prep/split.py holds out
+into the validation sub-folder; and the single-process preparation.
 """
 
 from __future__ import annotations
