@@ -9,7 +9,9 @@ import json
 from pathlib import Path
 from typing import List, Optional
 
-from data.prepared import META_FILE, is_prepared, prepare_command, prepared_name
+from data.formats.native import META_FILE
+from data.formats.registry import is_prepared
+from data.prepared import prepare_command, prepared_name
 from data.tokenizer import check_tokenizer_name, tokenizer_mismatch
 from data.validation import validation_path, validation_problem
 

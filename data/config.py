@@ -43,7 +43,7 @@ class DataConfig:
                                      "global batch differ (logged); otherwise such a resume is refused")
     validation: str = key("none", "none | held_out (the documents the preparation kept out of data.path) | the "
                           "path of a prepared dataset with the same tokenizer; evaluated every eval.interval")
-    validation_fraction: float = key(0.0, "documents prepare_if_missing holds out of data.path (data/split.py)",
+    validation_fraction: float = key(0.0, "documents prepare_if_missing holds out of data.path (data/prep/split.py)",
                                      FRACTION)
 
     def check(self) -> List[str]:

@@ -1,15 +1,17 @@
-"""A prepared dataset: its description file, the folder name data.prepare_if_missing builds, the
-command that prepares one, whether a sharded preparation is finished, and DataError, the error for
+"""How a run asks for data it does not have: the command that prepares it (printed in advice, and
+run by data.prepare_if_missing in a process of its own, so that the preparation's code never enters
+the training process), the folder name data.prepare_if_missing builds, and DataError, the error for
 data that is missing or does not fit."""
 
 from __future__ import annotations
 
-import json
+import subprocess
+import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
-META_FILE = "meta.json"  # a prepared dataset's description (data/token_file.py)
-PLAN_FILE = "shards.json"  # the request and the plan of a sharded preparation (data/shard_prep.py)
+PREPARE_SCRIPT = "scripts/prepare_data.py"  # relative to the checkout, as the advice prints it
+STDERR_TAIL = 20  # lines of a failed preparation's stderr that its DataError quotes
 
 
 class DataError(ValueError):
@@ -25,22 +27,27 @@ def prepared_name(sources: Sequence[str], tokenizer: str) -> str:
     return "+".join(Path(str(s)).stem for s in sources) + "-" + label
 
 
-def prepare_command(path, sources: Sequence[str] = ("pydoc",), tokenizer: str = "byte") -> str:
-    names = " ".join(map(str, sources))
-    return f"python scripts/prepare_data.py --out {path} --sources {names} --tokenizer {tokenizer}"
+def prepare_args(path, sources: Sequence[str] = ("pydoc",), tokenizer: str = "byte", **options) -> List[str]:
+    """scripts/prepare_data.py's arguments; ``options`` are more of its flags (validation_fraction=0.1 ->
+    --validation-fraction 0.1; force=True -> --force)."""
+    args = ["--out", str(path), "--sources", *map(str, sources), "--tokenizer", str(tokenizer)]
+    for name, value in options.items():
+        args += [f"--{name.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return args
 
 
-def is_prepared(path: Path) -> bool:
-    """A prepared dataset, a folder of prepared shards, or token files another engine wrote (data/foreign.py)."""
-    from data.foreign import foreign_files
-
-    return (path / META_FILE).is_file() or any(path.glob(f"*/{META_FILE}")) or foreign_files(path)[0] is not None
+def prepare_command(path, sources: Sequence[str] = ("pydoc",), tokenizer: str = "byte", **options) -> str:
+    return " ".join(["python", PREPARE_SCRIPT, *prepare_args(path, sources, tokenizer, **options)])
 
 
-def unfinished_shards(folder: Path) -> Optional[List[str]]:
-    """The shards a sharded preparation at ``folder`` planned but has not put in place (None: no plan)."""
-    plan_path = Path(folder) / PLAN_FILE
-    if not plan_path.is_file():
-        return None
-    names = [s["name"] for s in json.loads(plan_path.read_text())["shards"]]
-    return [n for n in names if not (Path(folder) / n / META_FILE).is_file()]
+def run_preparation(path, sources: Sequence[str], tokenizer: str, **options) -> str:
+    """Prepare ``path`` with scripts/prepare_data.py in a child process; its stdout. A failure is a
+    DataError naming the command, its exit code and the end of its stderr."""
+    script = Path(__file__).resolve().parents[1] / PREPARE_SCRIPT
+    args = prepare_args(path, sources, tokenizer, **options)
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        command, tail = prepare_command(path, sources, tokenizer, **options), proc.stderr.rstrip().splitlines()
+        raise DataError(f"data.prepare_if_missing could not prepare {path}: `{command}` exited with code "
+                        f"{proc.returncode}; the end of its stderr:\n" + "\n".join(tail[-STDERR_TAIL:]))
+    return proc.stdout

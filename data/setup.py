@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import List, Tuple
 
 from data.batching import BatchPlan
+from data.formats.registry import is_prepared
 from data.order import SampleOrder
 from data.pipeline import DataPipeline
-from data.prepared import DataError, is_prepared
+from data.prepared import DataError, run_preparation
 from data.state import MEANING_FIELDS
-from data.token_file import prepare_token_file
 from data.token_source import TokenSource
 from data.tokenizer import tokenizer_mismatch
 from parallel import collectives
@@ -20,22 +20,31 @@ log = logging.getLogger("trainer")
 
 
 def prepare_if_missing(data_cfg, world) -> None:
-    """Build ``data.path`` from ``data.sources`` on first use, when asked to.
+    """Build ``data.path`` from ``data.sources`` on first use, when asked to, by running the command
+    the advice prints (scripts/prepare_data.py) in a process of its own.
 
     One process per node builds it if that node does not see it yet (the output is deterministic and
-    renamed into place atomically, so nodes sharing a file system may race harmlessly). Every rank
-    then waits at one barrier, whatever it saw: whether a rank enters a collective is decided by the
-    config alone, never by what one rank found on disk (a node that looked after another had finished
-    would skip the barrier and pair its next collective with its peers' barrier)."""
+    renamed into place atomically, so nodes sharing a file system may race harmlessly: a preparation
+    that failed is a problem only while the data is still missing). Every rank then enters one agreement,
+    whatever it saw: whether a rank enters a collective is decided by the config alone, never by what one
+    rank found on disk (a node that looked after another had finished would skip it and pair its next
+    collective with its peers'). A failure on any node is the same DataError on every rank."""
     if not data_cfg.prepare_if_missing or data_cfg.mixture:
         return
-    path = Path(data_cfg.path)
+    path, problem = Path(data_cfg.path), None
     if world.local_rank == 0 and not is_prepared(path):
         log.info("preparing %s from %s (tokenizer %s, validation fraction %g)", path, list(data_cfg.sources),
                  data_cfg.tokenizer, data_cfg.validation_fraction)
-        prepare_token_file(path, list(data_cfg.sources), data_cfg.tokenizer, data_cfg.bpe_vocab_size,
-                           validation_fraction=data_cfg.validation_fraction)
-    collectives.barrier()
+        options = {"bpe_vocab_size": data_cfg.bpe_vocab_size} if data_cfg.tokenizer == "bpe" else {}
+        if data_cfg.validation_fraction > 0:
+            options["validation_fraction"] = data_cfg.validation_fraction
+        try:
+            log.info("%s", run_preparation(path, list(data_cfg.sources), data_cfg.tokenizer, **options).strip())
+        except DataError as exc:
+            problem = None if is_prepared(path) else str(exc)
+    problem = collectives.agree_on_problems(problem)
+    if problem:
+        raise collectives.agreed(DataError(problem))
 
 
 def open_sources(data_cfg, seq_len: int) -> Tuple[List[TokenSource], List[float]]:

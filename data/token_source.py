@@ -1,11 +1,9 @@
-"""One data source: one or several prepared token files (shards), cut into training windows.
+"""One data source: the shards at a data.path, in any format (data/formats/registry.py), cut into
+training windows.
 
-A window is ``seq_len + 1`` consecutive tokens (the inputs plus the shifted targets);
-window ``w`` of a shard starts at token ``w * seq_len``, so neighbours share one token and
-every token but the last is a target once per epoch. Windows never span two shards. A
-source's windows are numbered shard after shard: ``num_sequences`` in all. A shard is a prepared
-dataset (data/token_file.py) or a file another engine wrote (data/foreign.py: Megatron, datatrove),
-whose tokenizer is the one ``tokenizer`` (data.tokenizer) names.
+A window is ``seq_len + 1`` consecutive tokens (the inputs plus the shifted targets), cut as the
+shard contract says (data/formats/shard.py): never across two shards. A source's windows are
+numbered shard after shard: ``num_sequences`` in all. Every shard of a source uses one tokenizer.
 """
 
 from __future__ import annotations
@@ -15,8 +13,8 @@ from typing import List, Optional
 
 import numpy as np
 
-from data.foreign import open_foreign
-from data.token_file import TokenFile, find_token_files
+from data.formats.registry import open_shards
+from data.formats.shard import num_windows, window
 
 
 class TokenSource:
@@ -25,7 +23,7 @@ class TokenSource:
             raise ValueError(f"training.seq_len must be >= 1, got {seq_len}")
         self.path = Path(path)
         self.seq_len = seq_len
-        self.shards = open_foreign(path, tokenizer) or [TokenFile(p) for p in find_token_files(path)]
+        self.shards = open_shards(path, tokenizer)
         first = self.shards[0].meta
         for shard in self.shards[1:]:
             m = shard.meta
@@ -35,7 +33,7 @@ class TokenSource:
                     f"(vocab {first.vocab_size}, eos {first.eos_id}), {shard.path} has {m.tokenizer} "
                     f"(vocab {m.vocab_size}, eos {m.eos_id}); prepare them with the same tokenizer"
                 )
-        counts = [max(0, (len(s) - 1) // seq_len) for s in self.shards]
+        counts = [num_windows(s, seq_len) for s in self.shards]
         self.shard_starts = np.cumsum([0] + counts)  # window id where each shard begins
         self.num_sequences = int(self.shard_starts[-1])
         if self.num_sequences < 1:
@@ -59,10 +57,8 @@ class TokenSource:
 
     def read(self, window_ids: np.ndarray) -> np.ndarray:
         """Rows of ``seq_len + 1`` tokens (int64) for the given window ids, in that order."""
-        L = self.seq_len
         shard_ids = np.searchsorted(self.shard_starts, window_ids, side="right") - 1
-        out = np.empty((len(window_ids), L + 1), dtype=np.int64)
+        out = np.empty((len(window_ids), self.seq_len + 1), dtype=np.int64)
         for row, (shard, w) in enumerate(zip(shard_ids, window_ids)):
-            start = (int(w) - int(self.shard_starts[shard])) * L
-            out[row] = self.shards[shard].tokens[start:start + L + 1]
+            out[row] = window(self.shards[shard], int(w) - int(self.shard_starts[shard]), self.seq_len)
         return out

@@ -1,6 +1,7 @@
-"""Tokenizers that work offline: raw bytes (default), a BPE trained locally, or a published
-tokenizer from a local ``tokenizer.json`` (``data.tokenizer=hf:/path/to/tokenizer.json``, read
-with the ``tokenizers`` package; never downloaded).
+"""Tokenizers that work offline: raw bytes (default), a BPE trained locally (by the preparation,
+data/prep/bpe.py; read here from its saved tokenizer.json), or a published tokenizer from a local
+``tokenizer.json`` (``data.tokenizer=hf:/path/to/tokenizer.json``, read with the ``tokenizers``
+package; never downloaded). What a run needs of them: encode and decode, and their identity.
 
 The tokenizer is part of the prepared dataset (``meta.json`` names it; a BPE or a file
 tokenizer is saved beside the tokens as ``tokenizer.json``), so the same ids are reproduced
@@ -39,7 +40,7 @@ class ByteTokenizer:
 
 
 class BPETokenizer:
-    """Byte-level BPE from the ``tokenizers`` package, trained on the corpus itself."""
+    """Byte-level BPE from the ``tokenizers`` package, trained on the corpus itself (data/prep/bpe.py)."""
 
     name = "bpe"
 
@@ -47,22 +48,6 @@ class BPETokenizer:
         self._tok = tokenizer
         self.eos_id = tokenizer.token_to_id(EOS_TEXT)
         self.vocab_size = tokenizer.get_vocab_size()
-
-    @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=[EOS_TEXT],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
-        tok.train_from_iterator(texts, trainer=trainer)
-        return cls(tok)
 
     @classmethod
     def load(cls, directory: Path) -> "BPETokenizer":
@@ -148,44 +133,29 @@ def check_tokenizer_name(name: str) -> None:
                          f"{HF_PREFIX}/path/to/tokenizer.json")
 
 
-def make_tokenizer(name: str, texts: Iterable[str], bpe_vocab_size: int):
-    """The tokenizer ``prepare_token_file`` encodes with (a BPE is trained on ``texts`` here)."""
-    check_tokenizer_name(name)
-    if tokenizer_kind(name) == "hf":
-        return FileTokenizer.from_file(str(name)[len(HF_PREFIX):])
-    return ByteTokenizer() if name == "byte" else BPETokenizer.train(texts, vocab_size=bpe_vocab_size)
-
-
 def load_tokenizer_spec(spec: str):
     """A tokenizer that needs no training: ``byte``, ``hf:FILE``, or a folder holding a trained BPE's
-    tokenizer.json (how the sharded preparation hands its BPE to the workers)."""
-    if spec == "byte" or tokenizer_kind(spec) == "hf":
-        return make_tokenizer(spec, [], 0)
+    tokenizer.json (a prepared dataset's; how the sharded preparation hands its BPE to the workers)."""
+    if spec == "byte":
+        return ByteTokenizer()
+    if tokenizer_kind(spec) == "hf":
+        check_tokenizer_name(spec)
+        return FileTokenizer.from_file(str(spec)[len(HF_PREFIX):])
     if (Path(spec) / TOKENIZER_JSON).is_file():
         return BPETokenizer.load(Path(spec))
     raise ValueError(f"tokenizer {spec!r}: expected byte, {HF_PREFIX}/path/to/tokenizer.json or a folder with a "
                      f"trained {TOKENIZER_JSON}")
 
 
-def load_tokenizer(dataset_dir: str | Path):
-    """The tokenizer a prepared dataset was made with."""
-    meta = json.loads((Path(dataset_dir) / "meta.json").read_text())
-    kind = meta["tokenizer"]
-    if kind == "hf":
-        return FileTokenizer.load(Path(dataset_dir))
-    check_tokenizer_name(kind)
-    return ByteTokenizer() if kind == "byte" else BPETokenizer.load(Path(dataset_dir))
-
-
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def tokenizer_identity(tok, saved_dir: Path) -> Dict:
-    """meta.json's ``tokenizer_identity`` block: what training compares with data.tokenizer."""
-    saved = Path(saved_dir) / TOKENIZER_JSON
+def tokenizer_identity(tok, file: Optional[Path]) -> Dict:
+    """meta.json's ``tokenizer_identity`` block: what training compares with data.tokenizer. ``file``:
+    the tokenizer.json that holds ``tok``, whose sha256 identifies it (the byte tokenizer has none)."""
     return {"kind": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-            "sha256": sha256_of(saved) if saved.is_file() else None,
+            "sha256": sha256_of(file) if file is not None and Path(file).is_file() else None,
             "file": str(Path(tok.path).resolve()) if isinstance(tok, FileTokenizer) else None}
 
 

@@ -1,7 +1,7 @@
 """Which prepared dataset a run validates on (``data.validation``), and the checks that it fits.
 
 ``none``: no validation. ``held_out``: the documents the preparation step kept out of
-``data.path`` (data/split.py; ``<data.path>/validation``). Anything else: the path of a
+``data.path`` (data/prep/split.py; ``<data.path>/validation``). Anything else: the path of a
 separately prepared dataset. Either way it must use the training data's tokenizer.
 """
 
@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Optional
 
 from data.config import VALIDATION_CHOICES
-from data.prepared import META_FILE, is_prepared, prepare_command
-from data.split import VALIDATION_DIR
+from data.formats.native import META_FILE, VALIDATION_DIR
+from data.formats.registry import is_prepared
+from data.prepared import prepare_command
 from data.token_source import TokenSource
+from data.tokenizer import TOKENIZER_JSON
 
 NONE, HELD_OUT = VALIDATION_CHOICES
-TOKENIZER_FILE = "tokenizer.json"  # a trained tokenizer saved beside the tokens (data/tokenizer.py)
 
 
 def validation_path(data_cfg) -> Optional[Path]:
@@ -30,9 +31,8 @@ def validation_path(data_cfg) -> Optional[Path]:
 
 
 def _reprepare(data_cfg) -> str:
-    fraction = data_cfg.validation_fraction or 0.01
-    return (f"{prepare_command(data_cfg.path, data_cfg.sources, data_cfg.tokenizer)} "
-            f"--validation-fraction {fraction} --force")
+    return prepare_command(data_cfg.path, data_cfg.sources, data_cfg.tokenizer,
+                           validation_fraction=data_cfg.validation_fraction or 0.01, force=True)
 
 
 def validation_problem(data_cfg, prepared_yet: bool = True) -> Optional[str]:
@@ -60,7 +60,7 @@ def validation_problem(data_cfg, prepared_yet: bool = True) -> Optional[str]:
 
 
 def _tokenizer_file(dataset: Path) -> Optional[bytes]:
-    path = dataset / TOKENIZER_FILE
+    path = dataset / TOKENIZER_JSON
     return path.read_bytes() if path.is_file() else None
 
 
@@ -78,7 +78,7 @@ def open_validation(data_cfg, seq_len: int, training: TokenSource) -> Optional[T
     same_file = _tokenizer_file(source.shards[0].path) == _tokenizer_file(training.shards[0].path)
     if source.tokenizer != training.tokenizer or not same_file:
         what = f"(name, vocab, eos) {source.tokenizer}" if source.tokenizer != training.tokenizer else \
-            f"another {TOKENIZER_FILE}"
+            f"another {TOKENIZER_JSON}"
         raise ValueError(
             f"data.validation={data_cfg.validation} ({path}) uses tokenizer {what}, the training data "
             f"{training.path} uses {training.tokenizer}: token ids would mean different text; validate on a set "

@@ -27,7 +27,8 @@ def _as_dict(extra: Extra) -> Dict[str, str]:
 def prepare_debug_data(path: Path) -> Path:
     """The debug experiment's dataset (its sources, tokenizer and held-out validation split) at
     ``path``, built as data.prepare_if_missing would build it; left alone when already there."""
-    from data.token_file import META_FILE, prepare_token_file
+    from data.formats.native import META_FILE
+    from data.prep.writer import prepare_token_file
 
     path = Path(path)
     if not (path / META_FILE).exists():

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from data.token_file import TokenFile
+from data.formats.native import TokenFile
 from model.config import ModelConfig
 from model.llama import build_model
 from recovery.guards.config import GuardsConfig

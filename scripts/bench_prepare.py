@@ -19,9 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from data.shard_prep import prepare_shards
-from data.sources import stdlib_documents
-from data.tokenizer import BPETokenizer, FileTokenizer
+from data.prep.bpe import train_bpe
+from data.prep.shards import prepare_shards
+from data.prep.sources import stdlib_documents
+from data.tokenizer import FileTokenizer
 
 
 def write_corpus(folder: Path, megabytes: float, files: int = 8) -> list:
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
         from pydoc_data.topics import topics
 
         (root / "tok").mkdir()
-        BPETokenizer.train([topics[k] for k in sorted(topics)], args.vocab).save(root / "tok")
+        train_bpe([topics[k] for k in sorted(topics)], args.vocab).save(root / "tok")
         spec = f"hf:{root / 'tok' / 'tokenizer.json'}"
         docs = write_corpus(root / "corpus", args.mb)
         tok = FileTokenizer.from_file(root / "tok" / "tokenizer.json")

@@ -32,7 +32,7 @@ import torch
 
 from checkpoint.durable.manifest import read_manifest
 from checkpoint.interop.export import load_tensors
-from data.tokenizer import load_tokenizer
+from data.formats.native import load_tokenizer
 from model.config import ModelConfig
 from model.generation import Sampling, generate
 from model.llama import build_model

@@ -15,7 +15,7 @@ data.tokenizer value.
 Sources: "pydoc" and "stdlib" are built in (offline); anything else is a .txt file (one
 document), a .jsonl, .jsonl.gz or .jsonl.zst file (one {"text": ...} document per line), a .parquet
 file (one document per row; --text-column names the column) or a folder of them.
---workers N writes a folder of shards (data/shard_prep.py), the same for every N; a relaunch of the
+--workers N writes a folder of shards (data/prep/shards.py), the same for every N; a relaunch of the
 same command finishes only the shards that are not complete.
 --validation-fraction F keeps about F of the documents (chosen by a hash of their text) out
 of training, in OUT/validation, for data.validation=held_out.
@@ -26,8 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from data.shard_prep import DEFAULT_SHARD_BYTES, PLAN_FILE, prepare_shards
-from data.token_file import prepare_token_file
+from data.formats.native import PLAN_FILE
+from data.prep.shards import DEFAULT_SHARD_BYTES, prepare_shards
+from data.prep.writer import prepare_token_file
 
 
 def main(argv=None) -> int:

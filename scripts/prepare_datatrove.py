@@ -1,5 +1,5 @@
 """Tokenize a large corpus with datatrove (Hugging Face's pipeline library), locally or on Slurm,
-into files this trainer reads in place (data/datatrove_source.py): ``data.path=OUT``.
+into files this trainer reads in place (data/formats/datatrove.py): ``data.path=OUT``.
 
   python scripts/prepare_datatrove.py --input corpus/ --tokenizer /models/llama3/tokenizer.json --out /data/dt \
       --tasks 8 --workers 4                                    # this machine, 4 processes

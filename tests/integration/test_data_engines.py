@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from test_tokenizer_file import save_tokenizer
 
-from data.token_file import TokenFile, prepare_token_file
+from data.formats.native import TokenFile
+from data.prep.writer import prepare_token_file
 from data.token_source import TokenSource
 from metrics.records import read_metrics
 from rehearsal.runs import debug_overrides

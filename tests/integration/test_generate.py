@@ -62,7 +62,7 @@ def full_sequence_argmax(model, prompt, n, vocab_limit):
 
 @pytest.mark.distributed  # the fixture trains with torchrun
 def test_greedy_decoding_with_the_cache_equals_full_sequence_argmax(tp_checkpoint, pydoc_data):
-    from data.tokenizer import load_tokenizer
+    from data.formats.native import load_tokenizer
 
     generate_script = load_script("generate")
     loaded = generate_script.load(tp_checkpoint)

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from data.batching import make_batch_plan
+from data.formats.native import TokenFile, load_tokenizer, read_meta
+from data.prep.writer import prepare_token_file
 from data.prepared import DataError
 from data.setup import build_data_pipeline
-from data.token_file import TokenFile, prepare_token_file, read_meta
-from data.tokenizer import FileTokenizer, load_tokenizer, sha256_of
+from data.tokenizer import FileTokenizer, sha256_of
 from rehearsal.runs import debug_overrides
 from support.data import CPU_WORLD, data_config
 from support.launch import ROOT, run, run_train

@@ -54,7 +54,7 @@ def english_like(checkpoint, data_dir) -> float:
 
     import torch
 
-    from data.tokenizer import load_tokenizer
+    from data.formats.native import load_tokenizer
     from model.generation import Sampling, generate
     from support.launch import load_script
 

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
+from data.formats.native import TokenFile
 from data.mixture import MixtureSchedule, weight_quotas
 from data.order import SampleOrder
 from data.permutation import Permutation
-from data.token_file import TokenFile, prepare_token_file
+from data.prep.writer import prepare_token_file
 from data.token_source import TokenSource
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from data.batching import make_batch_plan, rank_micro_batches
+from data.formats.native import TokenFile
 from data.state import DataResumeError
-from data.token_file import TokenFile
 from support.data import assert_same_batches, data_config, global_batches, pipeline
 from support.launch import ROOT
 from training.step import IGNORE_INDEX
@@ -83,7 +83,7 @@ def test_resume_with_a_different_meaning_is_refused(pydoc_data, change, field):
 
 
 def test_resume_on_other_data_is_refused_unless_allowed(pydoc_data, tmp_path, caplog):
-    from data.token_file import prepare_token_file
+    from data.prep.writer import prepare_token_file
 
     (tmp_path / "other.txt").write_text("some other corpus entirely. " * 400)
     prepare_token_file(tmp_path / "other", [str(tmp_path / "other.txt")], "byte")
@@ -171,7 +171,7 @@ def test_impossible_batch_split_names_numbers_and_fixes(global_batch, micro, dp,
 
 
 def test_mixture_config_trains_on_both_sources(pydoc_data, tmp_path):
-    from data.token_file import prepare_token_file
+    from data.prep.writer import prepare_token_file
 
     (tmp_path / "zzz.txt").write_text("zzz " * 2000)
     prepare_token_file(tmp_path / "zzz", [str(tmp_path / "zzz.txt")], "byte")

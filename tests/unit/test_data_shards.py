@@ -1,5 +1,5 @@
 """New sources (parquet, .jsonl.gz, .jsonl.zst, folders of them) and the sharded preparation
-(scripts/prepare_data.py --workers N, data/shard_prep.py): the same shards for any N, equal to the
+(scripts/prepare_data.py --workers N, data/prep/shards.py): the same shards for any N, equal to the
 single-process preparation token for token, the validation split, and a relaunch after a worker's
 real SIGKILL that redoes only the unfinished shards."""
 
@@ -15,10 +15,11 @@ import time
 import numpy as np
 import pytest
 
+from data.formats.native import PLAN_FILE, TokenFile
+from data.prep.shards import STALL_ENV, prepare_shards
+from data.prep.sources import iter_documents
+from data.prep.writer import prepare_token_file
 from data.prepared import DataError
-from data.shard_prep import PLAN_FILE, STALL_ENV, prepare_shards
-from data.sources import iter_documents
-from data.token_file import TokenFile, prepare_token_file
 from data.token_source import TokenSource
 from support.data import pydoc_texts
 from support.launch import ROOT, run

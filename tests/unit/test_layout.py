@@ -1,5 +1,6 @@
-"""The house rules a forker relies on: imports point one way, nothing imports train.py, config
-checks run without torch, and a training run never imports the rehearsal tooling."""
+"""The house rules a forker relies on: imports point one way (inside checkpoint/ and data/ too),
+nothing imports train.py, config checks run without torch, and a training run never imports the
+rehearsal tooling nor the offline data preparation."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ PACKAGES = ("configs", "model", "data", "parallel", "training", "metrics", "chec
 CHECKPOINT_LAYERS = {"checkpoint.state": 0, "checkpoint.storage": 0, "checkpoint.config": 1,
                      "checkpoint.durable": 2, "checkpoint.memory": 3, "checkpoint.interop": 3,
                      "checkpoint": 4}
+# Inside data/: the error and the prepare command, and the tokenizers a run reads; the formats (the shard
+# contract, one module per format, the registry); the runtime pipeline at the top of data/; the offline
+# preparation above it all, which a run never imports (it runs scripts/prepare_data.py in a process of its own).
+DATA_LAYERS = {"data.prepared": 0, "data.tokenizer": 0, "data.formats": 1, "data": 2, "data.prep": 3}
 
 
 def _unit(module: str) -> str:
@@ -102,6 +107,21 @@ def test_checkpoint_sub_packages_import_down():
             if them != me and CHECKPOINT_LAYERS[them] >= CHECKPOINT_LAYERS[me]:
                 wrong.append(f"{path.relative_to(ROOT)}:{line}: {me} imports {name}")
     assert not wrong, "imports inside checkpoint/ that point up or sideways:\n" + "\n".join(wrong)
+
+
+def test_data_sub_packages_import_down():
+    def unit(module: str) -> str:
+        parts = module.split(".")
+        return ".".join(parts[:2]) if ".".join(parts[:2]) in DATA_LAYERS else "data"
+
+    wrong = []
+    for path in sorted((ROOT / "data").rglob("*.py")):
+        me = unit(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        for line, name in _project_imports(path):
+            them = unit(name) if name.split(".")[0] == "data" else None
+            if them not in (None, me) and DATA_LAYERS[them] >= DATA_LAYERS[me]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {me} imports {name}")
+    assert not wrong, "imports inside data/ that point up or sideways:\n" + "\n".join(wrong)
 
 
 def test_nothing_imports_train_py():

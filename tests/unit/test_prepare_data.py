@@ -1,13 +1,20 @@
-"""scripts/prepare_data.py: real text in, a verifiable memory-mapped token file out."""
+"""scripts/prepare_data.py: real text in, a verifiable memory-mapped token file out; data.prepare_if_missing
+runs it in a process of its own."""
 
 import json
 import sys
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
-from data.token_file import TokenFile, prepare_token_file, read_meta, sha256_file
-from data.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
+from data.formats.native import TokenFile, load_tokenizer, read_meta
+from data.prep.writer import prepare_token_file, sha256_file
+from data.prepared import DataError
+from data.setup import prepare_if_missing
+from data.tokenizer import BPETokenizer, ByteTokenizer
+from rehearsal.runs import DEBUG_EXPERIMENT
+from support.data import CPU_WORLD, data_config
 from support.launch import ROOT, run
 
 
@@ -64,3 +71,29 @@ def test_script_refuses_to_overwrite_without_force(tmp_path):
     assert again.returncode == 1 and "--force" in again.stderr
     forced = run(cmd + ["--force"])
     assert forced.returncode == 0
+
+
+def _files(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_prepare_if_missing_writes_what_the_preparation_writes(pydoc_data, tmp_path):
+    """The run prepares data.path by running scripts/prepare_data.py: byte for byte the debug experiment's
+    dataset as the preparation writes it in its own process (the session's pydoc_data), split included."""
+    debug = OmegaConf.load(DEBUG_EXPERIMENT).data
+    path = tmp_path / "pydoc-byte"
+    cfg = data_config(path, prepare_if_missing=True, sources=list(debug.sources), tokenizer=debug.tokenizer,
+                      validation_fraction=debug.validation_fraction)
+    prepare_if_missing(cfg, CPU_WORLD)
+    assert _files(path) == _files(pydoc_data) and "validation/tokens.bin" in _files(path)
+
+
+def test_a_failed_preparation_names_the_command_its_exit_code_and_its_stderr(tmp_path):
+    missing, path = tmp_path / "corpus.jsonl", tmp_path / "corpus-byte"
+    with pytest.raises(DataError) as err:
+        prepare_if_missing(data_config(path, prepare_if_missing=True, sources=[str(missing)]), CPU_WORLD)
+    message = str(err.value)
+    assert (f"could not prepare {path}: `python scripts/prepare_data.py --out {path} --sources {missing} --tokenizer "
+            "byte` exited with code 1; the end of its stderr:") in message
+    assert f"FileNotFoundError: data source '{missing}' is neither a built-in corpus" in message.splitlines()[-1]
+    assert err.value.agreed and not path.exists()  # every rank raises it (train.py prints it once)

@@ -132,19 +132,19 @@ def test_a_rollback_waits_for_retention_in_bounded_polls_every_rank_joins(monkey
     assert polls == [False] * 4  # its own flag each time, in each of rank 0's polls
 
 
-def test_every_rank_waits_at_the_data_barrier_whatever_it_found(monkeypatch, tmp_path):
+def test_every_rank_enters_the_data_agreement_whatever_it_found(monkeypatch, tmp_path):
     """prepare_if_missing: a node that looks after another has finished sees the data prepared; its
-    ranks must still wait at the barrier the others wait at."""
-    barriers = []
-    monkeypatch.setattr(setup.collectives, "barrier", lambda group=None: barriers.append(1))
+    ranks must still enter the agreement the others enter (on a failure, rank 0's DataError on every rank)."""
+    agreements = []
+    monkeypatch.setattr(setup.collectives, "agree_on_problems", lambda problem, group=None: agreements.append(problem))
     monkeypatch.setattr(setup, "is_prepared", lambda path: True)
     data = OmegaConf.create({"path": str(tmp_path / "data"), "prepare_if_missing": True, "mixture": []})
     for local_rank in (0, 1):
         setup.prepare_if_missing(data, SimpleNamespace(local_rank=local_rank))
-    assert barriers == [1, 1]
+    assert agreements == [None, None]
     data.prepare_if_missing = False
     setup.prepare_if_missing(data, SimpleNamespace(local_rank=0))
-    assert barriers == [1, 1]  # a config without it has no barrier on any rank
+    assert agreements == [None, None]  # a config without it has no agreement on any rank
 
 
 @pytest.mark.parametrize("rank0_raised, expected", [

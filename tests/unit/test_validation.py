@@ -16,8 +16,9 @@ from omegaconf import OmegaConf
 from configs.keys import ConfigError
 from data.batching import make_batch_plan
 from data.config import DataConfig
-from data.split import held_out
-from data.token_file import TokenFile, prepare_token_file, read_meta, sha256_file
+from data.formats.native import TokenFile, read_meta
+from data.prep.split import held_out
+from data.prep.writer import prepare_token_file, sha256_file
 from data.token_source import TokenSource
 from data.tokenizer import ByteTokenizer
 from data.validation import open_validation

@@ -1,9 +1,9 @@
 """Prepare a corpus as a folder of shards in N processes, resumable after a kill.
 
 The plan comes first and depends only on the sources and ``shard_bytes``, never on the number of
-workers: the sources' units (a built-in corpus or one file, data/sources.py) are grouped in their
+workers: the sources' units (a built-in corpus or one file, data/prep/sources.py) are grouped in their
 order into shards of at least ``shard_bytes`` of input (a built-in corpus is a shard of its own).
-Shard ``k`` is the prepared dataset ``OUT/<k:06d>`` (tokens.bin + meta.json, data/token_file.py),
+Shard ``k`` is the prepared dataset ``OUT/<k:06d>`` (tokens.bin + meta.json, data/formats/native.py),
 so a folder of them is what ``data.path`` reads, shard after shard in name order: their tokens
 concatenated are the tokens a single-process preparation of the same sources writes.
 
@@ -11,7 +11,7 @@ Completion: a shard is written in a temporary folder and renamed into place when
 fsynced and hashed; the rename is its completion marker. ``OUT/shards.json`` records the request
 and the plan; a relaunch with the same arguments redoes only the shards not in place (a stale
 temporary folder left by a killed worker is removed), and one with other arguments is refused.
-Training refuses a folder whose plan lists a shard that is not in place (data/token_file.py).
+Training refuses a folder whose plan lists a shard that is not in place (data/formats/native.py).
 
 With a validation fraction, shard ``k``'s held-out documents go to ``OUT/validation/<k:06d>``,
 renamed into place before the training shard (whose rename still marks the pair complete).
@@ -27,18 +27,18 @@ import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Dict, List
 
-import numpy as np
-
-from data.prepared import META_FILE, PLAN_FILE, DataError
-from data.sources import BUILTIN_SOURCES, TEXT_COLUMN, source_units, unit_documents
-from data.split import SPLIT_RULE, VALIDATION_DIR, ValidationSplit, check_fraction, held_out
-from data.token_file import FORMAT_VERSION, TokenFileMeta, TokenWriter, meta_json, read_meta
-from data.tokenizer import BPETokenizer, load_tokenizer_spec, tokenizer_identity
+from data.formats.native import META_FILE, PLAN_FILE, VALIDATION_DIR, read_meta
+from data.formats.shard import FORMAT_VERSION
+from data.prep.bpe import train_bpe
+from data.prep.sources import BUILTIN_SOURCES, TEXT_COLUMN, source_units, unit_documents
+from data.prep.split import check_fraction, held_out
+from data.prep.writer import check_counts, write_dataset
+from data.prepared import DataError
+from data.tokenizer import load_tokenizer_spec
 
 TOKENIZER_DIR = ".tokenizer"  # a BPE trained once for all shards
 TMP_PREFIX = ".tmp-"
@@ -89,7 +89,7 @@ def prepare_shards(out: str | Path, sources: List[str], tokenizer: str = "byte",
         if tokenizer == "bpe":  # trained once on the training documents, before any shard is written
             texts = (t for u in source_units(sources) for t in unit_documents(u, text_column)
                      if not held_out(t, validation_fraction))
-            _write_atomically(out / TOKENIZER_DIR, lambda d: BPETokenizer.train(texts, bpe_vocab_size).save(d))
+            _write_atomically(out / TOKENIZER_DIR, lambda d: train_bpe(texts, bpe_vocab_size).save(d))
         tmp = out / f"{TMP_PREFIX}{PLAN_FILE}"
         tmp.write_text(json.dumps({**request, "shards": plan}, indent=1) + "\n")
         os.replace(tmp, out / PLAN_FILE)
@@ -142,38 +142,24 @@ def _prepare_shard(job) -> None:
     """One shard, in a worker: tokenize its units, write validation then training, each renamed into place."""
     out, name, units, spec, text_column, fraction = job
     out, tok = Path(out), load_tokenizer_spec(spec)
-    dtype = np.uint16 if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
     tmp = out / f"{TMP_PREFIX}{name}-{os.getpid()}"  # the pid names the worker (the kill tests read it)
     shutil.rmtree(tmp, ignore_errors=True)
-    split = {False: TokenWriter(tmp, dtype), True: TokenWriter(tmp / VALIDATION_DIR, dtype)}
-    for text in (t for u in units for t in unit_documents(u, text_column)):
-        ids = tok.encode(text)
-        ids.append(tok.eos_id)
-        split[held_out(text, fraction)].write(ids)
-        if os.environ.get(STALL_ENV) == name:
-            split[False].file.flush()
-            time.sleep(3600)
-    train, val = split[False].close(), split[True].close()
-    tok.save(tmp)
-    meta = TokenFileMeta(format_version=FORMAT_VERSION, tokenizer=tok.name, vocab_size=tok.vocab_size,
-                         eos_id=tok.eos_id, dtype=np.dtype(dtype).name, num_tokens=train.num_tokens,
-                         num_documents=train.num_documents, sha256=train.sha256, sources=list(units),
-                         tokenizer_identity=tokenizer_identity(tok, tmp))
+    documents = (t for u in units for t in unit_documents(u, text_column))
+    if os.environ.get(STALL_ENV) == name:
+        documents = _stall_after_first(documents)
+    write_dataset(tmp, documents, tok, fraction, units, validation_path=f"../{VALIDATION_DIR}/{name}")
     if fraction > 0:
-        tok.save(tmp / VALIDATION_DIR)
-        val_meta = TokenFileMeta(**{**asdict(meta), "num_tokens": val.num_tokens,
-                                    "num_documents": val.num_documents, "sha256": val.sha256})
-        (tmp / VALIDATION_DIR / META_FILE).write_text(meta_json(val_meta))
-        meta.validation = asdict(ValidationSplit(fraction=fraction, rule=SPLIT_RULE,
-                                                 path=f"../{VALIDATION_DIR}/{name}", num_documents=val.num_documents,
-                                                 num_tokens=val.num_tokens, sha256=val.sha256))
         (out / VALIDATION_DIR).mkdir(exist_ok=True)
         shutil.rmtree(out / VALIDATION_DIR / name, ignore_errors=True)
         os.rename(tmp / VALIDATION_DIR, out / VALIDATION_DIR / name)
-    else:
-        shutil.rmtree(tmp / VALIDATION_DIR)
-    (tmp / META_FILE).write_text(meta_json(meta))
     os.rename(tmp, out / name)  # the completion marker
+
+
+def _stall_after_first(documents):
+    """Tests: the worker stops after one document, its shard unfinished, to be killed."""
+    yield next(documents)
+    time.sleep(3600)
+    yield from documents
 
 
 def _totals(out: Path, plan: List[Dict], fraction: float, sources: List[str]) -> Dict:
@@ -184,9 +170,5 @@ def _totals(out: Path, plan: List[Dict], fraction: float, sources: List[str]) ->
               "vocab_size": metas[0].vocab_size, "dtype": metas[0].dtype,
               "validation_documents": sum(m.num_documents for m in vals),
               "validation_tokens": sum(m.num_tokens for m in vals)}
-    if totals["num_documents"] == 0:
-        raise ValueError(f"data sources {sources} yielded no documents for training")
-    if fraction > 0 and totals["validation_documents"] == 0:
-        raise ValueError(f"validation fraction {fraction} held out none of the {totals['num_documents']} documents "
-                         f"of {sources}; raise it, or prepare a separate validation set (data.validation=<path>)")
+    check_counts(sources, fraction, totals["num_documents"], totals["validation_documents"])
     return totals

@@ -6,7 +6,7 @@ library's own ``.py`` files, several MB of code and docstrings). A user's source
 folder of them: ``.txt`` (one document), ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` (one record per
 line) and ``.parquet`` (one row per document, the FineWeb layout); a record's text is in the
 column ``text_column`` ("text" unless told). Order is sorted, so the same sources always give the
-same documents in the same order: the sharded preparation (data/shard_prep.py) relies on it.
+same documents in the same order: the sharded preparation (data/prep/shards.py) relies on it.
 """
 
 from __future__ import annotations

@@ -6,18 +6,23 @@ The ``.ds`` file holds every document's ids back to back (uint16, or uint32 for 
 end offsets (uint64); ``.ds.metadata`` ("TOKENIZER|TOKEN_SIZE", the token count, a readable count)
 is written when the file is closed, so it is the completion marker: a ``.ds`` without it is
 unfinished and refused. When the metadata names a tokenizer file that exists here, it must be the
-file ``data.tokenizer`` names (the same sha256).
+file ``data.tokenizer`` names (the same sha256), which otherwise describes them (data/formats/shard.py).
+``data.path`` names a folder of ``.ds`` files, each a shard in name order.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import List, Optional
 
 import numpy as np
 
-from data.foreign import DATATROVE, MappedShard, cheap_fingerprint, foreign_meta
+from data.formats.shard import MappedShard, cheap_fingerprint, untagged_meta, untagged_tokenizer
 from data.prepared import DataError
 from data.tokenizer import FileTokenizer, sha256_of
+
+NAME = "datatrove"
+WHAT = "a folder of datatrove's tokenised files (NAME.ds + .ds.index + .ds.metadata)"
 
 
 class DatatroveShard(MappedShard):
@@ -37,6 +42,15 @@ class DatatroveShard(MappedShard):
             raise DataError(f"{path} was tokenized with {name}, not data.tokenizer's {tok.path} (another sha256); "
                             "point data.tokenizer at the file that made it")
         documents = index_path.stat().st_size // 8 if index_path.is_file() else 0
-        self.meta = foreign_meta(tok, DATATROVE, np.dtype(dtype).name, int(count), documents,
-                                 cheap_fingerprint(self.path, meta_path), self.path)
+        self.meta = untagged_meta(tok, NAME, np.dtype(dtype).name, int(count), documents,
+                                  cheap_fingerprint(self.path, meta_path), self.path)
         self.tokens = self._map()
+
+
+def find(path: Path) -> List[Path]:
+    return sorted(path.glob("*.ds")) if path.is_dir() else []
+
+
+def open_shards(path: Path, found: List[Path], tokenizer: Optional[str]) -> List[DatatroveShard]:
+    tok = untagged_tokenizer(tokenizer, NAME, path)
+    return [DatatroveShard(p, tok) for p in found]

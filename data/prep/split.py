@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-VALIDATION_DIR = "validation"  # sub-folder of a prepared dataset holding its held-out documents
 SPLIT_RULE = "sha256(utf-8 text)[:8] / 2**64 < fraction"
 
 
