@@ -189,3 +189,20 @@ def test_the_mesh_axes_are_named_in_parallel_only():
     found = [f"{p.relative_to(ROOT)}:{line}: {value!r}" for p in _product_files(outside="parallel")
              for line, value in _strings(ast.parse(p.read_text())) if value in MESH_DIM_NAMES]
     assert not found, "mesh axes spelled outside parallel/ (use parallel.dims):\n" + "\n".join(found)
+
+
+def layer_diagram() -> str:
+    """The layer table as docs/architecture.md draws it: the top layer first, one line a layer."""
+    layers = {}
+    for unit, layer in LAYERS.items():
+        layers.setdefault(layer, []).append(unit + ("" if "." in unit else "/"))
+    return "\n".join(f"{layer}  {'  '.join(units)}" for layer, units in sorted(layers.items(), reverse=True))
+
+
+def test_the_architecture_diagram_is_the_layer_table():
+    """docs/architecture.md's diagram is this file's LAYERS, drawn by layer_diagram: the two cannot disagree."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    marker = "<!-- drawn from LAYERS in tests/unit/test_layout.py by layer_diagram(); a test compares them -->"
+    assert marker in text, f"docs/architecture.md lacks the layer diagram's marker: {marker}"
+    block = text.split(marker, 1)[1].split("```", 2)[1].strip("\n")
+    assert block == layer_diagram(), f"redraw docs/architecture.md's diagram:\n{layer_diagram()}"
