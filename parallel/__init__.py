@@ -3,8 +3,8 @@
   init.py            process-group start-up: backend by device, explicit timeouts, die with the launcher
   dims.py            the layout: world = dp_replicate x dp_shard x tp, checked against the world
   mesh.py            the DeviceMesh of a layout
-  parallelize.py     the layout applied to a meta-built model
-  tensor_parallel.py the Megatron-style TP plan with sequence parallel
+  parallelize.py     the layout applied to a meta-built model: the model's plan (model/parallelize.py)
+                     with the layout's mesh and the config's options
   fsdp.py            FSDP2 units over the data-parallel mesh
   activations.py     activation checkpointing (full, selective) and per-block compile
   materialize.py     storage and initial values, each rank its own shards

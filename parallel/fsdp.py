@@ -1,6 +1,5 @@
-"""FSDP2 (``fully_shard``) over the data-parallel mesh: one unit per block, plus the
-embedding, the final norm with the output layer (one unit with the embedding when they are
-tied), and the root.
+"""FSDP2 (``fully_shard``) over the data-parallel mesh: the units the model names
+(model/parallelize.py), then the root.
 
 Gradients are SUMMED over data-parallel ranks, not averaged: training/step.py already
 divides each micro-batch's summed token loss by the GLOBAL target-token count, so the sum
@@ -16,6 +15,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from model.parallelize import ParallelPlan
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -25,26 +26,16 @@ def _dtype(name: str, key: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: str, reduce_dtype: str,
+def apply_fsdp(model: nn.Module, plan: ParallelPlan, dp_mesh: DeviceMesh, param_dtype: str, reduce_dtype: str,
                reshard_after_forward: bool, cpu_offload: bool) -> None:
-    """Shard parameters, gradients and optimizer state over ``dp_mesh`` (1-D FSDP or 2-D HSDP)."""
+    """Shard parameters, gradients and optimizer state over ``dp_mesh`` (1-D FSDP or 2-D HSDP): the plan's
+    units, then the rest under the root."""
     common = dict(mesh=dp_mesh, mp_policy=MixedPrecisionPolicy(param_dtype=_dtype(param_dtype, "param_dtype"),
                                                               reduce_dtype=_dtype(reduce_dtype, "reduce_dtype")))
     if cpu_offload:
         common["offload_policy"] = CPUOffloadPolicy()
-    blocks = list(model.layers.values())
-    for i, block in enumerate(blocks):
-        # The last block's parameters are needed again at once by backward: keep them gathered.
-        fully_shard(block, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1, **common)
-    if model.cfg.tie_embeddings:
-        # One tensor used at both ends of the network: one unit for the embedding, the final
-        # norm and the output layer (FSDP2 refuses a parameter shared between units), gathered
-        # from the embedding lookup to the end of the output layer's forward, kept for its backward.
-        fully_shard([model.tok_embeddings, model.norm, model.output], reshard_after_forward=False, **common)
-    else:
-        fully_shard(model.tok_embeddings, reshard_after_forward=reshard_after_forward, **common)
-        # The output layer runs right after the final norm: one all-gather for both.
-        fully_shard([model.norm, model.output], reshard_after_forward=False, **common)
+    for modules, may_reshard in plan.fsdp_units:
+        fully_shard(modules, reshard_after_forward=reshard_after_forward and may_reshard, **common)
     fully_shard(model, reshard_after_forward=False, **common)
     for module in model.modules():
         if isinstance(module, FSDPModule):

@@ -1,9 +1,10 @@
 """Apply the parallel layout to a meta-built model (before it is materialised).
 
-Order matters: activation checkpointing and compile wrap each block's forward (compile
-outermost, so the recomputation is part of the compiled graph); tensor parallel turns the
-weights into tp-sharded DTensors; FSDP2 last shards those again along dp and hooks around
-each block's forward.
+What to shard how, in the model's module names, is the model's plan (model/parallelize.py); this
+applies it with the layout's mesh and the config's options. Order matters: activation checkpointing
+and compile wrap each block's forward (compile outermost, so the recomputation is part of the compiled
+graph); tensor parallel turns the weights into tp-sharded DTensors; FSDP2 last shards those again
+along dp and hooks around each block's forward.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import parallelize_module
 
+from model.parallelize import parallel_plan
 from parallel import collectives
 from parallel.activations import apply_activation_checkpointing, apply_compile
 from parallel.dims import ParallelDims, check_tensor_parallel_fits
 from parallel.fsdp import apply_fsdp, set_grad_sync
 from parallel.materialize import materialize
 from parallel.mesh import build_mesh, fsdp_mesh
-from parallel.tensor_parallel import apply_tensor_parallel
 
 
 @dataclass
@@ -64,16 +66,18 @@ def parallelize_model(model: nn.Module, dims: ParallelDims, parallel_cfg, device
     if parallel_cfg.cpu_offload and device.type != "cuda":
         raise ValueError(f"parallel.cpu_offload=true moves state between GPU and host memory; on {device.type} "
                          "the state already lives in host memory: set it to false")
-    apply_activation_checkpointing(model, parallel_cfg.activation_checkpoint)
+    plan = parallel_plan(model, parallel_cfg.loss_parallel)
+    apply_activation_checkpointing(plan.blocks, parallel_cfg.activation_checkpoint)
     if parallel_cfg.compile:
-        apply_compile(model)
+        apply_compile(plan.blocks)
     if dims.world_size == 1 and not dims.fsdp_enabled:  # one process, unwrapped (unless parallel.force_fsdp)
         return Parallelized(dp_rank=0, dp_group=None)
     mesh, dp_mesh = build_mesh(dims, device)
     if dims.tp_enabled:
-        apply_tensor_parallel(model, mesh["tp"], parallel_cfg.loss_parallel)
+        parallelize_module(model, mesh["tp"], plan.tensor_parallel)
+        plan.after_tensor_parallel()
     if dims.fsdp_enabled:
-        apply_fsdp(model, fsdp_mesh(mesh, dims), parallel_cfg.param_dtype, parallel_cfg.reduce_dtype,
+        apply_fsdp(model, plan, fsdp_mesh(mesh, dims), parallel_cfg.param_dtype, parallel_cfg.reduce_dtype,
                    parallel_cfg.reshard_after_forward, parallel_cfg.cpu_offload)
     return Parallelized(
         dp_rank=dp_mesh.get_local_rank(),

@@ -11,12 +11,9 @@ volume / bus bandwidth of the link the group crosses.
                            (once per step with grad_sync_every_micro_batch=false)
   HSDP (dp_replicate)      an all-reduce of the sharded gradients across replicas, once per step: the
                            trainer defers it to the last micro-batch (parallel/fsdp.py set_grad_sync)
-  TP + sequence parallel   per block, an all-gather of the activations before attention and before
-                           the FFN and a reduce-scatter after each: 4 in forward, the same 4 in
-                           backward, and in backward again what checkpointing recomputes (selective:
-                           the 2 all-gathers, its save list keeps the reduce-scatters; full: those
-                           and the attention's reduce-scatter, the recompute stops before the last);
-                           4 around the embedding and the output layer; without loss parallel, an
+  TP + sequence parallel   the collectives of the model's tensor-parallel plan, each over one micro-batch's
+                           activations (model/counting.py counts them per block and outside the
+                           blocks, with what checkpointing recomputes); without loss parallel, an
                            all-gather of the logits (vocabulary-wide) per micro-batch
 
 Where a group runs: the mesh is (dp_replicate, dp_shard, tp) with tp innermost, so a group whose
@@ -33,12 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model.config import ModelConfig
+from model.counting import TP_COLLECTIVES_OUTSIDE_BLOCKS, TP_COLLECTIVES_PER_BLOCK
 from parallel.dims import ParallelDims
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-# Counted on a tp=2 run by tests/support/workers/sac_collectives.py (tests/integration/test_parallel.py)
-TP_COLLECTIVES_PER_BLOCK = {"none": 8, "selective": 10, "full": 11}  # forward + backward (+ recompute)
-TP_COLLECTIVES_OUTSIDE_BLOCKS = 4  # embedding output and output-layer input, forward and backward
 
 
 @dataclass(frozen=True)
@@ -156,7 +151,7 @@ def probe_seconds(mcfg: ModelConfig, dims: ParallelDims, params_per_rank: int, s
                   system: System) -> float:
     """The probe (recovery/probe.py) before each save: a forward of ``sequences`` sequences, one at
     a time, on every rank: its compute, the FSDP all-gather of every parameter once (prefetched
-    behind the compute), and the TP collectives of a forward (4 per block, 2 outside), exposed."""
+    behind the compute), and the TP collectives of a forward (half of forward and backward's), exposed."""
     compute_s = forward_flops_per_rank / flops_per_s
     gather_s = 0.0
     if dims.fsdp_enabled and dims.dp_shard > 1:
@@ -164,6 +159,7 @@ def probe_seconds(mcfg: ModelConfig, dims: ParallelDims, params_per_rank: int, s
         gather_s = volume / (link_gbps(_link(dims.dp_shard * dims.tp, system), system) * 1e9)
     tp_s = 0.0
     if dims.tp > 1:
-        volume = sequences * (4 * mcfg.n_layers + 2) * seq_len * mcfg.dim * compute_bytes * (dims.tp - 1) // dims.tp
+        forward = (TP_COLLECTIVES_PER_BLOCK["none"] * mcfg.n_layers + TP_COLLECTIVES_OUTSIDE_BLOCKS) // 2
+        volume = sequences * forward * seq_len * mcfg.dim * compute_bytes * (dims.tp - 1) // dims.tp
         tp_s = volume / (link_gbps(_link(dims.tp, system), system) * 1e9)
     return max(compute_s, gather_s) + tp_s

@@ -16,7 +16,7 @@ tensor (norm weights across tp, everything across dp_replicate) from one rank on
 Snapshot time is the per-rank state over the host-copy bandwidth of one rank (ranks copy in
 parallel); write time is the total over the storage system's aggregate bandwidth.
 
-Activations (planner/activation_memory.py, one micro-batch: seq_len, tp with sequence
+Activations (model/activation_memory.py, one micro-batch: seq_len, tp with sequence
 parallel, activation checkpointing, loss parallel) are what autograd keeps plus the larger
 backward transient; FSDP2 adds two gathered units in param_dtype (the current and the
 prefetched one) and one unit's unsharded gradients in reduce_dtype; a fixed reserve stands
@@ -40,13 +40,13 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from model.activation_memory import ActivationMemory, activation_memory
 from model.config import ModelConfig
-from model.counting import count_params, flops_per_token
+from model.counting import count_params, flops_per_token, recompute_flops_per_token
 from model.llama import build_model
 from parallel.config import ParallelConfig
 from parallel.dims import ParallelDims, check_tensor_parallel_fits, resolve_parallel_dims
 from parallel.parallelize import parallelize_model
-from planner.activation_memory import ActivationMemory, activation_memory
 from planner.comm_model import (
     DEFAULT_SYSTEM,
     DTYPE_BYTES,
@@ -273,15 +273,6 @@ def fsdp_buffer_bytes(mcfg: ModelConfig, dims: ParallelDims, workload: Workload)
     if not workload.reshard_after_forward:
         return count_params(mcfg).total // dims.tp * DTYPE_BYTES[workload.param_dtype] + grads
     return unit * 2 * DTYPE_BYTES[workload.param_dtype] + grads
-
-
-def recompute_flops_per_token(mcfg: ModelConfig, seq_len: int, mode: str) -> int:
-    """Full checkpointing runs every block's forward twice: 2 FLOPs per block matmul weight and
-    the attention forward (4 x dim x seq_len per layer); selective recomputes no matmul."""
-    if mode != "full":
-        return 0
-    block_matmul = count_params(mcfg).per_layer - 2 * mcfg.dim
-    return mcfg.n_layers * (2 * block_matmul + 4 * mcfg.dim * seq_len)
 
 
 def plan_layout(mcfg: ModelConfig, dims: ParallelDims, seq_len: int, parallel_cfg=None,

@@ -162,8 +162,8 @@ class FaultInjector:
 
 def flip_bit_in_model(model, bit: int, grad: bool = False, param: str = ""):
     """Flip ``bit`` of the first element of this rank's shard of the weight named ``param`` (by
-    default the first matrix weight of a transformer block), or of its gradient, as a silent hardware
-    fault would; returns (name, new value)."""
+    default the first matrix weight of the first block: the first whose name holds a layer index), or of
+    its gradient, as a silent hardware fault would; returns (name, new value)."""
     import torch
 
     params = dict(model.named_parameters())
@@ -174,7 +174,7 @@ def flip_bit_in_model(model, bit: int, grad: bool = False, param: str = ""):
         name = param
     else:
         matrices = [n for n, p in params.items() if p.ndim >= 2]
-        name = next((n for n in matrices if n.startswith("layers.")), matrices[0])
+        name = next((n for n in matrices if any(part.isdigit() for part in n.split("."))), matrices[0])
     param = params[name]
     target = param.grad if grad else param
     if target is None:

@@ -28,7 +28,8 @@ from parallel import collectives
 
 
 def layer_groups(model: nn.Module) -> Dict[str, List[nn.Parameter]]:
-    """Parameters grouped the way people read a transformer: embedding, each block, head."""
+    """Parameters grouped the way people read a transformer: embedding, each block, head. A block's
+    group is its name up to the layer index, any other's the name of the top-level module."""
     groups: Dict[str, List[nn.Parameter]] = {}
     seen = set()
     for name, param in model.named_parameters():
@@ -36,7 +37,8 @@ def layer_groups(model: nn.Module) -> Dict[str, List[nn.Parameter]]:
             continue
         seen.add(id(param))
         parts = name.split(".")
-        key = ".".join(parts[:2]) if parts[0] == "layers" else parts[0]
+        index = next((i for i, part in enumerate(parts) if part.isdigit()), 0)
+        key = ".".join(parts[:index + 1])
         groups.setdefault(key, []).append(param)
     return groups
 

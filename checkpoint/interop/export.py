@@ -14,8 +14,10 @@ Two exports:
                config.json, generation_config.json (those the weights were imported with come
                back: hf_config.py), safetensors shards of at most
                max_shard_size (model.safetensors.index.json when there are several), HF
-               names with the rotary row order of q/k (checkpoint/interop/hf_config.py), and the
+               names with the rotary row order of q/k (model/hf.py), and the
                tokenizer files of the data the run trained on.
+
+Both write the tensors in the model's own order (its state dict's, from the config on the meta device).
 """
 
 from __future__ import annotations
@@ -34,13 +36,14 @@ from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMe
 from checkpoint.durable.manifest import Manifest, read_manifest, verify_checkpoint
 from checkpoint.durable.reader import RawFileReader
 from checkpoint.durable.writer import RAW, tensor_bytes
-from checkpoint.interop.hf_config import hf_config, hf_generation_config, hf_name, rotary_heads
-from checkpoint.interop.hf_weights import to_hf_rows
+from checkpoint.interop.hf_config import export_config, hf_generation_config
 from checkpoint.interop.safetensors_io import SafetensorsFile, TensorSpec
 from checkpoint.interop.weight_source import HF_INDEX, HF_SINGLE
 from checkpoint.storage import location
 from data.tokenizer import EOS_TEXT, TOKENIZER_CONFIG, TOKENIZER_JSON, byte_tokenizer_json
 from model.config import ModelConfig
+from model.hf import hf_name, rotary_heads, to_hf_rows
+from model.llama import build_model
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
@@ -106,12 +109,10 @@ def model_config_of(manifest: Manifest) -> ModelConfig:
     return ModelConfig(**{k: v for k, v in saved.items() if k in ModelConfig.__dataclass_fields__})
 
 
-def _param_order(name: str) -> tuple:
-    """Embedding, the layers in numeric order, the final norm, the output layer."""
-    parts = name.split(".")
-    if parts[0] == "layers":
-        return (1, int(parts[1]), name)
-    return ({"tok_embeddings": 0, "norm": 2, "output": 3}.get(parts[0], 4), 0, name)
+def in_model_order(names: List[str], cfg: ModelConfig) -> List[str]:
+    """``names`` in the order of the model's state dict (the model built on the meta device: no memory)."""
+    order = {name: i for i, name in enumerate(build_model(cfg, materialize=False).state_dict())}
+    return sorted(names, key=lambda name: (order.get(name, len(order)), name))
 
 
 # -- --format safetensors ------------------------------------------------------------------
@@ -119,7 +120,7 @@ def export_safetensors(checkpoint: Path, out: Path, dtype: str = "fp32", weights
                        torch_save: Optional[Path] = None, verify: bool = True) -> dict:
     """One safetensors file with this project's names (tied weights written under both names)."""
     ckpt = CheckpointTensors(checkpoint, verify)
-    names = sorted(ckpt.names(f"{weights}."), key=_param_order)
+    names = in_model_order(ckpt.names(f"{weights}."), model_config_of(ckpt.manifest))
     target = DTYPES[dtype]
     specs = [TensorSpec(n, ckpt.spec(f"{weights}.{n}")[0], target) for n in names]
     meta = {"step": str(ckpt.manifest.step), "config_hash": ckpt.manifest.config_hash, "weights": weights,
@@ -160,11 +161,10 @@ def export_hf(checkpoint: Path, out_dir: Path, dtype: str = "fp32", weights: str
     ckpt = CheckpointTensors(checkpoint, verify)
     cfg = model_config_of(ckpt.manifest)
     prefix, target = f"{weights}.", DTYPES[dtype]
-    names = sorted(ckpt.names(prefix), key=_param_order)
-    if cfg.tie_embeddings:  # one tensor: HF keeps embed_tokens and ties lm_head to it
-        names = [n for n in names if n != "output.weight"]
-    specs = [TensorSpec(hf_name(n), ckpt.spec(prefix + n)[0], target) for n in names]
-    ours = {hf_name(n): n for n in names}
+    ours: Dict[str, str] = {}  # HF name -> ours; names sharing one HF tensor (tied weights) write it once
+    for n in in_model_order(ckpt.names(prefix), cfg):
+        ours.setdefault(hf_name(n, cfg), n)
+    specs = [TensorSpec(theirs, ckpt.spec(prefix + n)[0], target) for theirs, n in ours.items()]
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -189,7 +189,7 @@ def export_hf(checkpoint: Path, out_dir: Path, dtype: str = "fp32", weights: str
         record = ckpt.manifest.init_from or {}  # the files the weights came with (init_from.py records them)
         imported = record.get("hf_config")
         eos, bos = data.get("eos_id"), _bos_id(data)
-        config = hf_config(cfg, HF_DTYPE_NAMES[target], eos, bos, imported)
+        config = export_config(cfg, HF_DTYPE_NAMES[target], eos, bos, imported)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         generation = hf_generation_config(config, config.get("pad_token_id") if imported else eos,
                                           record.get("hf_generation_config"))

@@ -2,8 +2,8 @@
 
 Fine-tuning needs no conversion (``model.init_from=FOLDER`` reads the folder directly); this
 writes the folder's weights once in the project's format, exactly: every tensor is the folder's
-(upcast to the fp32 the model trains in, which is exact for bf16 and fp16; wq and wk rows put back
-in Meta's rotary order), so an export of the result gives the folder's tensors bit for bit.
+(upcast to the fp32 the model trains in, which is exact for bf16 and fp16; the query and key rows put
+back in Meta's rotary order, model/hf.py), so an export of the result gives the folder's tensors bit for bit.
 
 It streams: one tensor is read from safetensors (``get_tensor`` of that name only), converted and
 appended to the data file, then dropped, so memory is O(largest tensor) whatever the model's size.
@@ -38,14 +38,13 @@ from checkpoint.durable.commit import commit_checkpoint
 from checkpoint.durable.integrity import checksum_file, default_algorithm
 from checkpoint.durable.manifest import FileEntry, Manifest
 from checkpoint.durable.writer import RAW, tensor_bytes
-from checkpoint.interop.hf_config import hf_name, hf_shape_problems, model_keys_from_hf, rotary_heads
-from checkpoint.interop.hf_weights import from_hf_rows
 from checkpoint.interop.init_from import source_hash
 from checkpoint.interop.weight_source import SourceError, open_source
 from checkpoint.state.fingerprint import config_hash, hashed_config
 from checkpoint.storage import location
 from checkpoint.storage.dcp import write_metadata
 from model.config import ModelConfig
+from model.hf import from_hf_rows, hf_name, hf_shape_problems, model_keys_from_hf, rotary_heads
 from model.llama import build_model
 from parallel.dims import ParallelDims
 
@@ -67,14 +66,12 @@ def folder_model_config(path: Path) -> ModelConfig:
 
 def hf_tensors(path: Path, cfg: ModelConfig, names: List[str]) -> Iterator[Tuple[str, torch.Tensor]]:
     """(our name, fp32 tensor in Meta's q/k row order) for each of ``names``, read one at a time from the
-    folder's safetensors (a tied model's output.weight is the embedding)."""
+    folder's safetensors (tied weights read the one tensor HF keeps)."""
     from safetensors import safe_open
 
     source = open_source(path)
     for name in names:
-        theirs = hf_name(name)
-        if theirs not in source.tensors and name == "output.weight" and cfg.tie_embeddings:
-            theirs = hf_name("tok_embeddings.weight")
+        theirs = hf_name(name, cfg)
         if theirs not in source.tensors:
             raise SourceError(f"{path} lacks {theirs} (for {name})")
         with safe_open(str(source.tensors[theirs][0]), "pt") as f:

@@ -7,7 +7,7 @@ the rows and columns its FSDP2 / tensor-parallel shards hold, and
 
 - a Hugging Face folder or this project's safetensors export is read with safetensors'
   ``get_slice`` (checkpoint/interop/safetensors_io.py), HF names and q/k row order translated
-  (checkpoint/interop/hf_config.py, checkpoint/interop/hf_weights.py);
+  (model/hf.py);
 - a committed checkpoint is read by checkpoint/durable/reader.py like a resume, for the ``model``
   component only, its files checksummed while they stream (each rank verifies its share).
 
@@ -21,7 +21,7 @@ import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple, TypeVar
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -35,10 +35,10 @@ from checkpoint.durable.manifest import CheckpointError, check_files, read_manif
 from checkpoint.durable.reader import RawFileReader
 from checkpoint.durable.reads import READ_RETRIES, READ_RETRY_BACKOFF_S, read_on_rank0
 from checkpoint.durable.writer import RAW
-from checkpoint.interop.hf_config import hf_name, rotary_heads
 from checkpoint.interop.safetensors_io import SafetensorsReader, source_tensors
 from checkpoint.interop.weight_source import WeightSource, open_checked
 from model.config import ModelConfig
+from model.hf import hf_name, rotary_heads
 from parallel import collectives
 
 log = logging.getLogger("trainer")
@@ -91,14 +91,9 @@ def source_hash(source: WeightSource, reads: Reads = DEFAULT_READS) -> str:
 
 def _safetensors_reader(source: WeightSource, keys: List[str], cfg: ModelConfig) -> SafetensorsReader:
     """Our names -> the source's: HF names (q/k rows reordered) for a HF folder, ours for an export."""
-    names, heads = {}, {}
-    for key in keys:
-        theirs = hf_name(key) if source.kind == "hf" else key
-        if theirs not in source.tensors and key == "output.weight" and cfg.tie_embeddings:
-            theirs = hf_name("tok_embeddings.weight") if source.kind == "hf" else "tok_embeddings.weight"
-        names[key] = theirs
-        if source.kind == "hf":
-            heads[key] = rotary_heads(key, cfg)
+    hf = source.kind == "hf"
+    names = {key: hf_name(key, cfg) if hf else key for key in keys}
+    heads = {key: rotary_heads(key, cfg) for key in keys} if hf else {}
     missing = sorted(f"{theirs} (for {key})" for key, theirs in names.items() if theirs not in source.tensors)
     if missing:
         raise collectives.agreed(CheckpointError(  # the source and the model are the same on every rank
@@ -142,9 +137,9 @@ def load_initial_weights(model: torch.nn.Module, source: WeightSource, device: t
     """Overwrite every rank's shards of ``model`` with ``source``'s weights; the bytes this rank read
     from safetensors files (0 for a checkpoint, whose reads include verification)."""
     sd = get_model_state_dict(model)
-    tied = model.cfg.tie_embeddings
-    # Tied: the output layer is the embedding; read it once (the state dict may hold a copy per name).
-    wanted = {k: v for k, v in sd.items() if not (tied and k == "output.weight")}
+    # A parameter under two names (tied weights) is read once: the state dict may hold a copy per name.
+    aliases = _aliases(model)
+    wanted = {k: v for k, v in sd.items() if k not in aliases}
     if source.kind == "checkpoint":
         reader = _checkpoint_reader(source.path, reads)
         dcp.load({"model": wanted}, storage_reader=reader, no_dist=not _dist())
@@ -155,10 +150,19 @@ def load_initial_weights(model: torch.nn.Module, source: WeightSource, device: t
         reader = _safetensors_reader(source, list(wanted), model.cfg)
         dcp.load(wanted, storage_reader=reader, no_dist=not _dist())
         read = reader.bytes_read
-    if tied and "output.weight" in sd:
-        sd["output.weight"] = sd["tok_embeddings.weight"]
+    sd.update({alias: sd[name] for alias, name in aliases.items() if alias in sd})
     set_model_state_dict(model, sd)
     return read
+
+
+def _aliases(model: torch.nn.Module) -> Dict[str, str]:
+    """{second name: first name} of every parameter the model holds under more than one name."""
+    first: Dict[int, str] = {}
+    aliases = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if first.setdefault(id(param), name) != name:
+            aliases[name] = first[id(param)]
+    return aliases
 
 
 def _open_on_rank0(cfg: ModelConfig, init_from: str, reads: Reads) -> WeightSource:

@@ -19,10 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from checkpoint.durable.discovery import resolve_resume
 from checkpoint.durable.manifest import CheckpointError
-from checkpoint.interop.hf_config import model_keys_from_hf
 from checkpoint.interop.weight_source import SourceError, open_source, source_problems
 from configs.keys import ConfigError
 from model.config import SHAPE_KEYS, ModelConfig
+from model.hf import model_keys_from_hf
 
 
 def unset_model_keys(cfg: DictConfig) -> List[str]:

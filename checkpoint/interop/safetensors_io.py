@@ -13,6 +13,9 @@ that rank holds (FSDP2 and tensor-parallel shards alike) and the reader fetches 
 rows and columns with safetensors' ``get_slice``; Hugging Face's q/k rows are put back into
 Meta's rotary order on the way (whole heads are read, so a shard that starts mid-head costs
 at most one extra head of rows).
+
+Not torch's HuggingFaceStorageWriter / HuggingFaceStorageReader: the writer holds every tensor at once,
+the reader cannot give a shard part of a head's q/k rows (measured and shown in docs/interop.md).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
-from checkpoint.interop.hf_weights import from_hf_rows
+from model.hf import from_hf_rows
 
 DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",

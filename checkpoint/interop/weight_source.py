@@ -24,9 +24,9 @@ from typing import Dict, List, Optional, Tuple
 
 from checkpoint.durable.layout import MANIFEST
 from checkpoint.durable.manifest import storage_failure
-from checkpoint.interop.hf_config import hf_shape_problems, project_shape_problems
 from checkpoint.storage import location
 from model.config import ModelConfig
+from model.hf import hf_shape_problems, project_shape_problems
 
 HF_INDEX = "model.safetensors.index.json"
 HF_SINGLE = "model.safetensors"

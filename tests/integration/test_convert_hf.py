@@ -24,10 +24,10 @@ from test_llama3_rope import SCALED, SCALING
 
 from checkpoint.durable.manifest import verify_checkpoint
 from checkpoint.interop.export import load_tensors
-from checkpoint.interop.hf_config import GENERATION_IDS, OWNED_FIELDS, hf_name, rotary_heads
-from checkpoint.interop.hf_weights import from_hf_rows
+from checkpoint.interop.hf_config import GENERATION_IDS, OWNED_FIELDS
 from metrics.records import read_metrics
 from model.config import ModelConfig
+from model.hf import from_hf_rows, hf_name, rotary_heads
 from rehearsal.runs import debug_overrides
 from support.launch import ROOT, run, run_train, subprocess_env, torchrun, worker
 
@@ -81,7 +81,7 @@ def test_converted_folder_is_bitwise_loads_at_tp2_and_exports_back(folder, tmp_p
     assert torch.equal(saved["output.weight"], saved["tok_embeddings.weight"])  # tied: saved under both names
     for name, t in saved.items():
         heads = rotary_heads(name, TIED)
-        theirs = original[hf_name("tok_embeddings.weight" if name == "output.weight" else name)].float()
+        theirs = original[hf_name(name, TIED)].float()  # tied: output.weight is HF's embed_tokens
         assert t.dtype == torch.float32 and torch.equal(t, from_hf_rows(theirs, heads) if heads else theirs), name
     # stock DCP reads the dcp conversion into the same tensors
     convert(src, tmp_path / "dcp", "dcp")

@@ -15,9 +15,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from checkpoint.interop.hf_config import hf_shape_problems
 from configs.keys import ConfigError
 from model.counting import count_params
+from model.hf import hf_shape_problems
 from support.launch import ROOT, load_script, run_train
 from trainer.config import register
 from trainer.preflight import validate_config

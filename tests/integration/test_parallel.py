@@ -146,8 +146,8 @@ def test_tp_collectives_per_block_are_what_the_planner_counts(tmp_path):
     """tp=2, sequence parallel, 2 blocks: the collectives one step issues, forward and backward, per
     activation-checkpointing mode. Selective checkpointing must not run the reduce-scatters again
     in backward (its save list keeps them; before, it recomputed one per block), and the totals are
-    the planner's per-block counts (planner/comm_model.py)."""
-    from planner.comm_model import TP_COLLECTIVES_OUTSIDE_BLOCKS, TP_COLLECTIVES_PER_BLOCK
+    the planner's per-block counts (model/counting.py)."""
+    from model.counting import TP_COLLECTIVES_OUTSIDE_BLOCKS, TP_COLLECTIVES_PER_BLOCK
 
     out = tmp_path / "counts.json"
     proc = run(python_or_torchrun(2, worker("sac_collectives"), str(out)), timeout=300)

@@ -27,7 +27,7 @@ UNITS = {
     "memory": (["checkpoint/memory"], "checkpoint.memory.interval=2", "checkpoint.memory"),
     "s3": (["checkpoint/storage/s3.py"], "checkpoint.s3.region=us-east-1", "checkpoint.s3"),
     "raw": (["checkpoint/durable/raw.py"], "checkpoint.format=raw", "checkpoint.format='raw': choose one of ['dcp']"),
-    "interop": (["checkpoint/interop"], "model.init_from=/weights", "model.init_from"),
+    "interop": (["checkpoint/interop", "model/hf.py"], "model.init_from=/weights", "model.init_from"),
     "guards": (["recovery/guards"], "recovery.guards.enabled=false", "recovery.guards"),
 }
 COPIED = ("configs", "model", "parallel", "data", "training", "metrics", "checkpoint", "recovery", "trainer",

@@ -1,4 +1,4 @@
-"""The planner's activation term (planner/activation_memory.py) against what autograd keeps, on CPU.
+"""The planner's activation term (model/activation_memory.py) against what autograd keeps, on CPU.
 
 Two measurements of one forward pass + the training step's loss (training/step.py's
 token_loss_sum), both excluding parameters and buffers:
@@ -28,10 +28,11 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
+from model.activation_memory import activation_memory
 from model.config import ModelConfig
 from model.llama import build_model
+from model.parallelize import parallel_plan
 from parallel.activations import apply_activation_checkpointing
-from planner.activation_memory import activation_memory
 from support.launch import ROOT
 from training.step import token_loss_sum
 
@@ -86,7 +87,7 @@ class OutputStorages(TorchDispatchMode):
 def measure(cfg: ModelConfig, batch: int, seq: int, precision: str, mode: str):
     dtype, autocast, _, _ = PRECISIONS[precision]
     model = build_model(cfg, seed=0).to(dtype)
-    apply_activation_checkpointing(model, mode)
+    apply_activation_checkpointing(parallel_plan(model, loss_parallel=False).blocks, mode)
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
     inputs, targets = tokens[:, :-1].clone(), tokens[:, 1:].clone()
     static = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), inputs, targets]}

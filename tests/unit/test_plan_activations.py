@@ -12,7 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from model.config import ModelConfig
-from planner.plan import DEFAULT_COMPUTE_EFFICIENCY, GIB, recompute_flops_per_token
+from model.counting import recompute_flops_per_token
+from planner.plan import DEFAULT_COMPUTE_EFFICIENCY, GIB
 from support.launch import ROOT, load_script
 
 LAYOUT = ["+experiment=70b", "parallel.dp_shard=64", "parallel.tp=8"]

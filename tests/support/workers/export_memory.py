@@ -57,18 +57,18 @@ def make_hf(out: Path, preset: str, overrides: list) -> None:
     """Every tensor a constant (writing, not drawing random numbers, is the cost worth paying here)."""
     import torch
 
-    from checkpoint.interop.hf_config import hf_config, hf_name
     from checkpoint.interop.safetensors_io import SafetensorsFile, TensorSpec
+    from model.hf import hf_config, hf_name
 
     shape = OmegaConf.merge(OmegaConf.load(ROOT / "configs" / "model" / f"{preset}.yaml"),
                             OmegaConf.from_dotlist(overrides))
     cfg = ModelConfig(**OmegaConf.to_container(shape))
     params = {n: p for n, p in build_model(cfg, materialize=False).named_parameters()}  # meta; tied: once
-    specs = [TensorSpec(hf_name(n), tuple(p.shape), torch.float32) for n, p in params.items()]
+    specs = [TensorSpec(hf_name(n, cfg), tuple(p.shape), torch.float32) for n, p in params.items()]
     out.mkdir(parents=True)
     f = SafetensorsFile(out / "model.safetensors", specs, {"format": "pt"})
     for i, (n, p) in enumerate(params.items()):
-        f.write(hf_name(n), torch.full(tuple(p.shape), 0.001 * (i + 1)))
+        f.write(hf_name(n, cfg), torch.full(tuple(p.shape), 0.001 * (i + 1)))
     f.close()
     (out / "config.json").write_text(json.dumps(hf_config(cfg, "float32", 1, 0)))
 

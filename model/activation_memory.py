@@ -1,4 +1,5 @@
-"""Per-rank activation memory of one micro-batch of model/llama.py, counted tensor by tensor.
+"""Per-rank activation memory of one micro-batch of model/llama.py, counted tensor by tensor (the
+planner's activation term, planner/plan.py; beside the model because it follows its tensors).
 
 What autograd keeps from forward to backward (b = micro batch, s = seq_len, d = dim, kv =
 KV heads x head_dim, f = FFN width, h = heads, V = vocabulary, t = tp, A = bytes of the
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from model.config import ModelConfig
 from model.counting import count_params
 
-AC_MODES = ("none", "selective", "full")
+AC_MODES = ("none", "selective", "full")  # parallel.activation_checkpoint's choices (parallel/ is a layer above)
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,7 @@ def activation_memory(cfg: ModelConfig, micro_batch: int, seq_len: int, tp: int 
     fp32_x = 4 if a == 4 else 8
     final_norm = (fp32_x + a) * b * (s // tp) * d + 4 * b * (s // tp) + a * b * s * d
     outside = 8 * b * s + final_norm + (a + 4) * b * s * vocab + 8 * b * s  # ids, norm, logits + log-softmax, targets
-    p = count_params(cfg)
-    norms = cfg.dim * (2 * cfg.n_layers + 1)
-    matmul_params = p.total - p.embedding - norms + (p.embedding if cfg.tie_embeddings else 0)  # output included
-    copies = 2 * matmul_params // tp if fp32_params_under_autocast and a == 2 else 0
+    copies = 2 * count_params(cfg).matmul // tp if fp32_params_under_autocast and a == 2 else 0
     block = _block_bytes(cfg, b, s, tp, a, mode)
     recompute = 0 if mode == "none" else _block_bytes(cfg, b, s, tp, a, "none") - block
     return ActivationMemory(per_block=block, outside_blocks=outside, weight_copies=copies, recompute=recompute,
