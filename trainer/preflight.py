@@ -40,10 +40,9 @@ from checkpoint.durable.preflight import PreflightError
 from checkpoint.durable.reads import read_on_rank0
 from checkpoint.interop.model_shape import fill_model_shape  # unit: interop
 from checkpoint.storage import location
-from configs.keys import ConfigError
+from configs.keys import ConfigError, problems
 from parallel import collectives
 from parallel.collectives import agreed
-from parallel.config import DEVICES
 from trainer.config import Config, World, typed, value_problems, warnings
 
 # Set by scripts/torchrun_preemptible.py for its workers once its own check passed (and printed the
@@ -208,14 +207,10 @@ def launched_alone() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) == 1
 
 
-def check_device(parallel) -> None:
-    """Before the process group: the values starting it reads, and the device on this host."""
-    found = []
-    if parallel.device not in DEVICES:
-        found.append(f"parallel.device={parallel.device!r}: choose one of {list(DEVICES)}")
-    if not parallel.collective_timeout_s > 0:
-        found.append(f"parallel.collective_timeout_s={parallel.collective_timeout_s} must be > 0")
-    refuse(found or device_problems(parallel.device))
+def check_device(cfg: DictConfig) -> None:
+    """Before the process group: the parallel section's values (it reads them) and the device on this host."""
+    parallel = OmegaConf.to_object(cfg.parallel)
+    refuse(problems(parallel, "parallel") or device_problems(parallel.device))
 
 
 def check_launch(cfg: DictConfig, world_size: int) -> Tuple[Config, List[str]]:

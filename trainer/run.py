@@ -97,7 +97,7 @@ def _run(cfg: DictConfig, overrides: List[str], shutdown: Shutdown) -> None:
     if alone:
         config, warnings = check(cfg, 1, files=True)
     else:
-        check_device(cfg.parallel)
+        check_device(cfg)
     p = cfg.parallel
     world = init_distributed(p.device, p.collective_timeout_s, p.force_fsdp)
     shutdown.add(90, "the process group", shutdown_distributed)

@@ -206,3 +206,19 @@ def test_the_architecture_diagram_is_the_layer_table():
     assert marker in text, f"docs/architecture.md lacks the layer diagram's marker: {marker}"
     block = text.split(marker, 1)[1].split("```", 2)[1].strip("\n")
     assert block == layer_diagram(), f"redraw docs/architecture.md's diagram:\n{layer_diagram()}"
+
+
+def test_each_bound_is_declared_with_its_key():
+    """What a number of the config may be is declared once, with the key (``key(default, meaning, bound)`` in
+    the section's config.py): no other module of the product builds a Bound or uses one of configs/keys.py's."""
+    import configs.keys as keys
+
+    vocabulary = {"Bound"} | {name for name, value in vars(keys).items() if isinstance(value, keys.Bound)}
+    found = []
+    for path in _product_files():
+        if path.name == "config.py" or path == ROOT / "configs" / "keys.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Name) and node.id in vocabulary:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.id}")
+    assert not found, "bounds declared away from their keys:\n" + "\n".join(found)
