@@ -40,7 +40,7 @@ from checkpoint.interop.hf_config import export_config, hf_generation_config
 from checkpoint.interop.safetensors_io import SafetensorsFile, TensorSpec
 from checkpoint.interop.weight_source import HF_INDEX, HF_SINGLE
 from checkpoint.storage import location
-from data.tokenizer import EOS_TEXT, TOKENIZER_CONFIG, TOKENIZER_JSON, byte_tokenizer_json
+from data.tokenizer import BYTE_TOKENIZER_CONFIG, EOS_TEXT, TOKENIZER_CONFIG, TOKENIZER_JSON, byte_tokenizer_json
 from model.config import ModelConfig
 from model.hf import hf_name, rotary_heads, to_hf_rows
 from model.llama import build_model
@@ -246,7 +246,8 @@ def _bos_id(data: Dict) -> Optional[int]:
 
 def _write_tokenizer(out: Path, data: Dict, cfg: ModelConfig) -> str:
     """tokenizer.json and tokenizer_config.json for AutoTokenizer, when the data's tokenizer has them
-    (bpe and hf:FILE save one; the byte tokenizer's is generated: id b is byte b, 256 is EOS)."""
+    (bpe and hf:FILE save one; the byte tokenizer's is generated: data/tokenizer.py's byte_tokenizer_json,
+    equal to it on every string, with split_special_tokens in its tokenizer_config.json)."""
     from tokenizers import Tokenizer
 
     folder = Path(data.get("folder", ""))
@@ -266,6 +267,7 @@ def _write_tokenizer(out: Path, data: Dict, cfg: ModelConfig) -> str:
         tok = Tokenizer.from_file(str(out / TOKENIZER_JSON))
         eos = tok.id_to_token(data["eos_id"]) if data.get("eos_id") is not None else EOS_TEXT
         config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "pad_token": eos,
-                  "model_max_length": cfg.max_seq_len, "clean_up_tokenization_spaces": False}
+                  "model_max_length": cfg.max_seq_len, "clean_up_tokenization_spaces": False,
+                  **(BYTE_TOKENIZER_CONFIG if kind == "byte" else {})}
         (out / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     return f"{kind} tokenizer from {folder}"
