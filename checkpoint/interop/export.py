@@ -15,7 +15,7 @@ Two exports:
                back: hf_config.py), safetensors shards of at most
                max_shard_size (model.safetensors.index.json when there are several), HF
                names with the rotary row order of q/k (model/hf.py), and the
-               tokenizer files of the data the run trained on.
+               tokenizer files of the data the run trained on (or those a converted folder keeps).
 
 Both write the tensors in the model's own order (its state dict's, from the config on the meta device).
 """
@@ -185,7 +185,8 @@ def export_hf(checkpoint: Path, out_dir: Path, dtype: str = "fp32", weights: str
             index = {"metadata": {"total_size": sum(s.nbytes for s in specs)},
                      "weight_map": {s.name: file for file, shard in zip(files, shards) for s in shard}}
             (tmp / HF_INDEX).write_text(json.dumps(index, indent=2) + "\n")
-        data = _data_meta(ckpt.manifest, tokenizer)
+        kept = _kept_tokenizer(ckpt, tmp) if tokenizer is None else None  # a converted folder's own, if any
+        data = kept or _data_meta(ckpt.manifest, tokenizer)
         record = ckpt.manifest.init_from or {}  # the files the weights came with (init_from.py records them)
         imported = record.get("hf_config")
         eos, bos = data.get("eos_id"), _bos_id(data)
@@ -194,7 +195,7 @@ def export_hf(checkpoint: Path, out_dir: Path, dtype: str = "fp32", weights: str
         generation = hf_generation_config(config, config.get("pad_token_id") if imported else eos,
                                           record.get("hf_generation_config"))
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-        tokenizer_note = _write_tokenizer(tmp, data, cfg)
+        tokenizer_note = f"hf tokenizer kept in {checkpoint}" if kept else _write_tokenizer(tmp, data, cfg)
         if out_dir.exists():
             out_dir.rmdir()
         os.rename(tmp, out_dir)
@@ -202,6 +203,18 @@ def export_hf(checkpoint: Path, out_dir: Path, dtype: str = "fp32", weights: str
         shutil.rmtree(tmp, ignore_errors=True)
     return {"tensors": len(specs), "bytes": sum(s.nbytes for s in specs), "shards": len(shards),
             "step": ckpt.manifest.step, "tokenizer": tokenizer_note}
+
+
+def _kept_tokenizer(ckpt: CheckpointTensors, out: Path) -> Optional[Dict]:
+    """The tokenizer files a checkpoint converted from a Hugging Face folder keeps (listed in its manifest,
+    checksummed with it: checkpoint/interop/from_hf.py), copied into ``out``; what _data_meta gives for
+    them, or None when the checkpoint keeps none."""
+    names = [n for n in (TOKENIZER_JSON, TOKENIZER_CONFIG) if n in ckpt.manifest.files]
+    if TOKENIZER_JSON not in names:
+        return None
+    for name in names:
+        (out / name).write_bytes((ckpt.path / name).read_bytes())
+    return {"tokenizer": "hf", "tokenizer_file": str(out / TOKENIZER_JSON), "folder": str(out)}
 
 
 def _data_meta(manifest: Manifest, tokenizer: Optional[Path]) -> Dict:
