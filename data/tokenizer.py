@@ -180,7 +180,12 @@ def tokenizer_mismatch(configured: str, prepared: str, identity: Optional[Dict],
     return None
 
 
-# -- the byte tokenizer as a Hugging Face tokenizer.json (for exports: transformers can then encode) --
+# -- the byte tokenizer as a Hugging Face tokenizer.json (for exports and datatrove: other tools can then encode) --
+# What tokenizer_config.json must say beside it for transformers to give the same ids: transformers registers the
+# eos_token it names as a special token, which it would then match in the text; this keeps it from doing so.
+BYTE_TOKENIZER_CONFIG = {"split_special_tokens": True}
+
+
 def _bytes_to_unicode() -> Dict[int, str]:
     """GPT-2's printable stand-in character for each byte (what the ByteLevel pre-tokenizer emits)."""
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
@@ -196,13 +201,22 @@ def _bytes_to_unicode() -> Dict[int, str]:
 
 
 def byte_tokenizer_json():
-    """A ``tokenizers.Tokenizer`` that gives ByteTokenizer's ids: id b is byte b (no merges), id 256 EOS."""
+    """A ``tokenizers.Tokenizer`` equal to ByteTokenizer on every string: id b is byte b (no merges), id 256
+    is EOS and decodes to nothing, as ByteTokenizer drops it.
+
+    EOS is in the vocabulary only, not an added (special) token: ``tokenizers`` matches every added token
+    in the text before anything else, so the 13 characters ``<|endoftext|>`` inside a document would
+    become id 256, where ByteTokenizer gives their 13 bytes. Nothing produces id 256 from text here: the
+    model has no merges, so only the post-processor of whoever appends EOS (this project's preparation,
+    datatrove's DocumentTokenizer, which finds it with ``token_to_id``) writes it. transformers needs
+    BYTE_TOKENIZER_CONFIG in the tokenizer_config.json beside it (an export writes it)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {c: b for b, c in _bytes_to_unicode().items()}
     vocab[EOS_TEXT] = ByteTokenizer.eos_id
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([EOS_TEXT])
+    # EOS decodes to nothing (ByteTokenizer.decode drops ids >= 256): a byte token is one character, so
+    # only EOS's own token holds the whole string the Replace looks for.
+    tok.decoder = decoders.Sequence([decoders.Replace(EOS_TEXT, ""), decoders.ByteLevel()])
     return tok

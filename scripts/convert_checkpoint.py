@@ -15,7 +15,9 @@ exports it, model.init_from imports it. One tensor chunk is in memory at a time.
 
 A Hugging Face folder (config.json + safetensors), --to raw or dcp: a committed step-0 checkpoint of
 its weights only, bit for bit (checkpoint/interop/from_hf.py), streamed one tensor at a time and
-layout-free; start a run from it with model.init_from=DST (model=hf takes the shape from it too).
+layout-free, with a copy of the folder's tokenizer.json and tokenizer_config.json (scripts/generate.py DST
+then needs no flag, and gives what it gives on the folder); start a run from it with model.init_from=DST
+(model=hf takes the shape from it too). A checkpoint converted --to dcp keeps such files too.
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ def main(argv=None) -> int:
     try:
         if not (a.src / "manifest.json").is_file() and (a.src / "config.json").is_file():
             info = convert_hf_folder(a.src, a.dst, a.to)
+            kept = (f"its {' and '.join(info['tokenizer'])} kept (scripts/generate.py {a.dst} needs no --data)"
+                    if info["tokenizer"] else f"no tokenizer.json in {a.src}: scripts/generate.py {a.dst} needs --data "
+                    "DIR, a dataset prepared with the model's tokenizer")
             print(f"wrote {a.dst}: step 0, {info['tensors']} tensors of {info['model'].name} "
-                  f"({info['bytes'] / 2**20:.1f} MiB, {a.to}); start from it with model.init_from={a.dst}")
+                  f"({info['bytes'] / 2**20:.1f} MiB, {a.to}), {kept}; start from it with model.init_from={a.dst}")
             return 0
         if a.to != "dcp":
             raise ValueError(f"{a.src} is a checkpoint: --to raw converts Hugging Face folders; a checkpoint "

@@ -8,7 +8,8 @@
 code from this project: config.json, generation_config.json, safetensors shards of at most
 --max-shard-size (5GB = 5*10^9 bytes by default; model.safetensors.index.json when there are
 several), Hugging Face tensor names with q/k rows in its rotary order (docs/interop.md), and
-the tokenizer files of the data the run trained on (its data.path, or --tokenizer).
+the tokenizer files of the data the run trained on (its data.path, or --tokenizer; a checkpoint
+converted from a Hugging Face folder gives the folder's back).
 --format safetensors (the default) writes one file with this project's names; its metadata
 records the step, config hash, source checkpoint and model config. Tied weights are written
 under both names there (safetensors forbids shared storage); the hf folder holds them once.
@@ -36,7 +37,8 @@ def main() -> None:
     p.add_argument("--max-shard-size", default="5GB", help="hf: largest shard file (5GB, 500MB, 2GiB, bytes)")
     p.add_argument("--tokenizer", type=Path, default=None,
                    help="hf: the prepared dataset folder (or tokenizer.json) whose tokenizer to include "
-                        "(default: the checkpoint's data.path)")
+                        "(default: the tokenizer a checkpoint converted from a Hugging Face folder keeps, else "
+                        "the checkpoint's data.path)")
     p.add_argument("--torch-save", type=Path, default=None,
                    help="safetensors: also write a torch.save file here (holds the whole model in memory)")
     p.add_argument("--no-verify", action="store_true", help="skip the checksum check")

@@ -6,10 +6,14 @@ Llama folder.
   python scripts/generate.py out/model.safetensors --data outputs/data/pydoc-byte --prompt "..."
 
 A checkpoint directory (step_N, with manifest.json) holds the model's shape in its manifest and
-the data path whose tokenizer decodes the ids (data/tokenizer.py); ``--data`` overrides that
-path, and an export (scripts/export.py's .safetensors) needs it. Decoding uses a KV cache
-(model/kv_cache.py). ``--temperature 0`` is greedy and deterministic; sampling is seeded by
-``--seed``. Generation stops at the end-of-document token or after ``--max-new-tokens``.
+its tokenizer: the one a checkpoint converted from a Hugging Face folder keeps (the folder's
+tokenizer.json, checkpoint/interop/from_hf.py), else that of the data it trained on (its data.path;
+data/tokenizer.py). ``--data`` overrides both, and an export (scripts/export.py's .safetensors) needs it.
+Decoding uses a KV cache (model/kv_cache.py). ``--temperature 0`` is greedy and deterministic; sampling
+is seeded by ``--seed``. Generation stops at the end-of-document token or after ``--max-new-tokens``;
+weights that came from a Hugging Face folder (a converted folder, or a run from ``model.init_from``) stop
+where the folder's generation_config.json (else config.json) says, which the manifest's ``init_from``
+record keeps, so a checkpoint generates what the folder generates.
 
   python scripts/generate.py /models/Llama-3.2-1B --prompt "The capital of France is" --temperature 0
 
@@ -33,6 +37,7 @@ import torch
 from checkpoint.durable.manifest import read_manifest
 from checkpoint.interop.export import load_tensors
 from data.formats.native import load_tokenizer
+from data.tokenizer import TOKENIZER_JSON, FileTokenizer
 from model.config import ModelConfig
 from model.generation import Sampling, generate
 from model.llama import build_model
@@ -43,8 +48,20 @@ class Loaded(NamedTuple):
     data: Optional[Path]  # the prepared dataset the model was trained on (its tokenizer), if known
     train_seq_len: Optional[int]  # positions the model was trained on, if known
     source: str
-    tokenizer: Optional[object] = None  # a Hugging Face folder's own tokenizer
-    stop_ids: Optional[List[int]] = None  # a Hugging Face folder's eos_token_id(s)
+    tokenizer: Optional[object] = None  # a Hugging Face folder's own tokenizer, or the one a checkpoint keeps
+    stop_ids: Optional[List[int]] = None  # the eos_token_id(s) of the folder the weights came from
+
+
+def hf_stop_ids(config: Optional[Dict], generation: Optional[Dict],
+                eos_id: Optional[int] = None) -> Optional[List[int]]:
+    """Where transformers' generate stops on a folder: generation_config.json's eos_token_id (an id or a
+    list), else config.json's; ``eos_id`` (the tokenizer's) when neither names one; None without either file."""
+    if config is None and generation is None:
+        return None
+    eos = {**(config or {}), **(generation or {})}.get("eos_token_id")
+    if eos is None:
+        return None if eos_id is None else [eos_id]
+    return list(eos) if isinstance(eos, list) else [eos]
 
 
 def _config_data_path(config: Dict) -> Optional[Path]:
@@ -65,10 +82,13 @@ def load(path: Path, weights: str = "model", device: str = "cpu", verify: bool =
     path = Path(path)
     if path.is_dir() and (path / "manifest.json").is_file():
         manifest = read_manifest(path)
-        tensors = load_tensors(path, prefix=f"{weights}.", verify=verify)
+        tensors = load_tensors(path, prefix=f"{weights}.", verify=verify)  # checksums every file, the tokenizer's too
         model = _build(manifest.config["model"], tensors, device)
+        kept = FileTokenizer.from_file(path / TOKENIZER_JSON) if TOKENIZER_JSON in manifest.files else None
+        record = manifest.init_from or {}  # the folder the weights came from (checkpoint/interop/init_from.py)
         return Loaded(model, _config_data_path(manifest.config), manifest.config.get("training", {}).get("seq_len"),
-                      f"{path} ({weights} weights of step {manifest.step})")
+                      f"{path} ({weights} weights of step {manifest.step})", kept,
+                      hf_stop_ids(record.get("hf_config"), record.get("hf_generation_config")))
     if path.is_file() and path.suffix == ".safetensors":
         from safetensors import safe_open
         from safetensors.torch import load_file
@@ -89,20 +109,35 @@ def load(path: Path, weights: str = "model", device: str = "cpu", verify: bool =
 def _load_hf(path: Path, device: str) -> Loaded:
     """A Hugging Face Llama folder: its weights, shape, tokenizer and end-of-text ids."""
     from checkpoint.interop.from_hf import folder_model_config, hf_tensors
-    from data.tokenizer import FileTokenizer
 
     cfg = folder_model_config(path)
     model = build_model(cfg, device=device, seed=0)
     model.load_state_dict(dict(hf_tensors(path, cfg, list(model.state_dict()))), strict=True)
-    if not (path / "tokenizer.json").is_file():
+    if not (path / TOKENIZER_JSON).is_file():
         raise ValueError(f"{path} has no tokenizer.json: the folder's tokenizer decodes the ids")
-    tokenizer = FileTokenizer.from_file(path / "tokenizer.json")
-    config = json.loads((path / "config.json").read_text())
-    if (path / "generation_config.json").is_file():
-        config = {**config, **json.loads((path / "generation_config.json").read_text())}
-    eos = config.get("eos_token_id")
-    stops = eos if isinstance(eos, list) else [tokenizer.eos_id if eos is None else eos]
+    tokenizer = FileTokenizer.from_file(path / TOKENIZER_JSON)
+    generation = path / "generation_config.json"
+    stops = hf_stop_ids(json.loads((path / "config.json").read_text()),
+                        json.loads(generation.read_text()) if generation.is_file() else None, tokenizer.eos_id)
     return Loaded(model.eval(), None, None, f"{path} (Hugging Face folder)", tokenizer, stops)
+
+
+def tokenizer_of(loaded: Loaded, model: Path, data: Optional[Path]):
+    """The tokenizer that encodes the prompt and decodes the ids: ``--data``'s, else the model's own (a
+    Hugging Face folder's, or the one a converted checkpoint keeps), else that of the dataset it trained on."""
+    if data is None and loaded.tokenizer is not None:
+        return loaded.tokenizer
+    path = data or loaded.data
+    if path is not None and (Path(path) / "meta.json").is_file():
+        return load_tokenizer(path)
+    if data is not None:
+        raise ValueError(f"--data {data}: no prepared dataset there (no meta.json); pass the dataset the model "
+                         "was trained on")
+    if path is None:
+        raise ValueError(f"{model} names no dataset and keeps no {TOKENIZER_JSON}: pass --data DIR, the dataset "
+                         "the model was trained on (or one prepared with its tokenizer)")
+    raise ValueError(f"{model} was trained on data.path={path}, which holds no prepared dataset now (no meta.json), "
+                     f"and keeps no {TOKENIZER_JSON}: pass --data DIR, a dataset prepared with the same tokenizer")
 
 
 def main(argv=None) -> int:
@@ -116,21 +151,15 @@ def main(argv=None) -> int:
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling; 1: off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", type=Path, default=None,
-                   help="prepared dataset whose tokenizer to use (default: the checkpoint's data.path)")
+                   help="prepared dataset whose tokenizer to use (default: the model's own: a Hugging Face folder's "
+                        "or a converted checkpoint's tokenizer.json, else the checkpoint's data.path)")
     p.add_argument("--weights", choices=["model", "ema"], default="model", help="a checkpoint's weights or their EMA")
     p.add_argument("--device", default="cpu")
     a = p.parse_args(argv)
     try:
         sampling = Sampling(a.temperature, a.top_k, a.top_p)
         loaded = load(a.model, a.weights, a.device)
-        data = a.data or loaded.data
-        if loaded.tokenizer is not None and a.data is None:
-            tokenizer = loaded.tokenizer
-        elif data is None or not (data / "meta.json").is_file():
-            raise ValueError(f"no prepared dataset at {data} to take the tokenizer from; pass --data DIR (the "
-                             "dataset the model was trained on)")
-        else:
-            tokenizer = load_tokenizer(data)
+        tokenizer = tokenizer_of(loaded, a.model, a.data)
         prompt = tokenizer.encode(a.prompt)
         generator = torch.Generator(device=a.device).manual_seed(a.seed)
         new = generate(loaded.model, prompt, a.max_new_tokens, sampling, generator,

@@ -14,7 +14,8 @@ tokenizer_config.json beside it names the end-of-document token); train with the
 data.tokenizer value.
 Sources: "pydoc" and "stdlib" are built in (offline); anything else is a .txt file (one
 document), a .jsonl, .jsonl.gz or .jsonl.zst file (one {"text": ...} document per line), a .parquet
-file (one document per row; --text-column names the column) or a folder of them.
+file (one document per row; --text-column names the column) or a folder of them. A document without
+text ("" or null, an empty .txt) is dropped, as datatrove drops it; a whitespace-only one is kept.
 --workers N writes a folder of shards (data/prep/shards.py), the same for every N; a relaunch of the
 same command finishes only the shards that are not complete.
 --validation-fraction F keeps about F of the documents (chosen by a hash of their text) out

@@ -17,6 +17,14 @@ token this project's FileTokenizer uses (tokenizer_config.json's eos_token, else
 the ids are the same. (datatrove's DocumentTokenizer alone replaces the post-processor with one that
 only appends EOS, which drops the BOS.) datatrove records finished tasks under ``--logs``: a relaunch
 with the same arguments runs only the unfinished ones. Train with ``data.tokenizer=hf:FILE``.
+
+``--tokenizer byte`` tokenizes with the byte tokenizer: its tokenizer.json twin (data/tokenizer.py
+byte_tokenizer_json, the byte tokenizer's ids for every string) is written to OUT/tokenizer.json for the
+tasks to read; train with ``data.tokenizer=byte``.
+
+Documents without text are dropped, as scripts/prepare_data.py drops them (data/prep/sources.py has_text:
+datatrove's readers skip a document whose text is empty or null, the same test); whitespace-only ones are
+kept by both, so the two give the same documents and ids.
 """
 
 from __future__ import annotations
@@ -69,6 +77,17 @@ def own_then_eos(tokenizer: str, eos: str):
     return Tokenizer.from_str(json.dumps(spec)).post_processor
 
 
+def write_byte_tokenizer(out: Path) -> Path:
+    """The byte tokenizer's tokenizer.json twin at OUT/tokenizer.json (the same bytes on every launch)."""
+    from data.tokenizer import TOKENIZER_JSON, byte_tokenizer_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    path, tmp = out / TOKENIZER_JSON, out / f".{TOKENIZER_JSON}.tmp"
+    byte_tokenizer_json().save(str(tmp))
+    tmp.replace(path)
+    return path
+
+
 def make_executor(pipeline: list, args):
     if args.executor == "local":
         from datatrove.executor import LocalPipelineExecutor
@@ -87,7 +106,8 @@ def main(argv=None) -> int:
     parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     parser.add_argument("--glob", default=None, help="which files of --input, e.g. '*.jsonl.zst'")
     parser.add_argument("--text-column", default="text")
-    parser.add_argument("--tokenizer", help="a local tokenizer.json (train with data.tokenizer=hf:FILE)")
+    parser.add_argument("--tokenizer", help="a local tokenizer.json (train with data.tokenizer=hf:FILE), or byte "
+                        "(train with data.tokenizer=byte)")
     parser.add_argument("--out", help="output folder: train with data.path=OUT")
     parser.add_argument("--logs", default=None,
                         help="datatrove's logs and completion markers (default OUT-logs beside OUT)")
@@ -102,8 +122,10 @@ def main(argv=None) -> int:
     if missing:
         print(f"error: {', '.join(missing)} required (see --help)", file=sys.stderr)
         return 2
+    if args.tokenizer == "byte":
+        args.tokenizer = str(write_byte_tokenizer(Path(args.out)))
     if not Path(args.tokenizer).is_file():
-        print(f"error: --tokenizer {args.tokenizer}: no such file (a local tokenizer.json)", file=sys.stderr)
+        print(f"error: --tokenizer {args.tokenizer}: no such file (a local tokenizer.json, or byte)", file=sys.stderr)
         return 2
     if args.executor == "slurm" and not args.partition:
         print("error: --executor slurm needs --partition", file=sys.stderr)

@@ -7,7 +7,8 @@ the bytes change: a raw-bytes chunk becomes a ``torch.save`` archive of that chu
 a time. The output is a committed checkpoint of its own (manifest.json with the new files'
 sizes and checksums), so this project resumes, exports and imports it like any other, and
 ``torch.distributed.checkpoint`` reads it without this project (``FileSystemReader``,
-``format_utils.dcp_to_torch_save``).
+``format_utils.dcp_to_torch_save``). Other files the manifest lists (the tokenizer a checkpoint converted
+from a Hugging Face folder keeps, from_hf.py) are copied as they are.
 """
 
 from __future__ import annotations
@@ -67,10 +68,13 @@ def convert_to_dcp(src: Path, dst: Path, verify: bool = True) -> Dict:
                     f_out.write(blob)  # pickled items, or chunks already in stock format, as they are
                     storage[index] = _StorageInfo(name, offset, len(blob))
                     offset += len(blob)
+        others = [n for n in manifest.files if n not in by_file and n != METADATA]  # a converted folder's tokenizer
+        for name in others:
+            (dst / name).write_bytes((src / name).read_bytes())
         write_metadata(dst, dataclasses.replace(metadata, storage_data=storage))
         algorithm = manifest.checksum_algorithm
         files = {p.name: FileEntry(p.stat().st_size, checksum_file(p, algorithm) if algorithm else None)
-                 for p in sorted(dst.iterdir()) if p.name.endswith(".distcp") or p.name == METADATA}
+                 for p in sorted(dst.iterdir()) if p.name.endswith(".distcp") or p.name in (METADATA, *others)}
         commit_checkpoint(dst, dataclasses.replace(manifest, files=files))
     except BaseException:
         dst.rmtree()  # never committed: nothing half-converted is left

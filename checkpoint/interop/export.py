@@ -15,7 +15,7 @@ Two exports:
                back: hf_config.py), safetensors shards of at most
                max_shard_size (model.safetensors.index.json when there are several), HF
                names with the rotary row order of q/k (model/hf.py), and the
-               tokenizer files of the data the run trained on.
+               tokenizer files of the data the run trained on (or those a converted folder keeps).
 
 Both write the tensors in the model's own order (its state dict's, from the config on the meta device).
 """
@@ -40,7 +40,7 @@ from checkpoint.interop.hf_config import export_config, hf_generation_config
 from checkpoint.interop.safetensors_io import SafetensorsFile, TensorSpec
 from checkpoint.interop.weight_source import HF_INDEX, HF_SINGLE
 from checkpoint.storage import location
-from data.tokenizer import EOS_TEXT, TOKENIZER_CONFIG, TOKENIZER_JSON, byte_tokenizer_json
+from data.tokenizer import BYTE_TOKENIZER_CONFIG, EOS_TEXT, TOKENIZER_CONFIG, TOKENIZER_JSON, byte_tokenizer_json
 from model.config import ModelConfig
 from model.hf import hf_name, rotary_heads, to_hf_rows
 from model.llama import build_model
@@ -185,7 +185,8 @@ def export_hf(checkpoint: Path, out_dir: Path, dtype: str = "fp32", weights: str
             index = {"metadata": {"total_size": sum(s.nbytes for s in specs)},
                      "weight_map": {s.name: file for file, shard in zip(files, shards) for s in shard}}
             (tmp / HF_INDEX).write_text(json.dumps(index, indent=2) + "\n")
-        data = _data_meta(ckpt.manifest, tokenizer)
+        kept = _kept_tokenizer(ckpt, tmp) if tokenizer is None else None  # a converted folder's own, if any
+        data = kept or _data_meta(ckpt.manifest, tokenizer)
         record = ckpt.manifest.init_from or {}  # the files the weights came with (init_from.py records them)
         imported = record.get("hf_config")
         eos, bos = data.get("eos_id"), _bos_id(data)
@@ -194,7 +195,7 @@ def export_hf(checkpoint: Path, out_dir: Path, dtype: str = "fp32", weights: str
         generation = hf_generation_config(config, config.get("pad_token_id") if imported else eos,
                                           record.get("hf_generation_config"))
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-        tokenizer_note = _write_tokenizer(tmp, data, cfg)
+        tokenizer_note = f"hf tokenizer kept in {checkpoint}" if kept else _write_tokenizer(tmp, data, cfg)
         if out_dir.exists():
             out_dir.rmdir()
         os.rename(tmp, out_dir)
@@ -202,6 +203,18 @@ def export_hf(checkpoint: Path, out_dir: Path, dtype: str = "fp32", weights: str
         shutil.rmtree(tmp, ignore_errors=True)
     return {"tensors": len(specs), "bytes": sum(s.nbytes for s in specs), "shards": len(shards),
             "step": ckpt.manifest.step, "tokenizer": tokenizer_note}
+
+
+def _kept_tokenizer(ckpt: CheckpointTensors, out: Path) -> Optional[Dict]:
+    """The tokenizer files a checkpoint converted from a Hugging Face folder keeps (listed in its manifest,
+    checksummed with it: checkpoint/interop/from_hf.py), copied into ``out``; what _data_meta gives for
+    them, or None when the checkpoint keeps none."""
+    names = [n for n in (TOKENIZER_JSON, TOKENIZER_CONFIG) if n in ckpt.manifest.files]
+    if TOKENIZER_JSON not in names:
+        return None
+    for name in names:
+        (out / name).write_bytes((ckpt.path / name).read_bytes())
+    return {"tokenizer": "hf", "tokenizer_file": str(out / TOKENIZER_JSON), "folder": str(out)}
 
 
 def _data_meta(manifest: Manifest, tokenizer: Optional[Path]) -> Dict:
@@ -246,7 +259,8 @@ def _bos_id(data: Dict) -> Optional[int]:
 
 def _write_tokenizer(out: Path, data: Dict, cfg: ModelConfig) -> str:
     """tokenizer.json and tokenizer_config.json for AutoTokenizer, when the data's tokenizer has them
-    (bpe and hf:FILE save one; the byte tokenizer's is generated: id b is byte b, 256 is EOS)."""
+    (bpe and hf:FILE save one; the byte tokenizer's is generated: data/tokenizer.py's byte_tokenizer_json,
+    equal to it on every string, with split_special_tokens in its tokenizer_config.json)."""
     from tokenizers import Tokenizer
 
     folder = Path(data.get("folder", ""))
@@ -266,6 +280,7 @@ def _write_tokenizer(out: Path, data: Dict, cfg: ModelConfig) -> str:
         tok = Tokenizer.from_file(str(out / TOKENIZER_JSON))
         eos = tok.id_to_token(data["eos_id"]) if data.get("eos_id") is not None else EOS_TEXT
         config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "pad_token": eos,
-                  "model_max_length": cfg.max_seq_len, "clean_up_tokenization_spaces": False}
+                  "model_max_length": cfg.max_seq_len, "clean_up_tokenization_spaces": False,
+                  **(BYTE_TOKENIZER_CONFIG if kind == "byte" else {})}
         (out / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     return f"{kind} tokenizer from {folder}"

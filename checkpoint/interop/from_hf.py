@@ -13,6 +13,12 @@ per tensor), which DCP reshards to any layout at load. It holds the model only (
 manifest records the source as ``init_from`` (with the folder's config.json and
 generation_config.json, which an export writes back unchanged) and checksums every file, so the
 loaders verify it like any checkpoint.
+
+The folder's tokenizer (``TOKENIZER_FILES``: tokenizer.json and tokenizer_config.json, which names its
+end-of-text token) is copied into the checkpoint and listed in its manifest, so that scripts/generate.py
+DST needs no flag and an export gives it back. A copy, not a reference to the folder: a downloaded
+folder is often moved or deleted once converted, and a copy is checksummed with the weights it belongs
+to; it costs a few MB (Llama 3's tokenizer.json is 9 MB) beside GBs of weights.
 """
 
 from __future__ import annotations
@@ -43,12 +49,14 @@ from checkpoint.interop.weight_source import SourceError, open_source
 from checkpoint.state.fingerprint import config_hash, hashed_config
 from checkpoint.storage import location
 from checkpoint.storage.dcp import write_metadata
+from data.tokenizer import TOKENIZER_CONFIG, TOKENIZER_JSON
 from model.config import ModelConfig
 from model.hf import from_hf_rows, hf_name, hf_shape_problems, model_keys_from_hf, rotary_heads
 from model.llama import build_model
 from parallel.dims import ParallelDims
 
 DATA_FILE, METADATA = "__0_0.distcp", ".metadata"
+TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG)  # a folder's tokenizer, kept in its conversion
 
 
 def folder_model_config(path: Path) -> ModelConfig:
@@ -109,10 +117,13 @@ def convert_hf_folder(src: Path, dst: Path, fmt: str = "raw") -> Dict:
                 storage[MetadataIndex(fqn, zeros)] = info
                 planner[fqn] = ("model", name)
                 del t, blob
+        kept = [n for n in TOKENIZER_FILES if (src / TOKENIZER_JSON).is_file() and (src / n).is_file()]
+        for name in kept:
+            (dst / name).write_bytes((src / name).read_bytes())
         write_metadata(dst, Metadata(state_meta, planner, storage, StorageMeta()))
         algorithm = default_algorithm()
         files = {n: FileEntry((dst / n).stat().st_size, checksum_file(dst / n, algorithm))
-                 for n in (DATA_FILE, METADATA)}
+                 for n in (DATA_FILE, METADATA, *kept)}
         config = {"model": dataclasses.asdict(cfg)}
         record = {"path": str(src.resolve()), "kind": "hf", "hash": source_hash(source), "hf_config": source.config}
         if source.generation_config:
@@ -124,4 +135,4 @@ def convert_hf_folder(src: Path, dst: Path, fmt: str = "raw") -> Dict:
     except BaseException:
         dst.rmtree()  # never committed: nothing half-converted is left
         raise
-    return {"tensors": len(names), "bytes": files[DATA_FILE].size, "format": fmt, "model": cfg}
+    return {"tensors": len(names), "bytes": files[DATA_FILE].size, "format": fmt, "model": cfg, "tokenizer": kept}

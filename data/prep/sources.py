@@ -7,6 +7,12 @@ folder of them: ``.txt`` (one document), ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.z
 line) and ``.parquet`` (one row per document, the FineWeb layout); a record's text is in the
 column ``text_column`` ("text" unless told). Order is sorted, so the same sources always give the
 same documents in the same order: the sharded preparation (data/prep/shards.py) relies on it.
+
+A document without text (an empty string, a null, an empty file) is dropped (``has_text``), the rule
+datatrove's readers apply (``if not text``), so scripts/prepare_datatrove.py and this preparation give the
+same documents: a kept one would be a document of its end-of-document token alone. A whitespace-only
+document is text and is kept: its bytes are tokens of every tokenizer here, and which documents are junk
+is a quality filter's question (docs/data.md).
 """
 
 from __future__ import annotations
@@ -59,6 +65,11 @@ def _open_text(path: Path):
     return path.open(encoding="utf-8")
 
 
+def has_text(text) -> bool:
+    """Whether a document is kept: it has text (not "" and not a null). Whitespace counts as text."""
+    return bool(text)
+
+
 def _jsonl_documents(path: Path, text_column: str) -> Iterator[str]:
     with _open_text(path) as f:
         for line_no, line in enumerate(f, 1):
@@ -68,7 +79,11 @@ def _jsonl_documents(path: Path, text_column: str) -> Iterator[str]:
             if text_column not in record:
                 raise ValueError(f"{path}:{line_no}: a .jsonl record needs a \"{text_column}\" field (it has "
                                  f"{sorted(record)[:8]}); name the text field with --text-column")
-            yield record[text_column]
+            text = record[text_column]
+            if text is not None and not isinstance(text, str):
+                raise ValueError(f"{path}:{line_no}: the \"{text_column}\" field is {type(text).__name__} "
+                                 f"{text!r:.40}, not text; name the text field with --text-column")
+            yield text
 
 
 def _parquet_documents(path: Path, text_column: str) -> Iterator[str]:
@@ -78,12 +93,17 @@ def _parquet_documents(path: Path, text_column: str) -> Iterator[str]:
     if text_column not in f.schema_arrow.names:
         raise ValueError(f"{path}: no column {text_column!r} (columns: {f.schema_arrow.names[:12]}); name the text "
                          "column with --text-column")
+    kind = f.schema_arrow.field(text_column).type
+    if str(kind) not in ("string", "large_string", "string_view"):
+        raise ValueError(f"{path}: column {text_column!r} holds {kind}, not text; name the text column with "
+                         "--text-column")
     for batch in f.iter_batches(columns=[text_column], batch_size=4096):  # one row group at a time, not the file
-        yield from (t for t in batch.column(0).to_pylist() if t is not None)
+        yield from batch.column(0).to_pylist()
 
 
 def file_documents(path: Path, text_column: str = TEXT_COLUMN) -> Iterator[str]:
-    """A .txt file is one document; .jsonl(.gz, .zst) one per line, .parquet one per row."""
+    """A .txt file is one document; .jsonl(.gz, .zst) one per line, .parquet one per row (nulls and empty
+    ones included: unit_documents drops them)."""
     suffix = source_suffix(path)
     if suffix == ".txt":
         yield path.read_text(encoding="utf-8")
@@ -112,12 +132,14 @@ def source_files(source: str) -> List[Path]:
 
 
 def unit_documents(unit: str, text_column: str = TEXT_COLUMN) -> Iterator[str]:
-    """The documents of one unit: a built-in corpus name or one file."""
+    """The documents of one unit (a built-in corpus name or one file) that have text (``has_text``)."""
     if unit == "pydoc":
-        return pydoc_documents()
-    if unit == "stdlib":
-        return stdlib_documents()
-    return file_documents(Path(unit), text_column)
+        documents = pydoc_documents()
+    elif unit == "stdlib":
+        documents = stdlib_documents()  # its empty __init__.py files are dropped
+    else:
+        documents = file_documents(Path(unit), text_column)
+    return (text for text in documents if has_text(text))
 
 
 def source_units(sources: List[str]) -> List[str]:

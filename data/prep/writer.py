@@ -104,7 +104,8 @@ def check_counts(sources: List[str], fraction: float, documents: int, held_out_d
     """A preparation that leaves training, or with a fraction validation, without a document is refused."""
     if documents == 0:
         held = f" (all {held_out_documents} were held out for validation)" if held_out_documents else ""
-        raise ValueError(f"data sources {sources} yielded no documents for training{held}")
+        raise ValueError(f"data sources {sources} yielded no documents for training{held} (documents without "
+                         "text are dropped)")
     if fraction > 0 and held_out_documents == 0:
         raise ValueError(f"validation fraction {fraction} held out none of the {documents} documents of {sources}; "
                          "raise it, or prepare a separate validation set and pass it as data.validation=<path>")

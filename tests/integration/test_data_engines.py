@@ -87,6 +87,38 @@ def test_the_datatrove_post_processor_gives_this_projects_ids(tmp_path, bos):
         assert (want[0] == ours._tok.token_to_id(BOS)) == bos
 
 
+
+# Records at the edges: no text ("" and null: dropped by both preparations), whitespace only (kept by both),
+# special tokens only (text: kept; the hf tokenizer's own specials encode to their ids), the byte tokenizer's
+# end-of-text literal inside a document (its bytes with the byte tokenizer).
+EDGE_RECORDS = ["A first document.", "", "   ", "\n\t\n", "<|endoftext|>", "</doc>", "<doc></doc>", None,
+                "x <|endoftext|> y", "", "The last document."]
+
+
+@pytest.mark.parametrize("tokenizer", ["hf", "byte"])
+def test_both_preparations_keep_and_drop_the_same_documents(tmp_path, tokenizer):
+    """scripts/prepare_datatrove.py (datatrove's reader and DocumentTokenizer) and prepare_data.py on the same
+    records: the same documents (8 of 11: the two empty ones and the null dropped), the same ids, with a
+    tokenizer.json whose post-processor puts BOS in front (hf) and with --tokenizer byte (the byte tokenizer's
+    tokenizer.json twin: the literal <|endoftext|> stays 13 bytes, as prepare_data.py's byte tokenizer has it)."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "edges.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in EDGE_RECORDS))
+    if tokenizer == "hf":
+        path = save_tokenizer(tmp_path / "tok", bos=True)
+        spec, arg = f"hf:{path}", str(path)
+    else:
+        spec = arg = "byte"
+    prepare_token_file(tmp_path / "ours", [str(tmp_path / "in" / "edges.jsonl")], spec)
+    proc = run([sys.executable, str(ROOT / "scripts" / "prepare_datatrove.py"), "--input", str(tmp_path / "in"),
+                "--tokenizer", arg, "--out", str(tmp_path / "datatrove")], warm=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [ours], [theirs] = (TokenSource(tmp_path / name, 8, spec).shards for name in ("ours", "datatrove"))
+    assert ours.meta.num_documents == theirs.meta.num_documents == 8
+    np.testing.assert_array_equal(theirs.tokens, ours.tokens)
+    if tokenizer == "byte":
+        assert int((np.asarray(ours.tokens) == 256).sum()) == 8  # one EOS per document: none from the literal
+        assert list(ours.tokens[:18]) == list(b"A first document.") + [256]
+
 def test_token_ids_equal_this_projects_preparation(engines):
     root, spec = engines
     ours = TokenSource(root / "ours", 64, spec)

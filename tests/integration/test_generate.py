@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 
 import pytest
@@ -160,3 +161,105 @@ def test_the_script_on_a_hf_folder_equals_transformers_greedy_generate(tmp_path)
     assert len(out) > ids.shape[1] + 10  # it generated, not stopped at once
     assert proc.stdout.rstrip("\n") == reference.decode(out, skip_special_tokens=True,
                                                          clean_up_tokenization_spaces=False)
+
+
+PROMPT, NEW = "The rotary embedding of Llama 3.1", 60
+
+
+@pytest.fixture(scope="module")
+def stopping_folder(tmp_path_factory):
+    """A Hugging Face folder as test_the_script_on_a_hf_folder_equals_transformers_greedy_generate builds it,
+    whose generation_config.json lists one end-of-text id more than config.json (as instruct models do):
+    an id its greedy continuation reaches at the 9th token or later, so that transformers stops there.
+    Returns the folder and what transformers' generate(do_sample=False) gives on it, decoded."""
+    from test_interop_import import hf_random_model
+    from test_llama3_rope import SCALED, SCALING
+    from tokenizers import processors
+    from transformers import AutoTokenizer, GenerationConfig, LlamaForCausalLM
+
+    from data.tokenizer import byte_tokenizer_json
+
+    folder, bos = tmp_path_factory.mktemp("stopping") / "hf", "<|begin_of_text|>"
+    cfg = ModelConfig(**{**vars(SCALED), "vocab_size": 258})
+    # seed 7: a continuation of 13 different ids in 60 (seed 6's repeats one)
+    hf_random_model(folder, cfg, seed=7, max_shard_size="400KB", rope_scaling=dict(SCALING), eos_token_id=[256, 7],
+                    bos_token_id=257)
+    tok = byte_tokenizer_json()
+    tok.add_special_tokens([bos])
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, 257)])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": "<|endoftext|>"}))
+    reference = AutoTokenizer.from_pretrained(folder)
+    ids = reference(PROMPT, return_tensors="pt").input_ids
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        free = model.generate(ids, max_new_tokens=NEW, do_sample=False, pad_token_id=256)[0, ids.shape[1]:].tolist()
+    stop = next(t for k, t in enumerate(free) if k >= 8 and t not in free[:k] and t not in (256, 7, 257))
+    GenerationConfig(bos_token_id=257, eos_token_id=[256, 7, stop], do_sample=False).save_pretrained(folder)
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()  # reads generation_config.json
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=NEW, do_sample=False, pad_token_id=256)[0].tolist()
+    assert out[-1] == stop and ids.shape[1] + 8 < len(out) < ids.shape[1] + NEW  # stopped there, not at once
+    return folder, reference.decode(out, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def greedy(model) -> str:
+    return script(model, "--prompt", PROMPT, "--temperature", 0, "--max-new-tokens", NEW).rstrip("\n")
+
+
+@pytest.mark.distributed  # script processes
+def test_a_converted_folder_generates_what_the_folder_generates_with_no_flag(stopping_folder, tmp_path):
+    """scripts/convert_checkpoint.py HF DST --to raw keeps the folder's tokenizer.json and tokenizer_config.json
+    (listed and checksummed in DST's manifest) and its generation_config.json (the manifest's init_from record):
+    scripts/generate.py DST needs no flag, and once the folder is gone it prints what it printed on the folder,
+    which is transformers' greedy generate, stopped at the id only generation_config.json lists. The --to dcp
+    conversion of DST, and DST exported back, keep the tokenizer too."""
+    from checkpoint.durable.manifest import verify_checkpoint
+
+    src, want = stopping_folder
+    folder = tmp_path / "hf"
+    shutil.copytree(src, folder)
+    assert greedy(folder) == want
+    proc = run([sys.executable, str(ROOT / "scripts" / "convert_checkpoint.py"), str(folder), str(tmp_path / "ckpt"),
+                "--to", "raw"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "its tokenizer.json and tokenizer_config.json kept" in proc.stdout
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(verify_checkpoint(tmp_path / "ckpt").files)
+    shutil.rmtree(folder)  # a copy, not a reference: the folder may be moved or deleted once converted
+    assert greedy(tmp_path / "ckpt") == want
+    from checkpoint.interop.convert import convert_to_dcp
+    from checkpoint.interop.export import export_hf
+
+    convert_to_dcp(tmp_path / "ckpt", tmp_path / "dcp")
+    assert greedy(tmp_path / "dcp") == want
+    info = export_hf(tmp_path / "dcp", tmp_path / "again")
+    assert info["tokenizer"] == f"hf tokenizer kept in {tmp_path / 'dcp'}"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "again" / name).read_bytes() == (src / name).read_bytes(), name
+    assert greedy(tmp_path / "again") == want  # its generation_config.json stops where the folder's did
+
+
+@pytest.mark.distributed  # trains with train.py
+def test_a_run_from_the_folder_generates_what_the_folder_generates(stopping_folder, tmp_path):
+    """A run from model.init_from=HF on data prepared with the folder's tokenizer (hf:HF/tokenizer.json), at a
+    learning rate of 1e-30 so that its weights stay the folder's bit for bit: scripts/generate.py on its
+    checkpoint needs no flag (the data's tokenizer) and prints what the folder gives, stopped where the folder's
+    generation_config.json says (the manifest's init_from record keeps it)."""
+    from checkpoint.interop.export import load_tensors
+    from data.prep.writer import prepare_token_file
+
+    src, want = stopping_folder
+    data = tmp_path / "data"
+    prepare_token_file(data, ["pydoc"], f"hf:{src / 'tokenizer.json'}")
+    run_dir = tmp_path / "run"
+    run_train(debug_overrides(run_dir, data, steps=2, extra={
+        "model": "hf", "model.init_from": str(src), "data.tokenizer": f"hf:{src / 'tokenizer.json'}",
+        "data.validation": "none", "optim.lr": 1e-30, "optim.lr_min": 0, "checkpoint.interval": 2}))
+    [ckpt] = list_committed(run_dir / "checkpoints")
+    from checkpoint.interop.from_hf import folder_model_config, hf_tensors
+
+    cfg = folder_model_config(src)
+    trained = load_tensors(ckpt.path)
+    assert all(torch.equal(trained[name], t) for name, t in hf_tensors(src, cfg, list(trained)))  # unchanged
+    assert greedy(ckpt.path) == want

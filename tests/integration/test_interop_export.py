@@ -99,6 +99,29 @@ def test_export_refuses_a_non_empty_folder_and_keeps_it(tmp_path):
     assert (tmp_path / "hf" / "mine.txt").read_text() == "keep me"
 
 
+
+def test_the_byte_models_exported_tokenizer_is_the_byte_tokenizer_in_transformers(pydoc_data, tmp_path):
+    """AutoTokenizer on the export of a byte model gives the byte tokenizer's ids for every string, a document
+    holding the literal <|endoftext|> too (its 13 bytes: transformers registers the eos_token as special, which
+    split_special_tokens in tokenizer_config.json keeps out of the text), and decodes them back."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from data.tokenizer import EOS_TEXT
+    from support.text import random_text
+
+    ckpt, _ = trained_checkpoint(tmp_path / "ckpt", SHAPES["gqa"])
+    info = export_hf(ckpt, tmp_path / "hf", tokenizer=pydoc_data)
+    assert info["tokenizer"].startswith("byte tokenizer from")
+    tok, ours, rng = AutoTokenizer.from_pretrained(tmp_path / "hf"), ByteTokenizer(), random.Random(36)
+    assert tok("x <|endoftext|> y")["input_ids"] == list(b"x <|endoftext|> y")
+    assert (tok.eos_token, tok.eos_token_id) == (EOS_TEXT, ByteTokenizer.eos_id)
+    for text in [random_text(rng) for _ in range(500)]:
+        ids = tok(text)["input_ids"]
+        assert ids == ours.encode(text), text
+        assert tok.decode(ids + [ours.eos_id], skip_special_tokens=True) == text
+
 @pytest.mark.distributed
 def test_export_of_a_dp_shard2_training_run_generates_like_the_project(pydoc_data, tmp_path):
     from transformers import AutoTokenizer

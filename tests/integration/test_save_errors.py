@@ -29,6 +29,7 @@ from checkpoint.durable.manifest import Manifest
 from checkpoint.durable.preflight import PreflightError, preflight_checkpoint_dir, room_for
 from checkpoint.durable.save_errors import CheckpointSaveError
 from checkpoint.durable.saver import CheckpointSaver
+from checkpoint.storage import location
 from metrics.records import read_metrics, step_losses
 from rehearsal.chains import divergences, faults_override
 from rehearsal.runs import tiny_overrides
@@ -220,7 +221,32 @@ def test_a_storage_error_in_the_writer_is_reported_and_cleaned_up(tmp_path, code
     assert not checkpoint_dir(tmp_path, 4).exists() and checkpoint_dir(tmp_path, 2).is_dir()
 
 
-def test_preflight_counts_the_checkpoints_to_come(tmp_path):
+
+@pytest.fixture
+def other_writers(monkeypatch):
+    """The temporary folders' file system as the suite shares it: the other pytest worker (and every other
+    process on the machine) writes and deletes files there, so its free space moves between any two looks
+    (two looks compared once failed the fast loop on a loaded machine). Modelled here: every look at the disk
+    finds 4 KiB less free than the one before. A test compares what the pre-flight saw (``free_seen``)."""
+    real, looks = shutil.disk_usage, []
+
+    def disk_usage(path):
+        usage = real(path)
+        looks.append(path)
+        return usage._replace(free=usage.free - 4096 * len(looks))
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    return looks
+
+
+
+def free_seen(monkeypatch, root) -> list:
+    """(path, free bytes) of every look the pre-flight takes at the disk under ``root``, as it saw them."""
+    store, seen = location(root).store, []
+    real = store.free_bytes
+    monkeypatch.setattr(store, "free_bytes", lambda key: seen.append((key, real(key))) or seen[-1][1])
+    return seen
+
+def test_preflight_counts_the_checkpoints_to_come(tmp_path, monkeypatch, other_writers):
     """keep_last + 1 checkpoints while a save is written, minus those already committed; the size
     from the newest manifest; leftovers of interrupted saves count as free."""
     from checkpoint.durable.commit import commit_checkpoint
@@ -238,18 +264,19 @@ def test_preflight_counts_the_checkpoints_to_come(tmp_path):
     leftover = checkpoint_dir(root, 30)
     leftover.mkdir()
     (leftover / "__0_0.distcp").write_bytes(b"y" * 7000)
+    seen = free_seen(monkeypatch, root)
     room = room_for(root, estimate_bytes=1000, keep_last=2)
     assert (room.checkpoint_bytes, room.committed, room.to_write) == (5000, 2, 1)
     assert "step_00000020's manifest" in room.source
-    assert room.free == shutil.disk_usage(root).free + 7000
+    assert seen == [(str(root), room.free - 7000)]  # one look at the disk, plus the leftovers
     assert room_for(root, 1000, keep_last=5).to_write == 4
-    too_many = room.free // 5000 + 10
+    too_many = shutil.disk_usage(root).total // 5000 + 10  # more than the whole disk, however full it is now
     with pytest.raises(PreflightError, match="needs .* more checkpoint\\(s\\) of 5,000 bytes \\(the size in"):
         preflight_checkpoint_dir(root, 1000, keep_last=too_many, rank=0)
     preflight_checkpoint_dir(root, 1000, keep_last=too_many, rank=0, strict=False)  # continue: a warning
 
 
-def test_only_rank_0_lists_the_checkpoint_directory_for_the_preflight(tmp_path, monkeypatch):
+def test_only_rank_0_lists_the_checkpoint_directory_for_the_preflight(tmp_path, monkeypatch, other_writers):
     """At 512 ranks, 512 listings and manifest reads of one directory at start-up: rank 0 lists it
     (held_once) and every other rank measures its free space against rank 0's answer."""
     from checkpoint.durable import preflight
@@ -267,9 +294,10 @@ def test_only_rank_0_lists_the_checkpoint_directory_for_the_preflight(tmp_path, 
     monkeypatch.setattr(preflight, "list_checkpoints", must_not_list)
     held = preflight.held_once(tmp_path, estimate_bytes=1000)
     assert held == rank0 and sent == [[None, None]]  # rank 1 sent nothing of its own
+    seen = free_seen(monkeypatch, tmp_path)
     room = preflight.room_for(tmp_path, 1000, keep_last=2, held=held)
     assert (room.checkpoint_bytes, room.committed, room.to_write) == (5000, 2, 1)
-    assert room.free == shutil.disk_usage(tmp_path).free + 7000
+    assert seen == [(str(tmp_path), room.free - 7000)]  # its own look at its disk, plus rank 0's leftovers
 
 
 @pytest.mark.parametrize("coordinator_saw_newer", [True, False])

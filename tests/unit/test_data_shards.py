@@ -72,6 +72,41 @@ def test_every_format_yields_its_documents_in_order(corpus, tmp_path):
         list(iter_documents([str(folder / "a.jsonl")], text_column="body"))
 
 
+
+def test_documents_without_text_are_dropped_and_whitespace_only_ones_kept(tmp_path):
+    """One rule in every source format and both preparations (datatrove's readers apply it too:
+    tests/integration/test_data_engines.py): a document with no text ("" or null, an empty .txt) is dropped, a
+    whitespace-only one or one of special tokens only is text, kept. No document is its EOS alone."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from data.tokenizer import ByteTokenizer
+
+    folder, eos = tmp_path / "corpus", ByteTokenizer.eos_id
+    folder.mkdir()
+    records = ["A first document.", "", "   ", "\n\t\n", None, "<|endoftext|>", "", "The last one."]
+    (folder / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in records))
+    pq.write_table(pa.table({"text": ["", None, " ", "row"]}), folder / "b.parquet")
+    (folder / "c.txt").write_text("")
+    kept = [t for t in records if t] + [" ", "row"]
+    assert list(iter_documents([str(folder)])) == kept
+    want = [i for t in kept for i in ByteTokenizer().encode(t) + [eos]]
+    single = prepare_token_file(tmp_path / "single", [str(folder)])
+    sharded = prepare_shards(tmp_path / "sharded", [str(folder)], workers=1, shard_bytes=SHARD_BYTES,
+                             log=lambda _: None)
+    assert single.num_documents == sharded["num_documents"] == len(kept) == 7
+    assert list(TokenFile(tmp_path / "single").tokens) == want
+    assert list(np.concatenate([s.tokens for s in TokenSource(tmp_path / "sharded", 8).shards])) == want
+    (tmp_path / "empty.jsonl").write_text('{"text": ""}\n{"text": null}\n')
+    with pytest.raises(ValueError, match=r"yielded no documents for training \(documents without text are dropped\)"):
+        prepare_token_file(tmp_path / "none", [str(tmp_path / "empty.jsonl")])
+    (tmp_path / "numbers.jsonl").write_text('{"text": "fine"}\n{"text": 7}\n')
+    with pytest.raises(ValueError, match=r'numbers.jsonl:2: the "text" field is int 7, not text; name the text'):
+        prepare_token_file(tmp_path / "numbers", [str(tmp_path / "numbers.jsonl")])
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "ints.parquet")
+    with pytest.raises(ValueError, match=r"ints.parquet: column 'text' holds int64, not text; name the text column"):
+        prepare_token_file(tmp_path / "ints", [str(tmp_path / "ints.parquet")])
+
 def test_shards_are_the_same_for_1_and_2_workers_and_equal_the_single_file(corpus, tmp_path):
     folder, texts = corpus
     one, two, single = tmp_path / "w1", tmp_path / "w2", tmp_path / "single"
