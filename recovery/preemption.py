@@ -16,26 +16,20 @@ forwards SIGTERM and SIGUSR1 to the workers instead of tearing them down.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import time
 from typing import Iterable, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 
 from parallel import collectives
 
-log = logging.getLogger("trainer")
-
 
 class Preemption:
-    def __init__(self, signals: Iterable[str] = ("SIGTERM", "SIGUSR1"), grace_s: float = 120.0,
-                 group: Optional[dist.ProcessGroup] = None):
-        self.signals = [getattr(signal, s) if isinstance(s, str) else s for s in signals]
+    def __init__(self, signals: Iterable[str] = ("SIGTERM", "SIGUSR1"), grace_s: float = 120.0):
+        self.signals = [getattr(signal, s) for s in signals]
         self.grace_s = grace_s
-        self.group = group
         self.requested_at: Optional[float] = None  # monotonic time of the first signal on this rank
         self.signal_name: Optional[str] = None
         self._previous = {}
@@ -55,15 +49,11 @@ class Preemption:
             self.requested_at = time.monotonic()
             self.signal_name = signal.Signals(signum).name
 
-    def should_stop(self) -> bool:
-        """Collective at a step boundary: True on every rank if any rank was signalled."""
-        return self.agree()[0]
-
     def agree(self, *flags: bool) -> Tuple[bool, ...]:
         """Collective at a step boundary, one all_reduce MAX: (any rank signalled, then each of
         ``flags`` true on any rank)."""
         values = [1 if self.requested_at is not None else 0] + [1 if f else 0 for f in flags]
-        values = [int(v) for v in collectives.agree_max(values, self.group, dtype=torch.int32)]
+        values = [int(v) for v in collectives.agree_max(values, dtype=torch.int32)]
         if values[0] and self.requested_at is None:
             self.requested_at = time.monotonic()  # another rank was signalled; start our clock too
             self.signal_name = "peer"

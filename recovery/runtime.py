@@ -8,6 +8,8 @@
     back = rt.step_boundary(step, data)              # the guards' checks; a rollback's step, or None
     if rt.end_of_step(step, seconds, loss): break    # save when due, write watch, stragglers, preemption
     rt.close()
+
+Also here: the straggler report and checkpoint.interval=auto's measurement, both per step.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 import statistics
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from checkpoint.durable.reads import read_on_rank0
 from checkpoint.durable.saver import SaveRecord
@@ -27,7 +29,6 @@ from recovery.faults import FaultInjector
 from recovery.interval import choose_interval_steps, cluster_mtbf_s
 from recovery.preemption import Preemption, torchrun_grace_problem
 from recovery.resume import resume
-from recovery.stragglers import StragglerMonitor
 from recovery.verify import RecoveryError, ResumeVerifier, refuse_all_bad
 from recovery.watchdog import Watchdog
 
@@ -35,13 +36,13 @@ log = logging.getLogger("trainer")
 
 
 class RecoveryRuntime:
-    def __init__(self, rc: RecoveryConfig, run_dir: Path, world, ckpt, guards=None,
-                 injector: Optional[FaultInjector] = None, *, optim=None, steps: int):
-        """``rc``: the recovery section; ``optim`` and ``steps`` (training.steps): the schedule a resumed run's
-        LR is checked against; the checkpoint section is the manager's (``ckpt.cfg``)."""
+    def __init__(self, rc: RecoveryConfig, run_dir: Path, world, ckpt, guards, injector: FaultInjector, *, optim,
+                 steps: int):
+        """``rc``: the recovery section; ``guards``: None without them; ``optim`` and ``steps`` (training.steps):
+        the schedule a resumed run's LR is checked against; the checkpoint section is the manager's (``ckpt.cfg``)."""
         self.cfg, self.world, self.ckpt, self.guards = rc, world, ckpt, guards
         self.optim, self.steps, self.run_dir = optim, steps, Path(run_dir)
-        self.faults = injector if injector is not None else FaultInjector([], run_dir, world.rank)
+        self.faults = injector
         self.watchdog: Optional[Watchdog] = None
         if rc.watchdog:
             self.watchdog = Watchdog(run_dir, world.rank, dict(rc.timeouts), rc.checkpoint_write_timeout_s).start()
@@ -177,9 +178,41 @@ class RecoveryRuntime:
             self.watchdog.stop()
         self.preemption.uninstall()
 
-    @property
-    def preempted(self) -> bool:
-        return self.preemption.requested_at is not None
+
+def find_stragglers(step_seconds: Sequence[float], factor: float) -> List[int]:
+    """Ranks whose time exceeds ``factor`` x the median over ranks."""
+    if not step_seconds:
+        return []
+    median = statistics.median(step_seconds)
+    return [r for r, t in enumerate(step_seconds) if median > 0 and t > factor * median]
+
+
+class StragglerMonitor:
+    """The rank that makes every collective wait, named in the log. A slow rank (thermal throttling, a bad
+    NIC, a noisy neighbour) does not fail: it slows every step. Each rank records its own step times; every
+    ``interval`` steps the means are gathered and a rank above ``factor`` x the median is named."""
+
+    def __init__(self, interval: int, factor: float):
+        self.interval, self.factor = interval, factor
+        self._times: List[float] = []
+        self.last_report: Optional[List[float]] = None
+
+    def record(self, step: int, seconds: float) -> List[int]:
+        """Add one step's time; on a reporting step return the stragglers (all ranks call this)."""
+        self._times.append(seconds)
+        if self.interval <= 0 or step % self.interval:
+            return []
+        mine = sum(self._times) / len(self._times)
+        self._times = []
+        per_rank = collectives.gather_floats(mine)
+        self.last_report = per_rank
+        slow = find_stragglers(per_rank, self.factor)
+        median = statistics.median(per_rank)
+        for r in slow:
+            log.warning("straggler: rank %d took %.3f s per step over the last %d steps, %.1fx the median "
+                        "%.3f s (threshold %.1fx)", r, per_rank[r], self.interval, per_rank[r] / median, median,
+                        self.factor)
+        return slow
 
 
 class AutoInterval:

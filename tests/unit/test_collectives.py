@@ -14,7 +14,7 @@ import torch
 
 from parallel import collectives
 from recovery.preemption import Preemption
-from recovery.stragglers import StragglerMonitor
+from recovery.runtime import StragglerMonitor
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("configs", "model", "data", "parallel", "training", "metrics", "checkpoint", "recovery", "trainer",
