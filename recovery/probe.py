@@ -17,14 +17,14 @@ a durable save is due and the shadow check runs computes it once.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Callable, Dict, Optional
 
 import torch
 
+from data.batching import SampleRange
 from data.dataset import IGNORE_INDEX
-from training.step import _full, _loss_parallel, token_loss_sum
+from training.evaluate import loss_sum
 
 PROBE_SEQUENCES = 4
 # Stored in each manifest: the probe is compared bitwise only with a value computed the same way
@@ -78,8 +78,6 @@ class Probe:
 def make_probe(model: torch.nn.Module, data, device: torch.device, autocast=None,
                loss_parallel: bool = False) -> Probe:
     """The run's probe; its batch is global samples [0, PROBE_SEQUENCES)."""
-    from data.batching import SampleRange
-
     return Probe(model, data.dataset[SampleRange(0, PROBE_SEQUENCES)], device, autocast, loss_parallel)
 
 
@@ -94,22 +92,9 @@ def probe_loss(model: torch.nn.Module, batch, device: torch.device, autocast=Non
     return float(probe_token_loss_sum(model, batch, device, autocast, loss_parallel)) / tokens
 
 
-@torch.no_grad()
 def probe_token_loss_sum(model: torch.nn.Module, batch, device: torch.device, autocast=None,
                          loss_parallel: bool = False) -> torch.Tensor:
-    """The summed token loss of ``batch`` (float64, on ``device``): the probe's work, no host sync."""
+    """The summed token loss of ``batch``, one sequence at a time (float64, on ``device``): no host sync."""
     inputs, targets = batch
-    was_training = model.training
-    model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    try:
-        for i in range(inputs.shape[0]):
-            x, y = inputs[i:i + 1].to(device), targets[i:i + 1].to(device)
-            with autocast() if autocast is not None else contextlib.nullcontext():
-                logits = model(x)
-            with _loss_parallel() if loss_parallel else contextlib.nullcontext():
-                total += _full(token_loss_sum(logits, y)).double()
-            del logits
-    finally:
-        model.train(was_training)
-    return total
+    sequences = ((inputs[i:i + 1], targets[i:i + 1]) for i in range(inputs.shape[0]))
+    return loss_sum(model, sequences, device, autocast, loss_parallel)[0]
