@@ -9,7 +9,7 @@
     if rt.end_of_step(step, seconds, loss): break    # save when due, write watch, stragglers, preemption
     rt.close()
 
-Also here: the straggler report and checkpoint.interval=auto's measurement, both per step.
+end_of_step's bookkeeping is here too: the straggler report and checkpoint.interval=auto.
 """
 
 from __future__ import annotations
@@ -53,9 +53,11 @@ class RecoveryRuntime:
         self.stragglers = StragglerMonitor(rc.straggler_interval, rc.straggler_factor)
         self._first_step_done = False
         self._writing: Optional[int] = None  # step of the background write the watchdog times
-        self.auto_interval = AutoInterval(rc, steps, world.world_size) if ckpt.cfg.every == "auto" else None
-        self.auto_memory_interval = AutoInterval(rc, steps, world.world_size, tier="memory") \
-            if ckpt.memory is not None and ckpt.memory.auto else None
+        self.autos: List[AutoInterval] = []  # checkpoint.interval=auto, then the memory tier's
+        if ckpt.cfg.every == "auto":
+            self.autos.append(AutoInterval(rc, steps, world.world_size))
+        if ckpt.memory is not None and ckpt.memory.auto:
+            self.autos.append(AutoInterval(rc, steps, world.world_size, tier="memory"))
 
     # -- heartbeats and injection points ---------------------------------------------------
     def beat(self, phase: str, step: int) -> None:
@@ -118,8 +120,7 @@ class RecoveryRuntime:
             self.beat("checkpoint_snapshot", step)
         gate = self.guards.take_verified_block if self.guards is not None else None
         records = ckpt.after_step(step, loss, verified_gate=gate)
-        autos = [a for a in (self.auto_interval, self.auto_memory_interval) if a is not None]
-        for auto in autos:
+        for auto in self.autos:
             auto.record(step_s, records if auto.tier == "durable" else ckpt.memory.take_records(),
                         first=not self._first_step_done)
         self._first_step_done = True
@@ -128,10 +129,10 @@ class RecoveryRuntime:
         self.stragglers.record(step, step_s)
         # One all_reduce MAX per step carries every flag a rank's next collectives depend on.
         preempted, save_failed, *waiting = self.preemption.agree(ckpt.save_failure is not None,
-                                                                 *(auto.waiting for auto in autos))
+                                                                 *(auto.waiting for auto in self.autos))
         if save_failed:
             ckpt.raise_save_failure()
-        for auto, someone_waits in zip(autos, waiting):
+        for auto, someone_waits in zip(self.autos, waiting):
             if auto.chosen is None and not someone_waits:  # every rank has its measurements: choose together
                 auto.choose(ckpt, step)
         if not preempted:
@@ -216,19 +217,16 @@ class StragglerMonitor:
 
 
 class AutoInterval:
-    """checkpoint.interval=auto (or checkpoint.memory.interval=auto, ``tier="memory"``): measure,
-    then set the Young/Daly interval once (logged).
+    """checkpoint.interval=auto (or checkpoint.memory.interval=auto, ``tier="memory"``): measure, then set
+    the Young/Daly interval (recovery/interval.py) once, logged. The manager takes a first save after
+    AUTO_MEASURE_STEPS steps: its SaveRecord's blocking time and background time (an async write; a
+    snapshot's write, replica and commit), with the median step time (the first step excluded) and the
+    job's MTBF, choose the interval.
 
-    The manager takes a first save after AUTO_MEASURE_STEPS steps. Its SaveRecord gives the
-    blocking time C (what the training thread waited) and, for an async save, the write time W
-    (the background part); a memory snapshot's record gives its stall and its background part
-    (write, replica, commit). With the median step time (first step excluded) and the job's
-    MTBF (recovery.device_mtbf_hours / devices) the interval is chosen and never revisited.
-
-    The interval decides at which steps every rank enters a save's collectives, so it is chosen
-    once for all: when no rank is still waiting for its first record (``waiting``, agreed with the
-    step's other flags), from the maximum over ranks of each measurement. A rank's own timings
-    differ (the coordinator's write includes the commit; a throttled GPU's steps are slower).
+    The interval decides at which steps every rank enters a save's collectives, so it is chosen once for
+    all: when no rank is still ``waiting`` for its first record (agreed with the step's other flags), from
+    the maximum over ranks of each measurement (the coordinator's write includes the commit; a throttled
+    GPU's steps are slower).
     """
 
     def __init__(self, rc: RecoveryConfig, steps: int, world_size: int, tier: str = "durable"):

@@ -32,15 +32,20 @@ def lr_at(step: int, *, lr_max: float, lr_min: float, warmup_steps: int, total_s
     return lr_min + (lr_max - lr_min) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def lr_factor(optim_cfg, total_steps: int, step: int) -> float:
+    """LambdaLR's factor at 0-based ``step``: this run's schedule over its peak LR (``optim_cfg``: optim.*)."""
+    return lr_at(step, lr_max=optim_cfg.lr, lr_min=optim_cfg.lr_min, warmup_steps=optim_cfg.warmup_steps,
+                 total_steps=total_steps, schedule=optim_cfg.schedule) / optim_cfg.lr
+
+
+def schedule_lr(optim_cfg, total_steps: int, step: int) -> float:
+    """The LR the scheduler sets for 0-based ``step``, computed as LambdaLR does."""
+    return optim_cfg.lr * lr_factor(optim_cfg, total_steps, step)
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR whose state (last_epoch) is the step count: trivially checkpointable."""
-    lr_max = optim_cfg.lr
-
-    def factor(step: int) -> float:
-        return lr_at(step, lr_max=lr_max, lr_min=optim_cfg.lr_min, warmup_steps=optim_cfg.warmup_steps,
-                     total_steps=total_steps, schedule=optim_cfg.schedule) / lr_max
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(optim_cfg, total_steps, step))
 
 
 def apply_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, optim_cfg) -> None:
