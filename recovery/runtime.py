@@ -9,16 +9,20 @@
     if rt.end_of_step(step, seconds, loss): break    # save when due, write watch, stragglers, preemption
     rt.close()
 
-end_of_step's bookkeeping is here too: the straggler report and checkpoint.interval=auto.
+What it drives is here too: preemption, the straggler report and checkpoint.interval=auto.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import statistics
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import torch
 
 from checkpoint.durable.reads import read_on_rank0
 from checkpoint.durable.saver import SaveRecord
@@ -27,7 +31,6 @@ from parallel.dims import data_parallel_size
 from recovery.config import RecoveryConfig
 from recovery.faults import FaultInjector
 from recovery.interval import choose_interval_steps, cluster_mtbf_s
-from recovery.preemption import Preemption, torchrun_grace_problem
 from recovery.resume import resume
 from recovery.verify import RecoveryError, ResumeVerifier, refuse_all_bad
 from recovery.watchdog import Watchdog
@@ -178,6 +181,71 @@ class RecoveryRuntime:
         if self.watchdog is not None:
             self.watchdog.stop()
         self.preemption.uninstall()
+
+
+class Preemption:
+    """On SIGTERM/SIGUSR1 every rank saves at the same step boundary, then exits (RecoveryRuntime's
+    _save_before_exit). The handler only sets a flag: saving from inside a signal handler would
+    interleave with a half-done step. Ranks may get the signal at different moments, so at each step
+    boundary they agree with an all_reduce MAX of the flag, which also carries the other flags every rank
+    must act on at one step (``agree``). The grace period bounds the whole save; a save that cannot
+    commit in time is abandoned (the previous committed checkpoint stays valid, contract 3). Under
+    torchrun the signal goes to the agent: scripts/torchrun_preemptible.py forwards it to the workers
+    (docs/recovery-runbook.md says which signal reaches which process)."""
+
+    def __init__(self, signals: Iterable[str] = ("SIGTERM", "SIGUSR1"), grace_s: float = 120.0):
+        self.signals = [getattr(signal, s) for s in signals]
+        self.grace_s = grace_s
+        self.requested_at: Optional[float] = None  # monotonic time of the first signal on this rank
+        self.signal_name: Optional[str] = None
+        self._previous = {}
+
+    def install(self) -> "Preemption":
+        for s in self.signals:
+            self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for s, prev in self._previous.items():
+            signal.signal(s, prev)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested_at is None:
+            self.requested_at = time.monotonic()
+            self.signal_name = signal.Signals(signum).name
+
+    def agree(self, *flags: bool) -> Tuple[bool, ...]:
+        """Collective at a step boundary, one all_reduce MAX: (any rank signalled, then each of
+        ``flags`` true on any rank)."""
+        values = [1 if self.requested_at is not None else 0] + [1 if f else 0 for f in flags]
+        values = [int(v) for v in collectives.agree_max(values, dtype=torch.int32)]
+        if values[0] and self.requested_at is None:
+            self.requested_at = time.monotonic()  # another rank was signalled; start our clock too
+            self.signal_name = "peer"
+        return tuple(bool(v) for v in values)
+
+    def seconds_left(self) -> float:
+        """Of the grace period, from the first signal seen on this rank."""
+        if self.requested_at is None:
+            return self.grace_s
+        return self.grace_s - (time.monotonic() - self.requested_at)
+
+
+def torchrun_grace_problem(grace_s: float, environ=os.environ) -> Optional[str]:
+    """Under torchrun: the agent SIGKILLs its workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (30 by
+    default) after it got SIGTERM; a shorter time than the grace period cuts preemption saves off.
+    The workers inherit the agent's environment, so they can see it (not ``--shutdown-timeout``)."""
+    if "TORCHELASTIC_RUN_ID" not in environ:
+        return None
+    shutdown = float(environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 30))
+    if shutdown >= grace_s:
+        return None
+    return (f"torchrun kills its workers {shutdown:.0f} s after it gets SIGTERM (TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+            f"{'' if 'TORCH_ELASTIC_SHUTDOWN_TIMEOUT' in environ else ' unset: the default'}), less than "
+            f"recovery.preemption_grace_s={grace_s:g}: a preemption save may be cut off. Launch with "
+            f"scripts/launch_single_node.sh or scripts/launch_multi_node.sh, or export "
+            f"TORCH_ELASTIC_SHUTDOWN_TIMEOUT={int(grace_s) + 30} (docs/recovery-runbook.md)")
 
 
 def find_stragglers(step_seconds: Sequence[float], factor: float) -> List[int]:

@@ -13,7 +13,7 @@ import torch
 
 from recovery.config import FaultConfig as Fault
 from recovery.faults import FaultInjector, InjectedFault, corrupt_checkpoint
-from recovery.preemption import Preemption
+from recovery.runtime import Preemption
 from support.launch import run, torchrun, worker
 
 

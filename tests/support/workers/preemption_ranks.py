@@ -13,7 +13,7 @@ import sys
 
 import torch.distributed as dist
 
-from recovery.preemption import Preemption
+from recovery.runtime import Preemption
 
 
 def main() -> None:
