@@ -1,18 +1,16 @@
 """The probe loss: the loss of one fixed batch, computed at save time and stored in the manifest.
 
-After a resume, recomputing it on the loaded weights proves the weights are the saved ones
-(bitwise at the same layout). The batch is the first PROBE_SEQUENCES samples of the global
-sample order (global samples 0..3): independent of the world layout and the micro-batch size.
+After a resume, recomputing it on the loaded weights proves the weights are the saved ones (bitwise
+at the same layout). The batch is global samples [0, PROBE_SEQUENCES) of the sample order: the same
+at every layout and micro-batch size.
 
-It must stay cheap at 70B (it runs at every durable save, for the shadow guard and at every
-durable resume; a memory snapshot runs none: checkpoint/memory/restore.py compares its bytes):
-one sequence at a time, and with ``loss_parallel`` the cross entropy on the vocabulary-sharded
-logits, so the full logits (4 x 8192 x 128256 at 70B: 8.4 GB in bf16, twice that in fp32) never
-exist on one device. Its largest tensor is one sequence's logits of this rank's vocabulary shard,
-in fp32 (tests/unit/test_probe.py). The value is cached for the weights it was computed on
-(``weights_version``: the training state's counter, which every optimizer step and every load
-advances; tensors' own version counters do not see FSDP2's updates of its shards), so a step where
-a durable save is due and the shadow check runs computes it once.
+It must stay cheap at 70B: it runs at every durable save, for the shadow guard and at every durable
+resume (a memory snapshot runs none: checkpoint/memory/restore.py compares its bytes). So one sequence
+at a time, and with ``loss_parallel`` on the vocabulary-sharded logits: its largest tensor is one
+sequence's logits of this rank's vocabulary shard, in fp32, never the full logits (4 x 8192 x 128256 at
+70B: 16.8 GB in fp32; tests/unit/test_probe.py). The value is cached per ``weights_version`` (the
+training state's counter, advanced by every optimizer step and load: tensors' own version counters do
+not see FSDP2's updates of its shards), so a step with a durable save and a shadow check computes it once.
 """
 
 from __future__ import annotations
@@ -81,14 +79,9 @@ def make_probe(model: torch.nn.Module, data, device: torch.device, autocast=None
     return Probe(model, data.dataset[SampleRange(0, PROBE_SEQUENCES)], device, autocast, loss_parallel)
 
 
-@torch.no_grad()
-def probe_loss(model: torch.nn.Module, batch, device: torch.device, autocast=None,
-               loss_parallel: bool = False, tokens: Optional[int] = None) -> float:
-    """Mean token loss of ``batch`` in eval mode (no dropout, no RNG drawn), one sequence at a time,
-    the token losses summed in float64; every rank calls it. ``tokens``: the batch's target count,
-    if known; one host read of the summed loss is then its only sync."""
-    if tokens is None:
-        tokens = int((batch[1] != IGNORE_INDEX).sum())
+def probe_loss(model: torch.nn.Module, batch, device: torch.device, autocast, loss_parallel: bool,
+               tokens: int) -> float:
+    """Mean token loss of ``batch`` (``tokens`` targets); every rank calls it. Its one host sync reads the sum."""
     return float(probe_token_loss_sum(model, batch, device, autocast, loss_parallel)) / tokens
 
 
