@@ -1,17 +1,12 @@
 """Validation loss: the mean token loss of fixed held-out batches, the same at every layout.
 
-The batches are ``eval.batches`` global batches of ``training.global_batch_size`` sequences:
-global samples ``[0, batches x G)`` of a seeded order of the validation windows. The order's
-seed is fixed (EVAL_ORDER_SEED, not the run's seed), so runs with different seeds are compared
-on the same windows. Each data-parallel rank reads its slice of every batch in micro-batches
-(data/batching.py, as in training); the summed token losses and target counts are all-reduced
-over the data-parallel ranks in float64 and divided once, so the result is the mean over the
-whole set whatever the layout. The model runs in eval mode (no dropout) without gradients and
-no random number is drawn: evaluating does not change the training trajectory.
-
-The loop calls it when ``due``: every ``eval.interval`` steps, after the last step, and before
-every checkpoint save (so each manifest records the validation loss of its weights, which
-``checkpoint.best_metric=val_loss`` ranks by).
+The batches are global samples ``[0, eval.batches x G)`` of an order of the validation windows whose
+seed is fixed (EVAL_ORDER_SEED, not the run's), so runs with different seeds are compared on the same
+windows. Each data-parallel rank reads its slice of every batch in micro-batches (data/batching.py);
+the summed token losses and target counts are all-reduced in float64 and divided once, so the result is
+the mean over the whole set whatever the layout. It runs when ``due``: every ``eval.interval`` steps,
+after the last step and before every save (each manifest records the validation loss of its weights,
+which ``checkpoint.best_metric=val_loss`` ranks by).
 """
 
 from __future__ import annotations

@@ -49,16 +49,10 @@ def build_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: in
 
 
 def apply_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, optim_cfg) -> None:
-    """After a checkpoint restored the optimizer and the scheduler, make this run's config win.
-
-    The scheduler keeps its restored step s (``last_epoch``); its lambdas are already this
-    run's (built from the config). Peak LR, weight decay, betas and eps come from ``optim_cfg``,
-    and every group's LR becomes the new schedule's value at s, computed as LambdaLR does:
-
-        lr(s) = optim.lr * lr_at(s; optim.lr, optim.lr_min, optim.warmup_steps, training.steps) / optim.lr
-
-    With the settings unchanged this is bitwise the LR the checkpoint held.
-    """
+    """After a checkpoint restored the optimizer and the scheduler, make this run's config win (the module
+    docstring): the scheduler keeps its restored step (``last_epoch``) and its lambdas, already this run's;
+    peak LR, weight decay, betas and eps come from ``optim_cfg``, and every group's LR is the schedule's at
+    that step, computed as LambdaLR does (bitwise the checkpoint's LR when nothing changed)."""
     step = scheduler.last_epoch
     scheduler.base_lrs = [float(optim_cfg.lr) for _ in optimizer.param_groups]
     for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):

@@ -21,7 +21,6 @@ from torch.distributed.tensor.parallel import loss_parallel as vocab_parallel_lo
 
 from data.dataset import IGNORE_INDEX
 from parallel import collectives
-from training.config import PRECISIONS
 from training.grad_stats import GradStats, StepStats
 
 
@@ -29,8 +28,7 @@ class Precision:
     """Autocast context and (for fp16) a GradScaler; parameters and optimizer stay fp32."""
 
     def __init__(self, mode: str, device: torch.device):
-        if mode not in PRECISIONS:
-            raise ValueError(f"training.mixed_precision={mode!r}: choose one of {list(PRECISIONS)}")
+        """``mode``: training.mixed_precision (fp32, bf16 or fp16)."""
         self.mode = mode
         self.device_type = device.type
         self.scaler = torch.amp.GradScaler(self.device_type) if mode == "fp16" else None
