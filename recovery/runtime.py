@@ -44,7 +44,7 @@ class RecoveryRuntime:
         """``rc``: the recovery section; ``guards``: None without them; ``optim`` and ``steps`` (training.steps):
         the schedule a resumed run's LR is checked against; the checkpoint section is the manager's (``ckpt.cfg``)."""
         self.cfg, self.world, self.ckpt, self.guards = rc, world, ckpt, guards
-        self.optim, self.steps, self.run_dir = optim, steps, Path(run_dir)
+        self.optim, self.steps = optim, steps
         self.faults = injector
         self.watchdog: Optional[Watchdog] = None
         if rc.watchdog:
@@ -110,7 +110,7 @@ class RecoveryRuntime:
         rolled back to a verified checkpoint, else None."""
         if self.guards is None:
             return None
-        return self.guards.step_boundary(step, self.ckpt, data, self.run_dir,
+        return self.guards.step_boundary(step, self.ckpt, data,
                                          lambda: self.beat("checkpoint_load", step))  # a rollback load is no hang
 
     # -- after every step ----------------------------------------------------------------

@@ -1,21 +1,14 @@
-"""The training loop's guards against silent corruption and loss spikes (docs/guards.md).
+"""The training loop's guards against silent corruption and loss spikes (docs/guards.md: the checks,
+their thresholds, the actions).
 
-Checked every step between backward and the optimizer update (so the update can still be
-skipped): each layer's gradient norm against its running mean, non-finite loss or
-gradients, and the loss against a robust running statistic. Every ``shadow_interval``
-steps: the loss of a fixed batch against its own history. Every ``replica_interval``
-steps with dp_replicate > 1: a fingerprint of the weights across replicas.
-
-Actions (``recovery.guards.action``) for gradient and loss alarms:
-  log             record the alarm, train on
-  skip_step       drop this step's update (the data window is consumed)
-  block_verified  train on, but the next checkpoint is not marked verified
-  rollback        drop the update, then restore the newest verified checkpoint and skip
-                  the data window since it
-Every alarm except under ``log`` blocks the next checkpoint from being marked verified.
-Shadow and replica alarms cannot be undone by skipping an update (the weights are already
-wrong), so under skip_step they escalate to rollback, as do ``max_consecutive_skips``
-skipped steps in a row.
+Every step, between backward and the update (so the update can still be skipped): each layer's
+gradient norm against its running mean, and the loss against a robust running statistic. Every
+``shadow_interval`` steps: the probe batch's loss against its own history; every ``replica_interval``
+steps with dp_replicate > 1: a fingerprint of the weights across replicas. A gradient or loss alarm does
+what ``recovery.guards.action`` says (log, skip_step, block_verified, rollback); shadow and replica
+alarms mean the weights are already wrong, so skip_step escalates them to rollback, as it does
+``max_consecutive_skips`` skipped steps in a row. Every alarm but under ``log`` keeps the next
+checkpoint from being marked verified.
 """
 
 from __future__ import annotations
@@ -214,15 +207,14 @@ class TrainingGuards:
             self._rollback_after_skip = RollbackRequested(step, found[0].describe())
         return False
 
-    def step_boundary(self, step: int, ckpt, data, run_dir: Path, before_load: Callable[[], None]) -> Optional[int]:
+    def step_boundary(self, step: int, ckpt, data, before_load: Callable[[], None]) -> Optional[int]:
         """After the update of ``step``: the periodic checks, and a rollback they (or the step's own check) asked
         for, done here (``before_load`` first). The step to go on from after a rollback, else None."""
         try:
             self.after_update(step)
         except RollbackRequested as request:
             before_load()
-            self.rollbacks += 1
-            return roll_back(request, self, ckpt, data, self.cfg, run_dir, self.rollbacks - 1)
+            return roll_back(request, self, ckpt, data)
         return None
 
     def after_update(self, step: int) -> None:
