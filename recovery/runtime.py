@@ -97,7 +97,7 @@ class RecoveryRuntime:
         verifier = None
         if self.cfg.verify:
             verifier = ResumeVerifier(self.cfg, self.optim, self.steps, self.ckpt, state, probe, dims.layout,
-                                      self.world.world_size, self.world.device, inject=self.inject)
+                                      self.world.world_size, inject=self.inject)
         t0 = time.perf_counter()
         resumed = resume(self.ckpt, verifier)
         if state.step > 0:

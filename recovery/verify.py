@@ -61,12 +61,12 @@ class ResumeVerifier:
     """The ``verify`` hook for ``CheckpointManager.resume``: called on every rank after a load."""
 
     def __init__(self, rc, optim, steps: int, ckpt, state, probe: Optional[Callable[[], float]], layout: dict,
-                 world_size: int, device=None, inject: Optional[Callable[..., None]] = None):
+                 world_size: int, inject: Optional[Callable[..., None]] = None):
         """``rc``: the recovery section; ``optim`` and ``steps``: the schedule the LR must follow; ``ckpt``: the
         CheckpointManager (its directory, read retries, this run's config hash and global batch)."""
         self.cfg, self.optim, self.steps, self.state, self.probe = rc, optim, steps, state, probe
         self.inject = inject or (lambda phase, step: None)  # the run's fault injector (recovery/faults.py)
-        self.layout, self.world_size, self.device = dict(layout), world_size, device
+        self.layout, self.world_size = dict(layout), world_size
         self.root, self.retries = ckpt.root, ckpt.retries
         self.config_hash, self.global_batch_size = ckpt.manifests.config_hash, ckpt.manifests.global_batch_size
         self.report: dict = {}
