@@ -5,5 +5,5 @@
   records.py     reading metrics.jsonl back (tools, scripts, tests)
   plots.py       curves of one or more runs as a PNG
   run_dir.py     the run directory, stable across restarts
-  checks.py      the logging section's config checks
+  config.py      the logging section
 """

@@ -1,15 +1,7 @@
-"""Model FLOPs utilisation: what fraction of the devices' peak the model's arithmetic uses.
-
-    TFLOP/s per device = flops_per_token x tokens/s / devices / 1e12
-    MFU                = TFLOP/s per device / logging.peak_tflops
-
-``flops_per_token`` (model/counting.py) counts the training FLOPs of the model itself:
-6 x matmul parameters plus the attention matmuls, forward and backward. Activation
-recomputation, the optimizer and communication are not counted (that would be hardware FLOPs
-utilisation), so MFU compares runs and layouts on the work the model needs, not on what the
-hardware happened to execute. ``logging.peak_tflops`` is one device's dense peak at the
-training precision (docs/training.md lists common GPUs).
-"""
+"""Model FLOPs utilisation (docs/training.md, "MFU"): TFLOP/s per device = flops_per_token x tokens/s /
+devices / 1e12, MFU = TFLOP/s per device / logging.peak_tflops. ``flops_per_token`` (model/counting.py)
+counts the model's own training FLOPs, not recomputation, the optimizer or communication (that would be
+hardware FLOPs utilisation): MFU compares runs and layouts on the work the model needs."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ class RecoveryConfig:
     straggler_interval: int = key(50, "steps between straggler reports; 0 disables", NON_NEGATIVE)
     straggler_factor: float = key(1.5, "a rank slower than factor x the median is named", Bound(1, open_low=True))
     preemption_signals: List[str] = key(["SIGTERM", "SIGUSR1"], "these signals save at the next step boundary and "
-                                        "exit (recovery/preemption.py)")
+                                        "exit (recovery/runtime.py: Preemption)")
     preemption_grace_s: float = key(120.0, "the time a preemption notice leaves", SECONDS)
     verify: bool = key(True, "post-load verification (recovery/verify.py): probe loss, LR and step; fallback")
     probe_rtol_reshard: float = key(1e-4, "probe loss tolerance across layouts, devices or kernels (else bitwise)",

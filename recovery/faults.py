@@ -1,37 +1,12 @@
 """Config-driven fault injection: prove recovery works by breaking things on purpose.
 
-Off by default (``recovery.faults: []``). Each fault names a kind, a phase, a step and a
-rank; code at every phase boundary calls ``maybe_inject(phase, step)``, which is a no-op
-unless a configured fault matches. A fault fires once per run directory: a marker file
-is made durable *before* it fires, so the restarted job (which passes the same step again
-after resuming from an earlier checkpoint) does not fire it a second time.
-
-Kinds: ``sigkill`` (the process dies with no chance to clean up), ``hang`` (sleeps; the
-watchdog must notice), ``exception``, ``nan_loss`` (poisons a parameter so the next loss is
-NaN; needs ``model=``), ``corrupt`` (damages the committed checkpoint at ``path=`` the way
-real storage does, see ``corrupt_checkpoint``), ``bitflip_param`` / ``bitflip_grad`` (one flipped bit in a weight before
-the forward pass or after backward, or in a gradient after backward: silent corruption for
-recovery/guards),
-``disk_full`` (the checkpoint writer gets ``OSError(ENOSPC)`` as from a full disk, at
-``checkpoint_write`` on the ranks it names or at ``checkpoint_commit`` on the coordinator),
-``node_loss`` (the node goes down: SIGKILL to the launcher that started this process, torchrun's
-agent, then to this process; its node-local memory is the test's to delete), ``slow`` (this rank
-is ``delay_s`` slower at the phase each time it matches, a throttled GPU or a slow disk: no
-marker, it fires at every matching step), ``read_error`` (reading a checkpoint's data file, at
-``checkpoint_read``, or its manifest.json, at ``manifest_read``, fails with ``OSError(EIO)``, as a
-flaky parallel file system does; with ``times=-1`` every read fails). ``times`` fires a fault at
-that many matches (-1: all), after passing over the first ``skip`` matches (a step replayed after
-a rollback matches again). Phases: the watchdog's (``step``, ``data_wait``, ...) plus the
-checkpoint's internal ones (``checkpoint_snapshot``, ``checkpoint_write``,
-``checkpoint_commit``, ``checkpoint_retention``, ``checkpoint_committed``,
-``checkpoint_load``, ``checkpoint_read``, ``manifest_read``). ``step=-1`` matches any step;
-``rank=-1`` every rank. A fault is a ``FaultConfig`` (recovery/config.py: the valid values), checked
-with the config at start-up.
-
-One injector per process (made by trainer/run.py, driven by recovery/runtime.py) is the only way
-faults fire: the loop's phases, the checkpoint saver's phases (its ``fault_hook``), the post-load
-check and every manifest read (``set_manifest_read_fault`` in checkpoint/durable/manifest.py) call
-its ``maybe_inject``.
+Off by default (``recovery.faults: []``). A fault (``FaultConfig`` in recovery/config.py: its kinds,
+phases and checks; docs/recovery-runbook.md says what each does) names a kind, a phase, a step and a
+rank. The run's one injector is called at every phase boundary (the loop's phases, the checkpoint
+saver's and the memory tier's ``fault_hook``, the post-load check, every manifest read) and fires a
+fault that matches. A fault fires once per run directory (``slow``: at every match): a marker file is
+made durable *before* it fires, so the restarted job, which passes the same step again after resuming
+from an earlier checkpoint, does not fire it a second time.
 """
 
 from __future__ import annotations
@@ -56,11 +31,6 @@ class InjectedFault(RuntimeError):
     """Raised by an ``exception`` fault; its message says it was injected."""
 
 
-def fault_name(fault: FaultConfig) -> str:
-    return f"{fault.kind}-{fault.phase}-step{fault.step}-rank{fault.rank}" + (
-        f"-{fault.corruption}" if fault.kind == "corrupt" else "")
-
-
 class FaultInjector:
     def __init__(self, faults: Iterable, run_dir: Path | str, rank: int):
         """``faults``: FaultConfig objects or dicts of their fields (``cfg.recovery.faults``)."""
@@ -74,14 +44,13 @@ class FaultInjector:
         self.rank = rank
         self._kill_lock = threading.Lock()
 
-    def _marker(self, index: int, fault: FaultConfig, n: int = 0, what: str = "fired") -> Path:
-        return self.dir / f"{what}-{index}-{fault_name(fault)}-on-rank{self.rank}{f'-{n + 1}' if n else ''}"
-
     def _claim(self, index: int, fault: FaultConfig, step: int, n: int = 0, what: str = "fired") -> bool:
         """Durably record that the fault fires now (its ``n``-th time; ``what="passed"``: is passed
         over); False if that already happened."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        marker = self._marker(index, fault, n, what)
+        name = f"{fault.kind}-{fault.phase}-step{fault.step}-rank{fault.rank}" + (
+            f"-{fault.corruption}" if fault.kind == "corrupt" else "")
+        marker = self.dir / f"{what}-{index}-{name}-on-rank{self.rank}{f'-{n + 1}' if n else ''}"
         try:
             fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
@@ -186,13 +155,6 @@ def flip_bit_in_model(model, bit: int, grad: bool = False, param: str = ""):
     return name, float(local.detach().reshape(-1)[0])
 
 
-def _largest_data_file(path: Path) -> Path:
-    files = [p for p in path.rglob("*") if p.is_file() and p.name != MANIFEST]
-    if not files:
-        raise FileNotFoundError(f"no data files to corrupt in {path}")
-    return max(files, key=lambda p: (p.stat().st_size, str(p)))
-
-
 def corrupt_checkpoint(path: Path, how: str) -> str:
     """Damage the checkpoint directory ``path`` as real storage does; return what was done.
 
@@ -204,7 +166,10 @@ def corrupt_checkpoint(path: Path, how: str) -> str:
             raise FileNotFoundError(f"no {MANIFEST} in {path}")
         (path / MANIFEST).unlink()
         return f"deleted {MANIFEST}"
-    target = _largest_data_file(path)
+    files = [p for p in path.rglob("*") if p.is_file() and p.name != MANIFEST]
+    if not files:
+        raise FileNotFoundError(f"no data files to corrupt in {path}")
+    target = max(files, key=lambda p: (p.stat().st_size, str(p)))
     size = target.stat().st_size
     if how == "truncate":
         os.truncate(target, size // 2)

@@ -1,30 +1,28 @@
 """The probe loss: the loss of one fixed batch, computed at save time and stored in the manifest.
 
-After a resume, recomputing it on the loaded weights proves the weights are the saved ones
-(bitwise at the same layout). The batch is the first PROBE_SEQUENCES samples of the global
-sample order (global samples 0..3): independent of the world layout and the micro-batch size.
+After a resume, recomputing it on the loaded weights proves the weights are the saved ones (bitwise
+at the same layout). The batch is global samples [0, PROBE_SEQUENCES) of the sample order: the same
+at every layout and micro-batch size.
 
-It must stay cheap at 70B (it runs at every durable save, for the shadow guard and at every
-durable resume; a memory snapshot runs none: checkpoint/memory/restore.py compares its bytes):
-one sequence at a time, and with ``loss_parallel`` the cross entropy on the vocabulary-sharded
-logits, so the full logits (4 x 8192 x 128256 at 70B: 8.4 GB in bf16, twice that in fp32) never
-exist on one device. Its largest tensor is one sequence's logits of this rank's vocabulary shard,
-in fp32 (tests/unit/test_probe.py). The value is cached for the weights it was computed on
-(``weights_version``: the training state's counter, which every optimizer step and every load
-advances; tensors' own version counters do not see FSDP2's updates of its shards), so a step where
-a durable save is due and the shadow check runs computes it once.
+It must stay cheap at 70B: it runs at every durable save, for the shadow guard and at every durable
+resume (a memory snapshot runs none: checkpoint/memory/restore.py compares its bytes). So one sequence
+at a time, and with ``loss_parallel`` on the vocabulary-sharded logits: its largest tensor is one
+sequence's logits of this rank's vocabulary shard, in fp32, never the full logits (4 x 8192 x 128256 at
+70B: 16.8 GB in fp32; tests/unit/test_probe.py). The value is cached per ``weights_version`` (the
+training state's counter, advanced by every optimizer step and load: tensors' own version counters do
+not see FSDP2's updates of its shards), so a step with a durable save and a shadow check computes it once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Callable, Dict, Optional
 
 import torch
 
+from data.batching import SampleRange
 from data.dataset import IGNORE_INDEX
-from training.step import _full, _loss_parallel, token_loss_sum
+from training.evaluate import loss_sum
 
 PROBE_SEQUENCES = 4
 # Stored in each manifest: the probe is compared bitwise only with a value computed the same way
@@ -78,38 +76,18 @@ class Probe:
 def make_probe(model: torch.nn.Module, data, device: torch.device, autocast=None,
                loss_parallel: bool = False) -> Probe:
     """The run's probe; its batch is global samples [0, PROBE_SEQUENCES)."""
-    from data.batching import SampleRange
-
     return Probe(model, data.dataset[SampleRange(0, PROBE_SEQUENCES)], device, autocast, loss_parallel)
 
 
-@torch.no_grad()
-def probe_loss(model: torch.nn.Module, batch, device: torch.device, autocast=None,
-               loss_parallel: bool = False, tokens: Optional[int] = None) -> float:
-    """Mean token loss of ``batch`` in eval mode (no dropout, no RNG drawn), one sequence at a time,
-    the token losses summed in float64; every rank calls it. ``tokens``: the batch's target count,
-    if known; one host read of the summed loss is then its only sync."""
-    if tokens is None:
-        tokens = int((batch[1] != IGNORE_INDEX).sum())
+def probe_loss(model: torch.nn.Module, batch, device: torch.device, autocast, loss_parallel: bool,
+               tokens: int) -> float:
+    """Mean token loss of ``batch`` (``tokens`` targets); every rank calls it. Its one host sync reads the sum."""
     return float(probe_token_loss_sum(model, batch, device, autocast, loss_parallel)) / tokens
 
 
-@torch.no_grad()
 def probe_token_loss_sum(model: torch.nn.Module, batch, device: torch.device, autocast=None,
                          loss_parallel: bool = False) -> torch.Tensor:
-    """The summed token loss of ``batch`` (float64, on ``device``): the probe's work, no host sync."""
+    """The summed token loss of ``batch``, one sequence at a time (float64, on ``device``): no host sync."""
     inputs, targets = batch
-    was_training = model.training
-    model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    try:
-        for i in range(inputs.shape[0]):
-            x, y = inputs[i:i + 1].to(device), targets[i:i + 1].to(device)
-            with autocast() if autocast is not None else contextlib.nullcontext():
-                logits = model(x)
-            with _loss_parallel() if loss_parallel else contextlib.nullcontext():
-                total += _full(token_loss_sum(logits, y)).double()
-            del logits
-    finally:
-        model.train(was_training)
-    return total
+    sequences = ((inputs[i:i + 1], targets[i:i + 1]) for i in range(inputs.shape[0]))
+    return loss_sum(model, sequences, device, autocast, loss_parallel)[0]

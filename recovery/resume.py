@@ -1,18 +1,15 @@
 """Which checkpoint a run resumes from, and what happens when one fails to load or verify.
 
-The policy: with ``checkpoint.resume=auto`` the memory tier is tried first (its newest step, if
-newer than the newest durable checkpoint), then the newest committed durable checkpoint; a
-memory snapshot that fails is forgotten and the durable tier is used. What a durable checkpoint
-that fails to load gets depends on what is proven:
-- damage (a checksum wrong on two reads, a wrong size, a file missing on two looks; or a
-  post-load verification (recovery/verify.py) that fails again on a second load) marks it BAD,
-  and the next older one is tried;
-- the storage failing (an I/O error, a timeout, bytes that hash right on a second read) is
-  retried ``recovery.read_retries`` times with a doubling backoff; then the next older one is
-  tried *for this attempt*, with no mark: the next start tries the newest again.
-Rank 0 picks each candidate and every rank loads the same one (parallel/collectives.py), so
-all ranks run the same loads. The mechanics of a load are
-CheckpointManager's (checkpoint/manager.py); the rollback of the guards
+With ``checkpoint.resume=auto`` the memory tier is tried first (if its newest step is newer than the
+newest committed durable checkpoint), then the durable tier; a memory snapshot that fails is forgotten.
+A durable checkpoint that fails gets what is proven:
+- damage (a checksum wrong on two reads, a wrong size, a file missing on two looks; a post-load
+  verification, recovery/verify.py, that fails again on a second load) marks it BAD, and the next
+  older one is tried;
+- the storage failing (an I/O error, a timeout, bytes that hash right on a second read) is retried
+  ``recovery.read_retries`` times with a doubling backoff; then the next older one is tried *for this
+  attempt*, with no mark: the next start tries the newest again.
+Rank 0 picks each candidate and every rank loads the same one. The guards' rollback
 (recovery/guards/rollback.py) uses the same fallback loop.
 """
 
@@ -50,16 +47,12 @@ log = logging.getLogger("trainer")
 def _agreed_path(ckpt: CheckpointManager, decide: Callable[[], Optional[Path]]) -> Optional[Path]:
     """``decide`` on rank 0, read again while the storage fails (recovery.read_retries); every rank
     gets its path (or None, or its CheckpointError: CheckpointUnreadable once the retries are spent)."""
-    return read_on_rank0(decide, f"checkpoint.dir={ckpt.root}", *ckpt.retries,
-                         errors=(CheckpointError,))
+    return read_on_rank0(decide, f"checkpoint.dir={ckpt.root}", *ckpt.retries, errors=(CheckpointError,))
 
 
 def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
-    """Load per checkpoint.resume; returns what happened, for the banner's 'resume:' field.
-
-    With resume=auto a checkpoint that fails verification (checksums, or ``verify``) is
-    marked bad and the next older committed one is tried.
-    """
+    """Load per checkpoint.resume (and the module docstring's fallback); returns what happened, for the
+    banner's 'resume:' field."""
     spec = str(ckpt.cfg.resume)
     if ckpt.memory is not None and ckpt.memory.enabled and spec == "auto":  # the memory tier first
         newest = _agreed_path(ckpt, lambda: getattr(latest_committed(ckpt.root), "path", None))
@@ -83,23 +76,17 @@ def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
                 else f"fresh start (no committed checkpoint in {ckpt.root})")
     manifest, path, skipped = loaded
     if spec not in ("auto", "must"):  # an explicit step or path: newer checkpoints are another trajectory now
-        _supersede_newer(ckpt, manifest.step, f"checkpoint.resume={spec} went back to step {manifest.step}")
+        if ckpt.rank == 0:  # so the next resume=auto continues from here
+            mark_superseded(ckpt.root, manifest.step, f"checkpoint.resume={spec} went back to step {manifest.step}")
+        if ckpt.memory is not None:
+            ckpt.memory.forget_newer(manifest.step)  # every node its own snapshots
+        collectives.barrier()  # marked before anyone trains on (and saves) past it
     ckpt.events.event(manifest.step, kind="resume", checkpoint_id=manifest.checkpoint_id, path=str(path),
                       load_s=round(time.perf_counter() - t0, 3), skipped=skipped, source="storage",
                       sources={str(r): "storage" for r in range(ckpt.world_size)},
                       saved_world_size=manifest.world_size, saved_layout=manifest.layout)
     note = f" after skipping {', '.join(skipped)}" if skipped else ""
     return f"from {path} (step {manifest.step}, saved at world {manifest.world_size}){note}"
-
-
-def _supersede_newer(ckpt: CheckpointManager, step: int, reason: str) -> None:
-    """Fence the trajectory after ``step``: committed checkpoints marked superseded (rank 0), memory
-    snapshots forgotten (every node its own), so the next resume=auto continues from here."""
-    if ckpt.rank == 0:
-        mark_superseded(ckpt.root, step, reason)
-    if ckpt.memory is not None:
-        ckpt.memory.forget_newer(step)
-    collectives.barrier()  # marked before anyone trains on (and saves) past it
 
 
 def load_with_fallback(ckpt: CheckpointManager, first: Callable[[], Optional[Path]],
@@ -117,8 +104,7 @@ def load_with_fallback(ckpt: CheckpointManager, first: Callable[[], Optional[Pat
     retries, backoff_s = ckpt.retries
     while True:
         try:
-            return _load_trusting_only_proof(ckpt, path, verify, retries, backoff_s), \
-                path, skipped
+            return _load_trusting_only_proof(ckpt, path, verify, retries, backoff_s), path, skipped
         except ConfigMismatch:
             raise
         except CheckpointUnreadable as exc:

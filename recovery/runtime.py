@@ -8,15 +8,21 @@
     back = rt.step_boundary(step, data)              # the guards' checks; a rollback's step, or None
     if rt.end_of_step(step, seconds, loss): break    # save when due, write watch, stragglers, preemption
     rt.close()
+
+What it drives is here too: preemption, the straggler report and checkpoint.interval=auto.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import statistics
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import torch
 
 from checkpoint.durable.reads import read_on_rank0
 from checkpoint.durable.saver import SaveRecord
@@ -25,9 +31,7 @@ from parallel.dims import data_parallel_size
 from recovery.config import RecoveryConfig
 from recovery.faults import FaultInjector
 from recovery.interval import choose_interval_steps, cluster_mtbf_s
-from recovery.preemption import Preemption, torchrun_grace_problem
 from recovery.resume import resume
-from recovery.stragglers import StragglerMonitor
 from recovery.verify import RecoveryError, ResumeVerifier, refuse_all_bad
 from recovery.watchdog import Watchdog
 
@@ -35,13 +39,13 @@ log = logging.getLogger("trainer")
 
 
 class RecoveryRuntime:
-    def __init__(self, rc: RecoveryConfig, run_dir: Path, world, ckpt, guards=None,
-                 injector: Optional[FaultInjector] = None, *, optim=None, steps: int):
-        """``rc``: the recovery section; ``optim`` and ``steps`` (training.steps): the schedule a resumed run's
-        LR is checked against; the checkpoint section is the manager's (``ckpt.cfg``)."""
+    def __init__(self, rc: RecoveryConfig, run_dir: Path, world, ckpt, guards, injector: FaultInjector, *, optim,
+                 steps: int):
+        """``rc``: the recovery section; ``guards``: None without them; ``optim`` and ``steps`` (training.steps):
+        the schedule a resumed run's LR is checked against; the checkpoint section is the manager's (``ckpt.cfg``)."""
         self.cfg, self.world, self.ckpt, self.guards = rc, world, ckpt, guards
-        self.optim, self.steps, self.run_dir = optim, steps, Path(run_dir)
-        self.faults = injector if injector is not None else FaultInjector([], run_dir, world.rank)
+        self.optim, self.steps = optim, steps
+        self.faults = injector
         self.watchdog: Optional[Watchdog] = None
         if rc.watchdog:
             self.watchdog = Watchdog(run_dir, world.rank, dict(rc.timeouts), rc.checkpoint_write_timeout_s).start()
@@ -52,9 +56,11 @@ class RecoveryRuntime:
         self.stragglers = StragglerMonitor(rc.straggler_interval, rc.straggler_factor)
         self._first_step_done = False
         self._writing: Optional[int] = None  # step of the background write the watchdog times
-        self.auto_interval = AutoInterval(rc, steps, world.world_size) if ckpt.cfg.every == "auto" else None
-        self.auto_memory_interval = AutoInterval(rc, steps, world.world_size, tier="memory") \
-            if ckpt.memory is not None and ckpt.memory.auto else None
+        self.autos: List[AutoInterval] = []  # checkpoint.interval=auto, then the memory tier's
+        if ckpt.cfg.every == "auto":
+            self.autos.append(AutoInterval(rc, steps, world.world_size))
+        if ckpt.memory is not None and ckpt.memory.auto:
+            self.autos.append(AutoInterval(rc, steps, world.world_size, tier="memory"))
 
     # -- heartbeats and injection points ---------------------------------------------------
     def beat(self, phase: str, step: int) -> None:
@@ -91,7 +97,7 @@ class RecoveryRuntime:
         verifier = None
         if self.cfg.verify:
             verifier = ResumeVerifier(self.cfg, self.optim, self.steps, self.ckpt, state, probe, dims.layout,
-                                      self.world.world_size, self.world.device, inject=self.inject)
+                                      self.world.world_size, inject=self.inject)
         t0 = time.perf_counter()
         resumed = resume(self.ckpt, verifier)
         if state.step > 0:
@@ -104,7 +110,7 @@ class RecoveryRuntime:
         rolled back to a verified checkpoint, else None."""
         if self.guards is None:
             return None
-        return self.guards.step_boundary(step, self.ckpt, data, self.run_dir,
+        return self.guards.step_boundary(step, self.ckpt, data,
                                          lambda: self.beat("checkpoint_load", step))  # a rollback load is no hang
 
     # -- after every step ----------------------------------------------------------------
@@ -117,8 +123,7 @@ class RecoveryRuntime:
             self.beat("checkpoint_snapshot", step)
         gate = self.guards.take_verified_block if self.guards is not None else None
         records = ckpt.after_step(step, loss, verified_gate=gate)
-        autos = [a for a in (self.auto_interval, self.auto_memory_interval) if a is not None]
-        for auto in autos:
+        for auto in self.autos:
             auto.record(step_s, records if auto.tier == "durable" else ckpt.memory.take_records(),
                         first=not self._first_step_done)
         self._first_step_done = True
@@ -127,10 +132,10 @@ class RecoveryRuntime:
         self.stragglers.record(step, step_s)
         # One all_reduce MAX per step carries every flag a rank's next collectives depend on.
         preempted, save_failed, *waiting = self.preemption.agree(ckpt.save_failure is not None,
-                                                                 *(auto.waiting for auto in autos))
+                                                                 *(auto.waiting for auto in self.autos))
         if save_failed:
             ckpt.raise_save_failure()
-        for auto, someone_waits in zip(autos, waiting):
+        for auto, someone_waits in zip(self.autos, waiting):
             if auto.chosen is None and not someone_waits:  # every rank has its measurements: choose together
                 auto.choose(ckpt, step)
         if not preempted:
@@ -177,25 +182,119 @@ class RecoveryRuntime:
             self.watchdog.stop()
         self.preemption.uninstall()
 
-    @property
-    def preempted(self) -> bool:
-        return self.preemption.requested_at is not None
+
+class Preemption:
+    """On SIGTERM/SIGUSR1 every rank saves at the same step boundary, then exits (RecoveryRuntime's
+    _save_before_exit). The handler only sets a flag: saving from inside a signal handler would
+    interleave with a half-done step. Ranks may get the signal at different moments, so at each step
+    boundary they agree with an all_reduce MAX of the flag, which also carries the other flags every rank
+    must act on at one step (``agree``). The grace period bounds the whole save; a save that cannot
+    commit in time is abandoned (the previous committed checkpoint stays valid, contract 3). Under
+    torchrun the signal goes to the agent: scripts/torchrun_preemptible.py forwards it to the workers
+    (docs/recovery-runbook.md says which signal reaches which process)."""
+
+    def __init__(self, signals: Iterable[str] = ("SIGTERM", "SIGUSR1"), grace_s: float = 120.0):
+        self.signals = [getattr(signal, s) for s in signals]
+        self.grace_s = grace_s
+        self.requested_at: Optional[float] = None  # monotonic time of the first signal on this rank
+        self.signal_name: Optional[str] = None
+        self._previous = {}
+
+    def install(self) -> "Preemption":
+        for s in self.signals:
+            self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for s, prev in self._previous.items():
+            signal.signal(s, prev)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested_at is None:
+            self.requested_at = time.monotonic()
+            self.signal_name = signal.Signals(signum).name
+
+    def agree(self, *flags: bool) -> Tuple[bool, ...]:
+        """Collective at a step boundary, one all_reduce MAX: (any rank signalled, then each of
+        ``flags`` true on any rank)."""
+        values = [1 if self.requested_at is not None else 0] + [1 if f else 0 for f in flags]
+        values = [int(v) for v in collectives.agree_max(values, dtype=torch.int32)]
+        if values[0] and self.requested_at is None:
+            self.requested_at = time.monotonic()  # another rank was signalled; start our clock too
+            self.signal_name = "peer"
+        return tuple(bool(v) for v in values)
+
+    def seconds_left(self) -> float:
+        """Of the grace period, from the first signal seen on this rank."""
+        if self.requested_at is None:
+            return self.grace_s
+        return self.grace_s - (time.monotonic() - self.requested_at)
+
+
+def torchrun_grace_problem(grace_s: float, environ=os.environ) -> Optional[str]:
+    """Under torchrun: the agent SIGKILLs its workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (30 by
+    default) after it got SIGTERM; a shorter time than the grace period cuts preemption saves off.
+    The workers inherit the agent's environment, so they can see it (not ``--shutdown-timeout``)."""
+    if "TORCHELASTIC_RUN_ID" not in environ:
+        return None
+    shutdown = float(environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 30))
+    if shutdown >= grace_s:
+        return None
+    return (f"torchrun kills its workers {shutdown:.0f} s after it gets SIGTERM (TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+            f"{'' if 'TORCH_ELASTIC_SHUTDOWN_TIMEOUT' in environ else ' unset: the default'}), less than "
+            f"recovery.preemption_grace_s={grace_s:g}: a preemption save may be cut off. Launch with "
+            f"scripts/launch_single_node.sh or scripts/launch_multi_node.sh, or export "
+            f"TORCH_ELASTIC_SHUTDOWN_TIMEOUT={int(grace_s) + 30} (docs/recovery-runbook.md)")
+
+
+def find_stragglers(step_seconds: Sequence[float], factor: float) -> List[int]:
+    """Ranks whose time exceeds ``factor`` x the median over ranks."""
+    if not step_seconds:
+        return []
+    median = statistics.median(step_seconds)
+    return [r for r, t in enumerate(step_seconds) if median > 0 and t > factor * median]
+
+
+class StragglerMonitor:
+    """The rank that makes every collective wait, named in the log. A slow rank (thermal throttling, a bad
+    NIC, a noisy neighbour) does not fail: it slows every step. Each rank records its own step times; every
+    ``interval`` steps the means are gathered and a rank above ``factor`` x the median is named."""
+
+    def __init__(self, interval: int, factor: float):
+        self.interval, self.factor = interval, factor
+        self._times: List[float] = []
+        self.last_report: Optional[List[float]] = None
+
+    def record(self, step: int, seconds: float) -> List[int]:
+        """Add one step's time; on a reporting step return the stragglers (all ranks call this)."""
+        self._times.append(seconds)
+        if self.interval <= 0 or step % self.interval:
+            return []
+        mine = sum(self._times) / len(self._times)
+        self._times = []
+        per_rank = collectives.gather_floats(mine)
+        self.last_report = per_rank
+        slow = find_stragglers(per_rank, self.factor)
+        median = statistics.median(per_rank)
+        for r in slow:
+            log.warning("straggler: rank %d took %.3f s per step over the last %d steps, %.1fx the median "
+                        "%.3f s (threshold %.1fx)", r, per_rank[r], self.interval, per_rank[r] / median, median,
+                        self.factor)
+        return slow
 
 
 class AutoInterval:
-    """checkpoint.interval=auto (or checkpoint.memory.interval=auto, ``tier="memory"``): measure,
-    then set the Young/Daly interval once (logged).
+    """checkpoint.interval=auto (or checkpoint.memory.interval=auto, ``tier="memory"``): measure, then set
+    the Young/Daly interval (recovery/interval.py) once, logged. The manager takes a first save after
+    AUTO_MEASURE_STEPS steps: its SaveRecord's blocking time and background time (an async write; a
+    snapshot's write, replica and commit), with the median step time (the first step excluded) and the
+    job's MTBF, choose the interval.
 
-    The manager takes a first save after AUTO_MEASURE_STEPS steps. Its SaveRecord gives the
-    blocking time C (what the training thread waited) and, for an async save, the write time W
-    (the background part); a memory snapshot's record gives its stall and its background part
-    (write, replica, commit). With the median step time (first step excluded) and the job's
-    MTBF (recovery.device_mtbf_hours / devices) the interval is chosen and never revisited.
-
-    The interval decides at which steps every rank enters a save's collectives, so it is chosen
-    once for all: when no rank is still waiting for its first record (``waiting``, agreed with the
-    step's other flags), from the maximum over ranks of each measurement. A rank's own timings
-    differ (the coordinator's write includes the commit; a throttled GPU's steps are slower).
+    The interval decides at which steps every rank enters a save's collectives, so it is chosen once for
+    all: when no rank is still ``waiting`` for its first record (agreed with the step's other flags), from
+    the maximum over ranks of each measurement (the coordinator's write includes the commit; a throttled
+    GPU's steps are slower).
     """
 
     def __init__(self, rc: RecoveryConfig, steps: int, world_size: int, tier: str = "durable"):

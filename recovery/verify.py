@@ -1,30 +1,21 @@
 """A resumed run proves itself (contract 7) before it trains another step.
 
-Checksums (checkpoint/durable/loader.py) prove the files are the ones written; they cannot prove
-that what was written is what training had, or that it was restored into the right places.
-After the load, three facts are checked against the manifest:
+Checksums (checkpoint/durable/loader.py) prove the files are the ones written, not that what was
+written is what training had, nor that it was restored into the right places. After the load:
 
-  step      the restored step counter equals the manifest's step;
-  LR        the optimizer's LR equals the schedule's LR at that step (a restored scheduler
-            with another schedule, or a stale param group, fails here);
-  probe     a forward pass on the stored probe batch reproduces the stored probe loss:
-            bitwise at the same layout on the same device and kernels (the manifest's
-            ``probe_kernels``), within ``probe_rtol_reshard`` after resharding or on another
-            device, torch, CUDA or cuDNN (a different reduction order changes the last bits).
-            A memory snapshot has none: its restore compared every applied tensor with the
-            snapshot's bytes (checkpoint/memory/restore.py; ``probe_method`` APPLIED_BYTES).
+  step   the restored step counter equals the manifest's;
+  LR     the optimizer's LR equals this run's schedule at that step;
+  probe  the stored probe loss is reproduced: bitwise at the same layout on the same device and
+         kernels (the manifest's ``probe_kernels``), else within ``probe_rtol_reshard`` (another
+         reduction order changes the last bits). A memory snapshot has none: its restore compared
+         every applied tensor with the snapshot's bytes (checkpoint/memory/restore.py).
 
-Only a failure that means the bytes are wrong is returned as a reason, for which the checkpoint
-manager marks the checkpoint BAD and falls back to the previous committed one: the restored
-step disagrees with the manifest, or the probe loss differs on unchanged weights. A config
-change never condemns a checkpoint: the LR is rebuilt from this run's config
-(training/schedule.py), so an LR mismatch is a bug and stops the run (RecoveryError) without
-marking anything; after an allowed change of a hashed setting (``checkpoint.allow_config_change``,
-e.g. the precision) the probe cannot be compared bitwise and is only logged. The fallback
-is bounded: a checkpoint deeper than
-``max_fallbacks`` below the newest one stops the run with ``RecoveryError``, and a run
-directory whose committed checkpoints are *all* marked bad refuses to start from scratch
-(a silent fresh start would throw the run away and loop).
+Only a failure that means the bytes are wrong (the step, the probe on unchanged weights) is returned:
+the manager marks the checkpoint BAD and falls back to the previous one. A config change never condemns
+a checkpoint: the LR is rebuilt from this run's config (training/schedule.py), so a mismatch is a bug and
+stops the run (RecoveryError) marking nothing; after an allowed change of a hashed setting the probe is
+only logged. The fallback is bounded (``max_fallbacks``), and a directory whose committed checkpoints are
+all BAD refuses to start from scratch (a silent fresh start would throw the run away and loop).
 """
 
 from __future__ import annotations
@@ -39,20 +30,13 @@ from checkpoint.durable.layout import parse
 from checkpoint.durable.manifest import APPLIED_BYTES, ConfigMismatch, Manifest
 from checkpoint.durable.reads import read_on_rank0
 from checkpoint.storage import location
-from training.schedule import lr_at
+from training.schedule import schedule_lr
 
 log = logging.getLogger("trainer")
 
 
 class RecoveryError(RuntimeError):
     """Recovery cannot continue safely; the message says what was tried and what to do."""
-
-
-def schedule_lr(optim_cfg, total_steps: int, step: int) -> float:
-    """The LR the scheduler sets for 0-based step ``step``, computed as LambdaLR does."""
-    factor = lr_at(step, lr_max=optim_cfg.lr, lr_min=optim_cfg.lr_min, warmup_steps=optim_cfg.warmup_steps,
-                   total_steps=total_steps, schedule=optim_cfg.schedule) / optim_cfg.lr
-    return optim_cfg.lr * factor
 
 
 def probe_matches(saved: float, now: float, same_layout: bool, rtol: float) -> bool:
@@ -77,12 +61,12 @@ class ResumeVerifier:
     """The ``verify`` hook for ``CheckpointManager.resume``: called on every rank after a load."""
 
     def __init__(self, rc, optim, steps: int, ckpt, state, probe: Optional[Callable[[], float]], layout: dict,
-                 world_size: int, device=None, inject: Optional[Callable[..., None]] = None):
+                 world_size: int, inject: Optional[Callable[..., None]] = None):
         """``rc``: the recovery section; ``optim`` and ``steps``: the schedule the LR must follow; ``ckpt``: the
         CheckpointManager (its directory, read retries, this run's config hash and global batch)."""
         self.cfg, self.optim, self.steps, self.state, self.probe = rc, optim, steps, state, probe
         self.inject = inject or (lambda phase, step: None)  # the run's fault injector (recovery/faults.py)
-        self.layout, self.world_size, self.device = dict(layout), world_size, device
+        self.layout, self.world_size = dict(layout), world_size
         self.root, self.retries = ckpt.root, ckpt.retries
         self.config_hash, self.global_batch_size = ckpt.manifests.config_hash, ckpt.manifests.global_batch_size
         self.report: dict = {}

@@ -1,23 +1,17 @@
 """Heartbeat watchdog: a hung rank is detected once its phase's timeout passes (recovery.timeouts:
 120 s for a step by default, 600 s for the first) and its process aborted.
 
-A stuck collective on a healthy-looking rank is the failure that costs clusters the most
-time: NCCL's own timeout is 10-30 minutes. The training loop calls ``beat(phase, step)``
-at every phase boundary; a daemon thread compares the time since the last beat with the
-timeout of the *current* phase (a first step or a checkpoint load may legitimately take
-minutes, a step should not). On expiry it writes every thread's stack (faulthandler) and a
-JSON diagnostics record into ``<run_dir>/watchdog/`` and aborts, so the launcher
-(torchrun ``--max-restarts``) restarts the group, which resumes from the newest verified
-checkpoint.
+A stuck collective on a healthy-looking rank costs clusters the most time: NCCL's own timeout is
+10-30 minutes. The loop calls ``beat(phase, step)`` at every phase boundary; a daemon thread compares
+the time since the last beat with the timeout of the *current* phase (a first step or a load may take
+minutes, a step should not). On expiry it writes every thread's stack and a JSON record into
+``<run_dir>/watchdog/`` and aborts, so the launcher restarts the group, which resumes.
 
-A background checkpoint write is watched separately (``write_started``/``write_done``)
-with its own timeout: training keeps beating while the write runs, so a write stuck on a
-dead file system would otherwise go unnoticed until the next save waits for it forever.
-
-The watchdog thread needs the GIL. A hang that holds it (a C extension spinning without
-releasing it) is caught by a second, GIL-free guard: ``faulthandler.dump_traceback_later``
-re-armed at every beat with the phase timeout plus ``hard_margin_s``, which dumps stacks
-and exits from C.
+A background checkpoint write has its own timer (``write_started``/``write_done``): training keeps
+beating while it runs, so a write stuck on a dead file system would go unnoticed until the next save
+waited for it forever. A hang that holds the GIL (a C extension spinning) stops the thread too: then
+``faulthandler.dump_traceback_later``, re-armed at every beat at the timeout plus ``hard_margin_s``,
+dumps the stacks and exits from C.
 """
 
 from __future__ import annotations
@@ -29,14 +23,13 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
 from recovery.config import DEFAULT_TIMEOUTS
 
 log = logging.getLogger("trainer")
-
 
 
 @dataclass
@@ -55,11 +48,8 @@ class Expiry:
     last_beat_at: float  # time.time() of the last beat (or of the write start)
     extra: Dict[str, object] = field(default_factory=dict)
 
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__, indent=2, sort_keys=True)
 
-
-def _abort() -> None:
+def _abort(expiry: Expiry) -> None:
     """SIGABRT: the launcher sees a failed worker and restarts the group."""
     faulthandler.disable()  # the stacks are already on disk; do not dump them again to stderr
     os.abort()
@@ -72,19 +62,18 @@ class Watchdog:
     """
 
     def __init__(self, run_dir: Path | str, rank: int = 0, timeouts: Optional[Dict[str, float]] = None,
-                 write_timeout_s: float = 900.0, poll_s: Optional[float] = None,
-                 hard_margin_s: float = 30.0, on_expire: Optional[Callable[[Expiry], None]] = None):
+                 write_timeout_s: float = 900.0, hard_margin_s: float = 30.0,
+                 on_expire: Optional[Callable[[Expiry], None]] = None):
         self.dir = Path(run_dir) / "watchdog"
         self.rank = rank
         self.timeouts = dict(DEFAULT_TIMEOUTS)
         self.timeouts.update(timeouts or {})
         self.write_timeout_s = write_timeout_s
-        shortest = min(list(self.timeouts.values()) + [write_timeout_s])
-        # Poll often enough that detection lands well inside timeout + 1 s even when the
-        # machine is loaded; the check itself is a few attribute reads.
-        self.poll_s = poll_s if poll_s is not None else max(0.05, min(0.5, shortest / 10))
+        # Poll often enough that detection lands well inside timeout + 1 s even when the machine is
+        # loaded; the check itself is a few attribute reads.
+        self.poll_s = max(0.05, min(0.5, min(list(self.timeouts.values()) + [write_timeout_s]) / 10))
         self.hard_margin_s = hard_margin_s
-        self.on_expire = on_expire or (lambda expiry: _abort())
+        self.on_expire = on_expire or _abort
         self._lock = threading.Lock()
         self._phase = "first_step"
         self._step = 0
@@ -93,7 +82,6 @@ class Watchdog:
         self._write: Optional[tuple] = None  # (step, monotonic start, wall start, is_done)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self.fired: Optional[Expiry] = None
 
     # -- called by the training loop ------------------------------------------------------
     def start(self) -> "Watchdog":
@@ -131,8 +119,6 @@ class Watchdog:
 
     def set_timeout(self, phase: str, seconds: float) -> None:
         """Change ``phase``'s timeout from now on (preemption: the grace period left bounds the save)."""
-        if seconds <= 0:
-            raise ValueError(f"watchdog timeout for {phase!r} must be positive, got {seconds}")
         with self._lock:
             self.timeouts[phase] = float(seconds)
 
@@ -140,9 +126,9 @@ class Watchdog:
         return self.timeouts.get(phase, self.timeouts["step"])
 
     # -- the watchdog thread --------------------------------------------------------------
-    def check(self, now: Optional[float] = None) -> Optional[Expiry]:
-        """The expiry due at monotonic time ``now``, or None. Pure apart from reading state."""
-        now = time.monotonic() if now is None else now
+    def check(self) -> Optional[Expiry]:
+        """The expiry due now, or None."""
+        now = time.monotonic()
         with self._lock:
             phase, step, beat_mono, beat_wall, write = (self._phase, self._step, self._beat_mono,
                                                         self._beat_wall, self._write)
@@ -164,7 +150,6 @@ class Watchdog:
                 return
 
     def _fire(self, expiry: Expiry) -> None:
-        self.fired = expiry
         stem = f"rank{self.rank}-pid{expiry.pid}-{int(expiry.detected_at)}"
         try:
             with open(self.dir / f"{stem}-stacks.txt", "w") as f:
@@ -173,7 +158,7 @@ class Watchdog:
                 f.flush()
                 faulthandler.dump_traceback(file=f, all_threads=True)
             tmp = self.dir / f".{stem}.json.tmp"
-            tmp.write_text(expiry.to_json())
+            tmp.write_text(json.dumps(asdict(expiry), indent=2, sort_keys=True))
             os.replace(tmp, self.dir / f"{stem}.json")
         finally:
             log.error("watchdog: rank %d %s timeout in phase %s at step %d: %.1f s since the last beat "

@@ -72,8 +72,8 @@ def run_arm(args, tokens, guarded: bool, run_dir: Path):
         if guarded:
             guards.after_update(step)
         yield time.perf_counter() - t0
-    if guarded and guards.sink.raised:
-        print(f"  note: {len(guards.sink.raised)} alarm(s) in the guarded arm: {guards.sink.raised[0].describe()}")
+    if guarded and guards.raised:
+        print(f"  note: {len(guards.raised)} alarm(s) in the guarded arm: {guards.raised[0].describe()}")
 
 
 def per_call_costs(args, tokens) -> dict:

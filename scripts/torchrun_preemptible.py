@@ -7,7 +7,7 @@ workers saved. SIGUSR1 it does not handle at all: the agent dies of it and the w
 hear of it. This is torchrun with one change: on SIGTERM or SIGUSR1 the agent sends the same
 signal to each worker process (the training process only), keeps monitoring them, and exits
 as torchrun does when they finish: 0 when every rank saved, committed and exited 0
-(recovery/preemption.py). If they still run TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds after the
+(Preemption in recovery/runtime.py). If they still run TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds after the
 first notice (set it above recovery.preemption_grace_s; the launchers in scripts/ do), it
 SIGKILLs them and exits non-zero. Every argument, and every other signal, is torchrun's.
 

@@ -14,8 +14,7 @@ from torch import nn
 
 class EMA:
     def __init__(self, model: nn.Module, decay: float):
-        if not 0.0 < decay < 1.0:
-            raise ValueError(f"training.ema_decay={decay} must be in (0, 1) (0 disables EMA)")
+        """``decay``: training.ema_decay, in (0, 1) (0: no EMA is built)."""
         self.decay = decay
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         self.shadow = {n: p.detach().clone() for n, p in self.params.items()}

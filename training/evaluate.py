@@ -1,17 +1,12 @@
 """Validation loss: the mean token loss of fixed held-out batches, the same at every layout.
 
-The batches are ``eval.batches`` global batches of ``training.global_batch_size`` sequences:
-global samples ``[0, batches x G)`` of a seeded order of the validation windows. The order's
-seed is fixed (EVAL_ORDER_SEED, not the run's seed), so runs with different seeds are compared
-on the same windows. Each data-parallel rank reads its slice of every batch in micro-batches
-(data/batching.py, as in training); the summed token losses and target counts are all-reduced
-over the data-parallel ranks in float64 and divided once, so the result is the mean over the
-whole set whatever the layout. The model runs in eval mode (no dropout) without gradients and
-no random number is drawn: evaluating does not change the training trajectory.
-
-The loop calls it when ``due``: every ``eval.interval`` steps, after the last step, and before
-every checkpoint save (so each manifest records the validation loss of its weights, which
-``checkpoint.best_metric=val_loss`` ranks by).
+The batches are global samples ``[0, eval.batches x G)`` of an order of the validation windows whose
+seed is fixed (EVAL_ORDER_SEED, not the run's), so runs with different seeds are compared on the same
+windows. Each data-parallel rank reads its slice of every batch in micro-batches (data/batching.py);
+the summed token losses and target counts are all-reduced in float64 and divided once, so the result is
+the mean over the whole set whatever the layout. It runs when ``due``: every ``eval.interval`` steps,
+after the last step and before every save (each manifest records the validation loss of its weights,
+which ``checkpoint.best_metric=val_loss`` ranks by).
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Iterable, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -33,7 +28,7 @@ from data.token_source import TokenSource
 from data.validation import open_validation
 from parallel import collectives
 from training.config import EvalConfig
-from training.step import _full, _loss_parallel, token_loss_sum
+from training.step import global_value, token_loss_sum, vocab_parallel_loss
 
 log = logging.getLogger("trainer")
 
@@ -60,8 +55,7 @@ class Evaluator:
                 f"seq_len {source.seq_len} + 1 ({source.num_tokens:,} tokens); lower eval.batches to at most "
                 f"{max(source.num_sequences // plan.global_batch_size, 0)} or validate on more text")
         self.model, self.device, self.dp_group = model, device, dp_group
-        self.autocast = autocast or contextlib.nullcontext
-        self.loss_parallel = loss_parallel
+        self.autocast, self.loss_parallel = autocast, loss_parallel
         self.interval, self.total_steps = interval, total_steps
         self.source = source
         self.dataset = MicroBatchDataset(SampleOrder([source], [1.0], EVAL_ORDER_SEED), eos_id, cross_document_loss)
@@ -77,31 +71,41 @@ class Evaluator:
         """Window ids of every evaluated sequence, over all ranks (what a test compares)."""
         return self.dataset.order.sequence_ids(np.arange(self.num_sequences))
 
-    @torch.no_grad()
     def evaluate(self) -> EvalResult:
         """Every rank calls it (collectives inside); every rank gets the same result."""
         start = time.perf_counter()
-        was_training = self.model.training
-        self.model.eval()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        count = 0
-        try:
-            for samples in self.micro_batches:
-                inputs, targets = (t.to(self.device) for t in self.dataset[samples])
-                with self.autocast():
-                    logits = self.model(inputs)
-                with _loss_parallel() if self.loss_parallel else contextlib.nullcontext():
-                    loss_sum += _full(token_loss_sum(logits, targets)).double()
-                count += int((targets != IGNORE_INDEX).sum())
-        finally:
-            self.model.train(was_training)
-        totals = torch.stack([loss_sum, torch.tensor(float(count), dtype=torch.float64, device=self.device)])
+        totals = torch.stack(loss_sum(self.model, (self.dataset[s] for s in self.micro_batches), self.device,
+                                      self.autocast, self.loss_parallel))
         if self.dp_group is not None:
             collectives.all_reduce(totals, self.dp_group)
         loss_total, tokens = totals.tolist()
         if tokens == 0:
             raise ValueError(f"the validation batches of {self.source.path} have no target tokens (all ignored)")
         return EvalResult(loss=loss_total / tokens, tokens=int(tokens), seconds=time.perf_counter() - start)
+
+
+@torch.no_grad()
+def loss_sum(model: torch.nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Tensor]], device: torch.device,
+             autocast: Optional[Callable] = None, loss_parallel: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The summed token loss of ``batches`` ((inputs, targets) pairs) and their target count, both float64 on
+    ``device``, with no host sync. In eval mode (no dropout), no random number drawn: the training trajectory
+    does not change. Every rank calls it (under TP, collectives inside)."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    tokens = torch.zeros((), dtype=torch.float64, device=device)
+    try:
+        for inputs, targets in batches:
+            inputs, targets = inputs.to(device), targets.to(device)
+            with autocast() if autocast is not None else contextlib.nullcontext():
+                logits = model(inputs)
+            with vocab_parallel_loss() if loss_parallel else contextlib.nullcontext():
+                total += global_value(token_loss_sum(logits, targets)).double()
+            tokens += (targets != IGNORE_INDEX).sum()
+            del logits
+    finally:
+        model.train(was_training)
+    return total, tokens
 
 
 def build_evaluator(e: EvalConfig, data_cfg, seq_len: int, steps: int, model: torch.nn.Module, data,

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
 
 from parallel import collectives
 
@@ -47,8 +47,6 @@ def _copies(grad: torch.Tensor, world_size: int) -> int:
     """How many ranks hold each element of ``grad``'s local tensor (its placements, pending sums resolved)."""
     if not hasattr(grad, "device_mesh"):
         return world_size
-    from torch.distributed.tensor import Replicate
-
     copies = world_size // grad.device_mesh.size()
     for dim, placement in enumerate(grad.placements):
         if isinstance(placement, Replicate):
@@ -83,11 +81,10 @@ class StepStats:
 class GradStats:
     """Built once per run (the grouping and the weights are fixed); ``reduce`` once per step."""
 
-    def __init__(self, model: Optional[nn.Module], device: torch.device, group: Optional[dist.ProcessGroup] = None,
-                 loss_copies: int = 1, groups: Optional[Dict[str, List[nn.Parameter]]] = None):
-        self.model, self.groups = model, groups
-        self.device, self.group = device, group
-        self.world = collectives.world(group)
+    def __init__(self, model: Optional[nn.Module], device: torch.device, loss_copies: int = 1,
+                 groups: Optional[Dict[str, List[nn.Parameter]]] = None):
+        self.model, self.groups, self.device = model, groups, device
+        self.world = collectives.world()
         self.loss_copies = loss_copies  # ranks that hold the same loss share (tp): each adds 1/copies
         self.params: List[nn.Parameter] = []
         self.weights: Optional[torch.Tensor] = None  # [groups, params]: 1/copies where a param is in a group
@@ -119,8 +116,6 @@ class GradStats:
         one DTensor redistribute per tensor): all of them in one all-reduce, per mesh and partial
         dimensions, i.e. one over the tp group (the TP gradient sum, as Megatron's coalesced one of
         the layer norms' gradients under sequence parallel)."""
-        from torch.distributed.tensor import DTensor, Replicate
-
         for dims, summed, batch in self.pending:
             members = [i for i in batch if _is_pending(self.params[i].grad)]  # not None: used this step
             if not members:
@@ -162,7 +157,7 @@ class GradStats:
         """``loss_sum``: this rank's summed token loss (float64 0-d, on device). The step's one
         all-reduce and its one host sync."""
         vector = torch.cat([self.local_squares(), (loss_sum / self.loss_copies).reshape(1)])
-        values = collectives.all_reduce(vector, self.group).tolist()
+        values = collectives.all_reduce(vector).tolist()
         norms = {name: math.sqrt(max(v, 0.0)) if math.isfinite(v) else v for name, v in zip(self.groups, values)}
         total = sum(values[:-1])
         grad_norm = math.sqrt(max(total, 0.0)) if math.isfinite(total) else total
@@ -176,8 +171,7 @@ class GradStats:
             torch._foreach_mul_(self.grads(), coef)
 
 
-def layer_grad_norms(groups: Dict[str, List[nn.Parameter]], device: torch.device,
-                     group: Optional[dist.ProcessGroup] = None) -> Dict[str, float]:
+def layer_grad_norms(groups: Dict[str, List[nn.Parameter]], device: torch.device) -> Dict[str, float]:
     """L2 norm of each group's gradient over the whole model (all ranks agree on the result)."""
     zero = torch.zeros((), dtype=torch.float64, device=device)
-    return GradStats(None, device, group, groups=groups).reduce(zero, 1).layer_norms
+    return GradStats(None, device, groups=groups).reduce(zero, 1).layer_norms

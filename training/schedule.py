@@ -32,28 +32,27 @@ def lr_at(step: int, *, lr_max: float, lr_min: float, warmup_steps: int, total_s
     return lr_min + (lr_max - lr_min) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def lr_factor(optim_cfg, total_steps: int, step: int) -> float:
+    """LambdaLR's factor at 0-based ``step``: this run's schedule over its peak LR (``optim_cfg``: optim.*)."""
+    return lr_at(step, lr_max=optim_cfg.lr, lr_min=optim_cfg.lr_min, warmup_steps=optim_cfg.warmup_steps,
+                 total_steps=total_steps, schedule=optim_cfg.schedule) / optim_cfg.lr
+
+
+def schedule_lr(optim_cfg, total_steps: int, step: int) -> float:
+    """The LR the scheduler sets for 0-based ``step``, computed as LambdaLR does."""
+    return optim_cfg.lr * lr_factor(optim_cfg, total_steps, step)
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR whose state (last_epoch) is the step count: trivially checkpointable."""
-    lr_max = optim_cfg.lr
-
-    def factor(step: int) -> float:
-        return lr_at(step, lr_max=lr_max, lr_min=optim_cfg.lr_min, warmup_steps=optim_cfg.warmup_steps,
-                     total_steps=total_steps, schedule=optim_cfg.schedule) / lr_max
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(optim_cfg, total_steps, step))
 
 
 def apply_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, optim_cfg) -> None:
-    """After a checkpoint restored the optimizer and the scheduler, make this run's config win.
-
-    The scheduler keeps its restored step s (``last_epoch``); its lambdas are already this
-    run's (built from the config). Peak LR, weight decay, betas and eps come from ``optim_cfg``,
-    and every group's LR becomes the new schedule's value at s, computed as LambdaLR does:
-
-        lr(s) = optim.lr * lr_at(s; optim.lr, optim.lr_min, optim.warmup_steps, training.steps) / optim.lr
-
-    With the settings unchanged this is bitwise the LR the checkpoint held.
-    """
+    """After a checkpoint restored the optimizer and the scheduler, make this run's config win (the module
+    docstring): the scheduler keeps its restored step (``last_epoch``) and its lambdas, already this run's;
+    peak LR, weight decay, betas and eps come from ``optim_cfg``, and every group's LR is the schedule's at
+    that step, computed as LambdaLR does (bitwise the checkpoint's LR when nothing changed)."""
     step = scheduler.last_epoch
     scheduler.base_lrs = [float(optim_cfg.lr) for _ in optimizer.param_groups]
     for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):

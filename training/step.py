@@ -17,10 +17,10 @@ from typing import Callable, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor.parallel import loss_parallel as vocab_parallel_loss
 
 from data.dataset import IGNORE_INDEX
 from parallel import collectives
-from training.config import PRECISIONS
 from training.grad_stats import GradStats, StepStats
 
 
@@ -28,8 +28,7 @@ class Precision:
     """Autocast context and (for fp16) a GradScaler; parameters and optimizer stay fp32."""
 
     def __init__(self, mode: str, device: torch.device):
-        if mode not in PRECISIONS:
-            raise ValueError(f"training.mixed_precision={mode!r}: choose one of {list(PRECISIONS)}")
+        """``mode``: training.mixed_precision (fp32, bf16 or fp16)."""
         self.mode = mode
         self.device_type = device.type
         self.scaler = torch.amp.GradScaler(self.device_type) if mode == "fp16" else None
@@ -57,13 +56,9 @@ def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
                            ignore_index=IGNORE_INDEX)
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
+def global_value(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's global value (a loss under loss parallel is one); a plain tensor as it is."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def _loss_parallel():
-    from torch.distributed.tensor.parallel import loss_parallel
-    return loss_parallel()
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, precision: Precision,
@@ -104,13 +99,13 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
         targets = targets.to(device, non_blocking=True)
         with precision.autocast():
             logits = model(inputs)
-        with _loss_parallel() if loss_parallel else contextlib.nullcontext():
+        with vocab_parallel_loss() if loss_parallel else contextlib.nullcontext():
             micro_loss = token_loss_sum(logits, targets)
             scaled = micro_loss / global_tokens
             if precision.scaler is not None:
                 scaled = precision.scaler.scale(scaled)
             scaled.backward()
-        loss_sum += _full(micro_loss.detach()).double()
+        loss_sum += global_value(micro_loss.detach()).double()
 
     if after_backward is not None:
         after_backward()

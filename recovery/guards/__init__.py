@@ -1,2 +1,2 @@
-"""Guards against silent data corruption and loss spikes: config.py (the section), guard.py (the checks and
-the actions), detectors.py, replica.py, alarms.py, rollback.py (to a verified checkpoint)."""
+"""Guards against silent data corruption and loss spikes: config.py (the section), guard.py (the detectors,
+the replica fingerprint, the alarms and the actions), rollback.py (to a verified checkpoint)."""

@@ -1,28 +1,29 @@
-"""The training loop's guards against silent corruption and loss spikes.
+"""The training loop's guards against silent corruption and loss spikes (docs/guards.md: the checks,
+their thresholds, the actions).
 
-Checked every step between backward and the optimizer update (so the update can still be
-skipped): each layer's gradient norm against its running mean, non-finite loss or
-gradients, and the loss against a robust running statistic. Every ``shadow_interval``
-steps: the loss of a fixed batch against its own history. Every ``replica_interval``
-steps with dp_replicate > 1: a fingerprint of the weights across replicas.
-
-Actions (``recovery.guards.action``) for gradient and loss alarms:
-  log             record the alarm, train on
-  skip_step       drop this step's update (the data window is consumed)
-  block_verified  train on, but the next checkpoint is not marked verified
-  rollback        drop the update, then restore the newest verified checkpoint and skip
-                  the data window since it
-Every alarm except under ``log`` blocks the next checkpoint from being marked verified.
-Shadow and replica alarms cannot be undone by skipping an update (the weights are already
-wrong), so under skip_step they escalate to rollback, as do ``max_consecutive_skips``
-skipped steps in a row.
+Every step, between backward and the update (so the update can still be skipped): each layer's
+gradient norm against its running mean, and the loss against a robust running statistic. Every
+``shadow_interval`` steps: the probe batch's loss against its own history; every ``replica_interval``
+steps with dp_replicate > 1: a fingerprint of the weights across replicas. A gradient or loss alarm does
+what ``recovery.guards.action`` says (log, skip_step, block_verified, rollback); shadow and replica
+alarms mean the weights are already wrong, so skip_step escalates them to rollback, as it does
+``max_consecutive_skips`` skipped steps in a row. Every alarm but under ``log`` keeps the next
+checkpoint from being marked verified.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import os
+import socket
+import statistics
+import time
+from collections import Counter, deque
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Deque, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -30,14 +31,132 @@ from torch import nn
 
 from parallel import collectives
 from parallel.dims import REPLICATE
-from recovery.guards.alarms import Alarm, AlarmSink
 from recovery.guards.config import ACTIONS, GuardsConfig
-from recovery.guards.detectors import Anomaly, RatioToRunningMean, RobustSpike
-from recovery.guards.replica import check_replicas
 from recovery.guards.rollback import RollbackRequested, roll_back
 from training.grad_stats import layer_grad_norms, layer_groups
 
 log = logging.getLogger("trainer")
+
+
+# -- the detectors: a new value against a statistic of the healthy past ----------------------
+# Values that raised an alarm are not folded into the statistic, so one spike cannot teach a
+# detector that spikes are normal; each stays silent for its first ``warmup`` values.
+
+@dataclass(frozen=True)
+class Anomaly:
+    source: str  # "grad_norm/<layer>", "loss", "shadow_loss", ...
+    value: float
+    threshold: float
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.source}={self.value:.6g} ({self.reason}; threshold {self.threshold:.6g})"
+
+
+class RatioToRunningMean:
+    """Per-key: alarm when value > multiple x the EMA of its healthy history. A bit flip in a weight or
+    gradient shows up as one layer's gradient norm jumping by orders of magnitude; healthy norms drift."""
+
+    def __init__(self, multiple: float, warmup: int, beta: float = 0.95, prefix: str = "grad_norm"):
+        self.multiple, self.warmup, self.beta, self.prefix = multiple, warmup, beta, prefix
+        self.mean: Dict[str, float] = {}
+        self.count: Dict[str, int] = {}
+
+    def update(self, values: Dict[str, float]) -> List[Anomaly]:
+        found = []
+        for key, value in values.items():
+            source = f"{self.prefix}/{key}"
+            if not math.isfinite(value):
+                found.append(Anomaly(source, value, math.inf, "not finite"))
+                continue
+            n = self.count.get(key, 0)
+            mean = self.mean.get(key)
+            if mean is not None and n >= self.warmup and value > self.multiple * mean:
+                found.append(Anomaly(source, value, self.multiple * mean,
+                                     f"{value / mean:.1f}x its running mean {mean:.4g}"))
+                continue
+            self.mean[key] = value if mean is None else self.beta * mean + (1 - self.beta) * value
+            self.count[key] = n + 1
+        return found
+
+    def state_dict(self) -> dict:
+        return {"mean": dict(self.mean), "count": dict(self.count)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.count = dict(state["mean"]), dict(state["count"])
+
+
+class RobustSpike:
+    """Alarm when a value rises above median + max(k x 1.4826 x MAD, rel x median) of a window.
+
+    The median and the MAD ignore the outliers they are meant to catch; the relative floor keeps a
+    very flat stretch (tiny MAD) from alarming on noise. Only upward jumps count."""
+
+    def __init__(self, source: str, k: float, rel: float, window: int, warmup: int):
+        self.source, self.k, self.rel, self.warmup = source, k, rel, warmup
+        self.history: Deque[float] = deque(maxlen=window)
+        self.seen = 0
+
+    def update(self, value: float) -> Optional[Anomaly]:
+        if not math.isfinite(value):
+            return Anomaly(self.source, value, math.inf, "not finite")
+        if self.seen >= self.warmup and len(self.history) >= 3:
+            med = statistics.median(self.history)
+            mad = statistics.median(abs(x - med) for x in self.history)
+            limit = med + max(self.k * 1.4826 * mad, self.rel * abs(med))
+            if value > limit:
+                return Anomaly(self.source, value, limit, "spike above the robust running statistic")
+        self.history.append(value)
+        self.seen += 1
+        return None
+
+    def state_dict(self) -> dict:
+        return {"history": list(self.history), "seen": self.seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.clear()
+        self.history.extend(state["history"])
+        self.seen = state["seen"]
+
+
+# -- cross-replica consistency (dp_replicate > 1: every replica must hold identical weights) ---
+
+def param_fingerprint(model: nn.Module, device: torch.device) -> torch.Tensor:
+    """The int64 sum of each parameter's raw words on this rank: any single bit flip changes it."""
+    total = torch.zeros((), dtype=torch.int64, device=device)
+    for p in model.parameters():
+        data = (p.to_local() if hasattr(p, "to_local") else p).detach().contiguous()
+        words = data.view({4: torch.int32, 2: torch.int16}.get(data.element_size(), torch.int64))
+        total += words.sum(dtype=torch.int64)
+    return total
+
+
+def disagreeing_replicas(fingerprints: List[int]) -> List[int]:
+    """Indices of replicas whose fingerprint differs from the majority (all, if no majority: with two
+    replicas both are named)."""
+    counts = Counter(fingerprints)
+    if len(counts) == 1:
+        return []
+    value, votes = counts.most_common(1)[0]
+    if votes * 2 > len(fingerprints):
+        return [i for i, f in enumerate(fingerprints) if f != value]
+    return list(range(len(fingerprints)))
+
+
+# -- the guards -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Alarm:
+    step: int
+    check: str  # grad_norm | loss_spike | shadow | replica
+    action: str  # what the trainer does about it
+    anomalies: List[Anomaly]
+    # The ranks whose own check alarmed (shadow, replica: each rank checks what it holds); None for
+    # the checks every rank computes from the same all-reduced values (gradient norms, loss).
+    ranks: Optional[List[int]] = None
+
+    def describe(self) -> str:
+        return "; ".join(a.describe() for a in self.anomalies)
 
 
 class TrainingGuards:
@@ -47,17 +166,17 @@ class TrainingGuards:
         if cfg.action not in ACTIONS:
             raise ValueError(f"recovery.guards.action={cfg.action!r}: choose one of {list(ACTIONS)}")
         self.cfg = cfg
-        self.model, self.device = model, device
+        self.model, self.device, self.rank, self.metrics = model, device, rank, metrics
+        self.alarms_dir = Path(run_dir) / "alarms"
         self.groups = layer_groups(model)
         self.grad_norms = RatioToRunningMean(cfg.grad_norm_multiple, cfg.warmup_steps)
         self.loss = RobustSpike("loss", cfg.loss_spike_k, cfg.loss_spike_rel, cfg.loss_window, cfg.warmup_steps)
         self.shadow = RobustSpike("shadow_loss", cfg.loss_spike_k, cfg.shadow_rel, cfg.shadow_window, 2)
         self.shadow_loss, self.replicate_group = shadow_loss, replicate_group
-        self.sink = AlarmSink(run_dir, rank, metrics)
+        self.raised: List[Alarm] = []
         self.consecutive_skips = 0
         self.rollbacks = 0  # done by this process (recovery.guards.max_rollbacks bounds them)
         self.block_reason: Optional[str] = None
-        self.last_layer_norms: dict = {}
         self._rollback_after_skip: Optional[RollbackRequested] = None
 
     # -- every step, between backward and the optimizer update ---------------------------
@@ -69,8 +188,7 @@ class TrainingGuards:
             return True
         if layer_norms is None:
             layer_norms = layer_grad_norms(self.groups, self.device)
-        self.last_layer_norms = layer_norms
-        found: List[Anomaly] = self.grad_norms.update(self.last_layer_norms)
+        found: List[Anomaly] = self.grad_norms.update(layer_norms)
         check = "grad_norm" if found else "loss_spike"
         spike = self.loss.update(loss)
         if spike is not None:
@@ -89,15 +207,14 @@ class TrainingGuards:
             self._rollback_after_skip = RollbackRequested(step, found[0].describe())
         return False
 
-    def step_boundary(self, step: int, ckpt, data, run_dir: Path, before_load: Callable[[], None]) -> Optional[int]:
+    def step_boundary(self, step: int, ckpt, data, before_load: Callable[[], None]) -> Optional[int]:
         """After the update of ``step``: the periodic checks, and a rollback they (or the step's own check) asked
         for, done here (``before_load`` first). The step to go on from after a rollback, else None."""
         try:
             self.after_update(step)
         except RollbackRequested as request:
             before_load()
-            self.rollbacks += 1
-            return roll_back(request, self, ckpt, data, self.cfg, run_dir, self.rollbacks - 1)
+            return roll_back(request, self, ckpt, data)
         return None
 
     def after_update(self, step: int) -> None:
@@ -131,10 +248,14 @@ class TrainingGuards:
                 self._escalate(step, check, [anomaly], ranks=ranks)
 
     def _replica_anomaly(self) -> Optional[Anomaly]:
-        bad = check_replicas(self.model, self.device, self.replicate_group)
+        """Ranks of one replica group hold the same shard: their fingerprints, gathered, must be equal."""
+        size = dist.get_world_size(self.replicate_group)
+        if size < 2:
+            return None
+        gathered = collectives.all_gather(param_fingerprint(self.model, self.device), self.replicate_group)
+        bad = disagreeing_replicas([int(t) for t in gathered])
         if not bad:
             return None
-        size = dist.get_world_size(self.replicate_group)
         who = f"replica(s) {bad} (dp_replicate index) differ from the majority" if len(bad) < size else \
             f"all {size} replicas {bad} disagree (no majority{' with 2 replicas' if size == 2 else ''})"
         return Anomaly("replica_fingerprint", float(len(bad)), 0.0, f"weights differ across replicas: {who}")
@@ -159,7 +280,22 @@ class TrainingGuards:
 
     def _alarm(self, step: int, check: str, action: str, anomalies: List[Anomaly],
                ranks: Optional[List[int]] = None) -> None:
-        self.sink.raise_alarm(Alarm(step, check, action, anomalies, ranks))
+        """Raise an alarm: the log, metrics.jsonl (kind "alarm") and, on rank 0, a JSON record in the run dir."""
+        alarm = Alarm(step, check, action, anomalies, ranks)
+        self.raised.append(alarm)
+        where = "" if ranks is None else f" (alarmed on rank(s) {ranks})"
+        log.warning("ALARM step %d [%s] -> %s%s: %s", step, check, action, where, alarm.describe())
+        if self.metrics is not None:
+            self.metrics.log_event(step, kind="alarm", check=check, action=action, detail=alarm.describe(),
+                                   ranks=ranks)
+        if self.rank == 0:
+            self.alarms_dir.mkdir(parents=True, exist_ok=True)
+            record = {"step": step, "check": check, "action": action, "rank": self.rank, "alarmed_on_ranks": ranks,
+                      "host": socket.gethostname(), "time": time.time(), "anomalies": [asdict(a) for a in anomalies]}
+            path = self.alarms_dir / f"step{step:08d}-{check}.json"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+            os.replace(tmp, path)
         if action != "log" and self.block_reason is None:  # keep the first alarm since the last save
             self.block_reason = f"step {step} {check} alarm: {anomalies[0].describe()}"
 

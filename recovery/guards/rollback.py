@@ -1,16 +1,12 @@
-"""Rollback after an alarm: restore the newest *verified* checkpoint, skip the bad data window.
+"""Rollback after an alarm: restore the newest *verified* checkpoint, skip the bad data window
+(docs/guards.md, "Rollback").
 
-The target is chosen among committed, not-bad checkpoints whose manifest says ``verified``
-(no guard alarm between the previous save and this one) and whose step is before the
-alarm. Corruption can be older than its detection, so ``rollback_min_age_steps`` asks for a
-target at least that many steps before the alarm, and ``rollback_prefer_permanent`` then
-prefers the permanent (keep_every) tier, whose checkpoints outlive the rolling window.
-
-After loading, the data position jumps past the window [target step, alarm step]: the
-steps replayed from the target see fresh samples, so a poisonous batch is not fed again.
-Lineage: the committed checkpoints after the target are marked superseded (never resumed by
-resume=auto, not counted in keep_last), and the target is saved again with the data skip, so a
-crash after the rollback continues the new trajectory.
+The target is a committed, not-bad checkpoint whose manifest says ``verified`` (no guard alarm since
+the previous save), before the alarm; at least ``rollback_min_age_steps`` before it (corruption can be
+older than its detection), from the permanent (keep_every) tier first with ``rollback_prefer_permanent``.
+After loading, the data position jumps past the steps since the target, so a poisonous batch is not fed
+again. The committed checkpoints after the target are marked superseded and the target is saved again
+with the data skip, so a crash after the rollback continues the new trajectory.
 """
 
 from __future__ import annotations
@@ -60,15 +56,17 @@ class RollbackError(RuntimeError):
     """No clean checkpoint to roll back to, or too many rollbacks: a person must look."""
 
 
-def roll_back(request: RollbackRequested, guards, ckpt, data, gcfg, run_dir: Path, rollbacks_done: int) -> int:
+def roll_back(request: RollbackRequested, guards, ckpt, data) -> int:
     """Load the chosen checkpoint into the live training state and move the data past the bad
     window; returns the step to continue from. A target that fails to load is marked bad (or,
     unreadable, skipped) and the next older choice is loaded (recovery/resume.py's fallback)."""
-    if rollbacks_done >= gcfg.max_rollbacks:
+    gcfg = guards.cfg
+    if guards.rollbacks >= gcfg.max_rollbacks:
         raise RollbackError(
-            f"{request}; already rolled back {rollbacks_done} times in this process "
+            f"{request}; already rolled back {guards.rollbacks} times in this process "
             f"(recovery.guards.max_rollbacks={gcfg.max_rollbacks}): stopping instead of looping. "
-            f"Inspect the alarms in {Path(run_dir) / 'alarms'}")
+            f"Inspect the alarms in {guards.alarms_dir}")
+    guards.rollbacks += 1
     ckpt.wait()  # an in-flight save must commit (or fail) before we choose ...
     ckpt.wait_for_retention()  # ... and retention must not be renaming the one we choose
 

@@ -13,7 +13,7 @@ import torch
 
 from recovery.config import FaultConfig as Fault
 from recovery.faults import FaultInjector, InjectedFault, corrupt_checkpoint
-from recovery.preemption import Preemption
+from recovery.runtime import Preemption
 from support.launch import run, torchrun, worker
 
 
@@ -87,9 +87,9 @@ def test_corruptions_damage_the_checkpoint(tmp_path, how):
 def test_preemption_flag_set_by_signal_only():
     pre = Preemption(["SIGUSR1"], grace_s=5.0).install()
     try:
-        assert not pre.should_stop()
+        assert not pre.agree()[0]
         os.kill(os.getpid(), signal.SIGUSR1)
-        assert pre.should_stop() and pre.signal_name == "SIGUSR1"
+        assert pre.agree()[0] and pre.signal_name == "SIGUSR1"
         assert 0 < pre.seconds_left() <= 5.0
     finally:
         pre.uninstall()

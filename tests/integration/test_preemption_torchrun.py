@@ -151,7 +151,7 @@ def test_launchers_give_the_agent_the_grace_period(args, env, expected):
 
 
 def test_workers_warn_when_torchrun_would_cut_the_grace_short():
-    from recovery.preemption import torchrun_grace_problem
+    from recovery.runtime import torchrun_grace_problem
 
     assert torchrun_grace_problem(120, {}) is None  # not under torchrun
     problem = torchrun_grace_problem(120, {"TORCHELASTIC_RUN_ID": "x"})

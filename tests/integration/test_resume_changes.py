@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 from checkpoint.durable.discovery import list_committed
 from checkpoint.durable.manifest import read_manifest
 from metrics.records import read_metrics
-from recovery.verify import schedule_lr
 from rehearsal.runs import debug_overrides
 from support.launch import run_train
+from training.schedule import schedule_lr
 
 pytestmark = pytest.mark.distributed  # every test starts train.py
 

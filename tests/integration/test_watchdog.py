@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from recovery.stragglers import StragglerMonitor, find_stragglers
+from recovery.runtime import StragglerMonitor, find_stragglers
 from recovery.watchdog import Watchdog, read_records
 from support.launch import run, torchrun, worker
 

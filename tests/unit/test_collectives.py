@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from parallel import collectives
-from recovery.preemption import Preemption
-from recovery.stragglers import StragglerMonitor
+from recovery.runtime import Preemption, StragglerMonitor
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("configs", "model", "data", "parallel", "training", "metrics", "checkpoint", "recovery", "trainer",

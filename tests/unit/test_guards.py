@@ -9,9 +9,14 @@ import torch
 
 from model.config import ModelConfig
 from model.llama import build_model
-from recovery.guards.detectors import RatioToRunningMean, RobustSpike
-from recovery.guards.guard import RollbackRequested, TrainingGuards
-from recovery.guards.replica import disagreeing_replicas, param_fingerprint
+from recovery.guards.guard import (
+    RatioToRunningMean,
+    RobustSpike,
+    RollbackRequested,
+    TrainingGuards,
+    disagreeing_replicas,
+    param_fingerprint,
+)
 from training.grad_stats import layer_grad_norms, layer_groups
 
 CPU = torch.device("cpu")
@@ -108,12 +113,12 @@ def _train_with_guards(cfg, corrupt_at=None, steps=30, shadow=True):
 
 def test_healthy_training_raises_no_alarm():
     guards, events = _train_with_guards(guards_cfg())
-    assert events == [] and guards.sink.raised == [] and guards.take_verified_block() is None
+    assert events == [] and guards.raised == [] and guards.take_verified_block() is None
 
 
 def test_parameter_bit_flip_is_caught_and_escalates_to_rollback():
     guards, events = _train_with_guards(guards_cfg(), corrupt_at=15)
-    assert guards.sink.raised and guards.sink.raised[0].step == 15
+    assert guards.raised and guards.raised[0].step == 15
     # The weights are wrong, so skipping updates cannot help: after max_consecutive_skips
     # skipped steps the guard escalates to a rollback.
     assert events == [("skip", 15), ("skip", 16), ("skip", 17), ("rollback", 17)]
@@ -122,7 +127,7 @@ def test_parameter_bit_flip_is_caught_and_escalates_to_rollback():
 
 def test_log_action_only_records():
     guards, events = _train_with_guards(guards_cfg(action="log"), corrupt_at=15, shadow=False)
-    assert events == [] and guards.sink.raised
+    assert events == [] and guards.raised
     assert guards.take_verified_block() is None
 
 

@@ -13,8 +13,8 @@ from checkpoint.durable.discovery import mark_bad
 from checkpoint.durable.manifest import ConfigMismatch, Manifest, write_manifest
 from checkpoint.state.fingerprint import config_hash, hashed_config
 from checkpoint.storage import location
-from recovery.verify import RecoveryError, ResumeVerifier, probe_matches, refuse_all_bad, schedule_lr
-from training.schedule import build_scheduler
+from recovery.verify import RecoveryError, ResumeVerifier, probe_matches, refuse_all_bad
+from training.schedule import build_scheduler, schedule_lr
 
 LAYOUT = {"dp_replicate": 1, "dp_shard": 1, "tp": 1}
 KERNELS = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.13.0", "cuda": "12.8", "cudnn": 91000,

@@ -13,7 +13,7 @@ import sys
 
 import torch.distributed as dist
 
-from recovery.preemption import Preemption
+from recovery.runtime import Preemption
 
 
 def main() -> None:
@@ -23,7 +23,7 @@ def main() -> None:
     for step in range(1, 10):
         if rank == 1 and step == 4:
             os.kill(os.getpid(), signal.SIGUSR1)
-        if pre.should_stop():
+        if pre.agree()[0]:
             # one write() per line: two ranks share the pipe, print() may interleave them
             os.write(1, f"STOP {rank} {step} {pre.signal_name}\n".encode())
             break

@@ -115,14 +115,13 @@ def main() -> None:
     for name in FUNCTIONAL:
         setattr(torch.ops._c10d_functional, name, _CountedOp(name, getattr(torch.ops._c10d_functional, name)))
     import model.llama
-    import recovery.probe
     import trainer.run as run_module
     import training.evaluate
     import training.step
 
     model.llama.Transformer.forward = _in_model(model.llama.Transformer.forward)
     torch.Tensor.backward = _in_model(torch.Tensor.backward)
-    for module in (training.step, recovery.probe, training.evaluate):
+    for module in (training.step, training.evaluate):  # the probe's loss is training.evaluate's
         module.token_loss_sum = _in_model(module.token_loss_sum)
     step_fn = run_module.train_step
 

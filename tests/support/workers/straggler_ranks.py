@@ -13,7 +13,7 @@ import sys
 
 import torch.distributed as dist
 
-from recovery.stragglers import StragglerMonitor
+from recovery.runtime import StragglerMonitor
 
 
 def main() -> None:
