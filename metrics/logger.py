@@ -79,7 +79,10 @@ class MetricsLogger:
         record = {"step": step, **self._attempt(), **metrics}
         self._jsonl.write(json.dumps(record) + "\n")
         if self._wandb is not None:
-            self._wandb.log(metrics, step=step)
+            try:
+                self._wandb.log(metrics, step=step)  # a step replayed after a resume is older: wandb drops it
+            except Exception as exc:  # a metrics backend must never stop training
+                log.warning("wandb logging at step %d failed: %s: %s", step, type(exc).__name__, exc)
         if self._tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)):

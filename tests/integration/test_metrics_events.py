@@ -108,3 +108,21 @@ def test_a_real_run_sends_validation_mfu_and_saves_to_tensorboard_and_offline_wa
     assert [(e.step, e.value) for e in tb.Scalars("val_loss")] == [(s, pytest.approx(v)) for s, v in evals.items()]
     assert sorted(evals) == [2, 4] and steps("checkpoint/blocking_s") == [2, 4] and steps("mfu") == [1, 2, 3, 4]
     assert list((run_dir / "wandb").glob("offline-run-*"))
+
+
+def test_a_failing_wandb_never_stops_training(tmp_path, monkeypatch, caplog):
+    """wandb raising (a network error, a full disk) on a step row or an event: logged, and training goes on."""
+
+    class Broken(RecordingWandb):
+        def log(self, row, step=None):
+            raise ConnectionError("wandb is down")
+
+    monkeypatch.setattr(logger_module, "_start_wandb", lambda run_dir, w, name, config: Broken())
+    m = MetricsLogger(tmp_path, LoggingConfig(wandb=WandbConfig(mode="offline")), is_main=True, total_steps=2)
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        m.log_step(1, {"loss": 2.0, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1.0, "step_s": 0.1,
+                       "memory_gib": 0.1}, step_seconds_avg=0.1)
+        m.log_event(1, kind="resume", checkpoint_id="step_00000001", load_s=0.5, skipped=[])
+    m.close()
+    assert caplog.text.count("wandb is down") == 2
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]  # metrics.jsonl has the row all the same
