@@ -13,9 +13,8 @@ from typing import List, Optional
 
 from checkpoint.config import RESUME_WORDS
 from checkpoint.durable.discovery import resolve_resume
-from checkpoint.durable.layout import MANIFEST
 from checkpoint.durable.lease import live_owner
-from checkpoint.durable.manifest import CheckpointError, read_manifest
+from checkpoint.durable.manifest import MANIFEST, CheckpointError, read_manifest
 from checkpoint.interop.weight_source import source_problems  # unit: interop
 from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config
 from checkpoint.storage import location

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from checkpoint.durable.layout import checkpoint_id
+from checkpoint.durable.discovery import checkpoint_id
 from checkpoint.durable.save_errors import CheckpointSaveError
 from checkpoint.durable.saver import SaveRecord
 

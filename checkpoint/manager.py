@@ -23,12 +23,18 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from checkpoint.config import AUTO_MEASURE_STEPS, CheckpointConfig
-from checkpoint.durable.integrity import default_algorithm
+from checkpoint.durable.discovery import apply_retention
 from checkpoint.durable.lease import check_lease
 from checkpoint.durable.loader import load_checkpoint
-from checkpoint.durable.manifest import LOAD_ERRORS, CheckpointError, Manifest, VerificationFailed, read_manifest
+from checkpoint.durable.manifest import (
+    LOAD_ERRORS,
+    CheckpointError,
+    Manifest,
+    VerificationFailed,
+    default_algorithm,
+    read_manifest,
+)
 from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes, held_once, preflight_checkpoint_dir
-from checkpoint.durable.retention import apply_retention
 from checkpoint.durable.save_errors import CheckpointSaveError
 from checkpoint.durable.saver import CheckpointSaver, FaultHook, SaveRecord
 from checkpoint.events import CheckpointEvents

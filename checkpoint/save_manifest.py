@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Callable, Dict, Optional, Tuple
 
-from checkpoint.durable.layout import checkpoint_id
+from checkpoint.durable.discovery import checkpoint_id
 from checkpoint.durable.manifest import ConfigMismatch, Manifest
 from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config, schedule_changes
 from checkpoint.state.training_state import TrainingState

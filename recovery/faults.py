@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Iterable, List, Optional
 
-from checkpoint.durable.layout import MANIFEST
+from checkpoint.durable.manifest import MANIFEST
 from configs.keys import problems as problems_of
 from recovery.config import CORRUPTIONS, FaultConfig
 

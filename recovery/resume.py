@@ -26,9 +26,9 @@ from checkpoint.durable.discovery import (
     list_committed,
     mark_bad,
     mark_superseded,
+    parse,
     resolve_resume,
 )
-from checkpoint.durable.layout import parse
 from checkpoint.durable.lease import earlier_writers_may_live
 from checkpoint.durable.manifest import (
     CheckpointError,

@@ -25,8 +25,7 @@ import math
 from pathlib import Path
 from typing import Callable, Optional
 
-from checkpoint.durable.discovery import list_committed
-from checkpoint.durable.layout import parse
+from checkpoint.durable.discovery import list_committed, parse
 from checkpoint.durable.manifest import APPLIED_BYTES, ConfigMismatch, Manifest
 from checkpoint.durable.reads import read_on_rank0
 from checkpoint.storage import location

@@ -25,10 +25,9 @@ from pathlib import Path
 
 import torch
 
-from checkpoint.durable.integrity import checksum_files, default_algorithm
-from checkpoint.durable.layout import checkpoint_dir
+from checkpoint.durable.discovery import checkpoint_dir
 from checkpoint.durable.loader import load_checkpoint
-from checkpoint.durable.manifest import Manifest
+from checkpoint.durable.manifest import Manifest, checksum_files, default_algorithm
 from checkpoint.durable.saver import CheckpointSaver
 from checkpoint.state.training_state import TrainingState, local_state_bytes
 from model.config import ModelConfig

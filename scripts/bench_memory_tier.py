@@ -303,7 +303,7 @@ def floor_worker(rank: int, port: int, model: str, reps: int, shm: Path, out: Pa
     import torch
     import torch.distributed as dist
 
-    from checkpoint.durable.integrity import hasher
+    from checkpoint.durable.manifest import hasher
     from checkpoint.memory.commit import persist
     from checkpoint.memory.snapshot import CHUNK
     from checkpoint.memory.tier import MemoryTier

@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from checkpoint.durable.discovery import list_checkpoints, read_latest_pointer
+from checkpoint.durable.discovery import Candidate, list_checkpoints, read_latest_pointer, retention_plan
 from checkpoint.durable.manifest import CheckpointError, check_files
-from checkpoint.durable.retention import Candidate, retention_plan
 from checkpoint.storage import location
 
 

@@ -19,8 +19,9 @@ import torch
 from omegaconf import DictConfig
 
 from checkpoint import storage
+from checkpoint.durable.discovery import step_of
 from checkpoint.durable.lease import Heartbeat
-from checkpoint.durable.manifest import set_manifest_read_fault, step_of
+from checkpoint.durable.manifest import set_manifest_read_fault
 from checkpoint.interop.init_from import apply_init_from  # unit: interop
 from checkpoint.manager import CheckpointManager
 from checkpoint.state.training_state import TrainingState

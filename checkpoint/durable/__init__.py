@@ -7,11 +7,10 @@
   commit.py       acknowledge -> collect -> create the manifest (the commit) -> latest pointer
   lease.py        which attempt owns checkpoint.dir: an older attempt's writer never commits
   save_errors.py  a save the storage refused (disk full, read-only, quota): the message, the numbers
-  manifest.py     manifest.json (files, sizes, checksums, step, losses, config hash, layout)
-  integrity.py    checksums (xxh3-64 or crc32)
-  layout.py       the folder names: step_<N>, a later save's revision, latest, the BAD marker
-  discovery.py    committed checkpoints newest first, the resume choice, mark_bad, leftover cleanup
-  retention.py    keep_last / keep_every / keep_best as a pure function, applied off-thread
+  manifest.py     manifest.json (files, sizes, checksums, step, losses, config hash, layout), the
+                  checksums (xxh3-64 or crc32), a checkpoint's errors
+  discovery.py    the folder names; committed checkpoints newest first, the resume choice, BAD and
+                  SUPERSEDED marks, retention (keep_last / keep_every / keep_best), leftover cleanup
   preflight.py    directory, write permission and room for keep_last + 1 checkpoints before step 1
   loader.py       the verified (while reading), resharding load into a TrainingState
   reads.py        reads that decide for every rank: on rank 0, again while the storage fails, agreed

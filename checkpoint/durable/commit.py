@@ -1,19 +1,8 @@
-"""The commit protocol (contract 3), written once against the storage interface (checkpoint/storage/),
-as separate phases so faults can be injected between them.
-
-1. every rank writes its files into the save's folder ``step_N/`` (a fresh one: checkpoint/durable/
-   layout.py), each durable when its writer closes it (fsync on a disk, a completed upload in a bucket);
-2. every rank records its files' sizes and checksums (computed by the writer as it wrote them,
-   checkpoint/durable/writer.py) in an acknowledgement ``acks/rank_R.json``;
-3. the coordinator waits for all acknowledgements (with a timeout: a failed or late rank leaves the
-   checkpoint uncommitted and the previous one current) and checks that every data file is in one;
-4. ``commit_checkpoint``: the coordinator creates ``manifest.json``, atomically and only if it does
-   not exist (a hard link on a disk, a PUT with ``If-None-Match: *`` in a bucket): from this instant
-   the checkpoint is committed, and a second writer of the same folder is refused;
-5. ``update_latest``: the ``latest`` pointer is replaced atomically.
-
-A crash before 4 leaves a folder without a manifest, which discovery ignores and the next start
-removes (with any upload left open).
+"""The commit protocol (contract 3, docs/checkpoint-format.md), as separate phases so faults can be injected
+between them: every rank acknowledges the files it wrote into the save's fresh folder; the coordinator
+collects the acknowledgements and creates ``manifest.json`` only if absent (the commit: from that instant
+the checkpoint is committed, and a second writer of the folder is refused), then moves ``latest``. A crash
+before the commit leaves a folder without a manifest, which discovery ignores and the next start removes.
 """
 
 from __future__ import annotations
@@ -22,11 +11,11 @@ import json
 import time
 from typing import Dict, List, Optional
 
-from checkpoint.durable.integrity import checksum_files
-from checkpoint.durable.layout import ACKS, LATEST, MANIFEST
-from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest
+from checkpoint.durable.discovery import LATEST
+from checkpoint.durable.manifest import MANIFEST, CheckpointError, FileEntry, Manifest, checksum_files
 from checkpoint.storage import Loc, location
 
+ACKS = "acks"  # inside a checkpoint being saved: one file per rank that finished writing
 POLL_S, POLL_MAX_S = 0.05, 1.0  # the coordinator's look for acknowledgements, backing off (a listing is a request)
 
 
@@ -41,7 +30,7 @@ def rank_files(directory, rank: int) -> List[Loc]:
 
 def acknowledge(directory, rank: int, algorithm: str | None,
                 known: Optional[Dict[str, FileEntry]] = None, attempt: Optional[int] = None) -> Dict[str, FileEntry]:
-    """Phase 2: record this rank's files durably in ``acks/rank_R.json``. Checksums come from
+    """Record this rank's files durably in ``acks/rank_R.json``. Checksums come from
     ``known`` (what the writer hashed while writing; a file whose size has changed since is
     refused); files the writer did not report are read back and checksummed here. ``attempt``
     (checkpoint/durable/lease.py) is recorded, so the coordinator never counts another attempt's ack."""
@@ -65,7 +54,7 @@ def acknowledge(directory, rank: int, algorithm: str | None,
 
 def collect_acknowledgements(directory, world_size: int, timeout_s: float,
                              attempt: Optional[int] = None) -> Dict[str, FileEntry]:
-    """Phase 3 (coordinator): wait for every rank's acknowledgement; their files, merged. With
+    """The coordinator: wait for every rank's acknowledgement; their files, merged. With
     ``attempt``, an acknowledgement written by another attempt's rank is refused."""
     ack_dir = location(directory) / ACKS
     deadline, poll = time.monotonic() + timeout_s, POLL_S
@@ -95,7 +84,7 @@ def collect_acknowledgements(directory, world_size: int, timeout_s: float,
 
 
 def commit_checkpoint(directory, manifest: Manifest) -> Loc:
-    """Phase 4: create the manifest, only if none exists; from then on the checkpoint is committed."""
+    """The commit: create the manifest, only if none exists; from then on the checkpoint is committed."""
     directory = location(directory)
     try:
         (directory / MANIFEST).create_bytes(manifest.to_json().encode())
@@ -106,5 +95,5 @@ def commit_checkpoint(directory, manifest: Manifest) -> Loc:
 
 
 def update_latest(root, checkpoint_id: str) -> None:
-    """Phase 5: move the ``latest`` pointer (an atomic replace)."""
+    """Move the ``latest`` pointer (an atomic replace)."""
     (location(root) / LATEST).write_text(checkpoint_id + "\n")

@@ -1,23 +1,66 @@
-"""Finding checkpoints: committed ones newest first, the resume choice, bad marks, leftovers.
+"""checkpoint.dir: its names, the checkpoints it holds, the resume choice, marks, retention, leftovers.
 
-Only a ``step_N`` folder with a manifest counts as committed (checkpoint/durable/commit.py). Of
-several saves of one step (revisions: checkpoint/durable/layout.py) the newest committed one is the
-checkpoint of that step; the older ones are kept for people, like BAD ones, until retention's
-forensic count drops them. The ``latest`` pointer is informational: the scan is the source of truth.
+    step_00000100/       a save of step 100; committed once its manifest.json exists (checkpoint/durable/
+                         commit.py). Without one: a save in progress, or one a crash interrupted: never
+                         loaded, cleaned at start-up
+    step_00000100.r1/    a later save of step 100 (after a rollback, or a resume from an older step):
+                         a save never writes into, moves or copies a folder that exists
+    latest               text: the checkpoint_id of the newest commit (for people and tools)
+    attempts/            the attempt lease (checkpoint/durable/lease.py)
+
+Of several committed saves of one step the newest is the checkpoint of that step; the older ones, like BAD
+and superseded ones, are forensics, kept for people until retention's ``keep_forensic`` drops them. The
+``latest`` pointer is informational: the listing is the source of truth.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
-from typing import List, Optional
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from checkpoint.durable.layout import BAD_MARKER, LATEST, MANIFEST, SUPERSEDED_MARKER, checkpoint_dir, parse
-from checkpoint.durable.manifest import CheckpointError, CheckpointUnreadable, Manifest, read_manifest
+from checkpoint.durable.manifest import MANIFEST, CheckpointError, CheckpointUnreadable, Manifest, read_manifest
 from checkpoint.storage import Loc, location
 
 log = logging.getLogger("trainer")
+
+LATEST = "latest"
+BAD_MARKER = "BAD"  # inside a committed checkpoint: recovery found it unusable (text: why)
+SUPERSEDED_MARKER = "SUPERSEDED"  # inside a committed checkpoint: of a trajectory a rollback abandoned (why)
+_NAME = re.compile(r"^step_(\d{8,})(?:\.r(\d+))?$")
+
+
+def checkpoint_id(step: int, revision: int = 0) -> str:
+    return f"step_{step:08d}" + (f".r{revision}" if revision else "")
+
+
+def parse(name: str) -> Optional[Tuple[int, int]]:
+    """(step, revision) of a checkpoint folder name; None for any other name."""
+    m = _NAME.match(name)
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else None
+
+
+def step_of(manifest_path: Path) -> int:
+    """The step of the checkpoint a manifest belongs to (-1 if its directory is not a step_N)."""
+    parsed = parse(Path(str(manifest_path)).parent.name)
+    return parsed[0] if parsed else -1
+
+
+def checkpoint_dir(root, step: int, revision: int = 0) -> Loc:
+    return location(root) / checkpoint_id(step, revision)
+
+
+def fresh_dir(root, step: int) -> Loc:
+    """Where a new save of ``step`` goes: step_N, or the next revision when a folder of step N exists
+    (committed, damaged or interrupted): what is there is never overwritten."""
+    first = checkpoint_dir(root, step)
+    if not first.is_dir():
+        return first
+    taken = [p[1] for e in location(root).entries() if (p := parse(e.name)) is not None and p[0] == step]
+    return checkpoint_dir(root, step, max(taken, default=0) + 1)
 
 
 @dataclass
@@ -30,7 +73,7 @@ class CheckpointInfo:
     manifest: Optional[Manifest]
     superseded: Optional[str] = None  # why it belongs to an abandoned trajectory (a rollback), or None
     unreadable: Optional[str] = None  # committed, but the storage did not deliver its manifest this time
-    revision: int = 0  # a later save of the same step (layout.py)
+    revision: int = 0  # a later save of the same step
     replaced: bool = False  # committed, but a later save of the same step is committed too
 
 
@@ -88,6 +131,43 @@ def read_latest_pointer(root) -> Optional[str]:
     return p.read_text().strip() if p.is_file() else None
 
 
+def committed_dir(root, step: int) -> Loc:
+    """The committed checkpoint of ``step`` (its newest save), or step_N's folder when none is committed."""
+    found = [c for c in list_checkpoints(root) if c.step == step and c.committed and not c.replaced]
+    return found[0].path if found else checkpoint_dir(root, step)
+
+
+def resolve_resume(root, spec: str) -> Optional[Loc]:
+    """The checkpoint to resume from for ``checkpoint.resume=spec``, or None for a fresh start.
+
+    auto: newest committed (None when there is none); never: None; must: newest committed or
+    an error; an integer: that step under ``root``; anything else: a checkpoint directory path.
+    """
+    spec = str(spec).strip()
+    if spec == "never":
+        return None
+    if spec in ("auto", "must"):
+        newest = latest_committed(root)
+        if newest is None and spec == "must":
+            others = [c.checkpoint_id + (f" (bad: {c.bad})" if c.bad else "") for c in list_checkpoints(root)]
+            raise CheckpointError(f"checkpoint.resume=must but {root} holds no usable committed checkpoint"
+                                  + (f"; found: {', '.join(others)}" if others else ""))
+        return newest.path if newest else None
+    if spec.isdigit():
+        path = committed_dir(root, int(spec))
+        if not (path / MANIFEST).is_file():
+            steps = [c.step for c in list_committed(root)]
+            raise CheckpointError(f"checkpoint.resume={spec}: no committed checkpoint for step {spec} in {root}; "
+                                  f"committed steps: {steps or 'none'}")
+        return path
+    path = location(spec)
+    if not (path / MANIFEST).is_file():
+        raise CheckpointError(f"checkpoint.resume={spec}: not a committed checkpoint directory (no {MANIFEST}); "
+                              "use auto, never, must, a step number or a step_N directory")
+    return path
+
+
+# -- marks -------------------------------------------------------------------------------------------
 def mark_bad(path, reason: str) -> None:
     """Recovery's verdict: this checkpoint must not be resumed from (it stays on disk for people)."""
     (location(path) / BAD_MARKER).write_text(reason.strip() + "\n")
@@ -108,10 +188,66 @@ def mark_superseded(root, after_step: int, reason: str) -> List[str]:
     return marked
 
 
-def remove_checkpoint(path) -> None:
+# -- retention: which committed checkpoints to keep (docs/checkpoint-format.md, "Retention") ----------------
+@dataclass(frozen=True)
+class Candidate:
+    step: int
+    metric: Optional[float] = None  # lower is better; None never ranks as best
+    verified: bool = True  # False: saved after a guard alarm (recovery/guards)
+
+
+def retention_plan(candidates: Sequence[Candidate], keep_last: int, keep_every: int = 0,
+                   keep_best: int = 0) -> Dict[int, List[str]]:
+    """{step: tiers} for every candidate; an empty list means delete it."""
+    if keep_last < 1:
+        raise ValueError(f"checkpoint.keep_last={keep_last} must be >= 1")
+    by_step = sorted({c.step: c for c in candidates}.values(), key=lambda c: c.step, reverse=True)
+    tiers: Dict[int, List[str]] = {c.step: [] for c in by_step}
+    for c in by_step[:keep_last]:
+        tiers[c.step].append("rolling")
+    if keep_every > 0:
+        for c in by_step:
+            if c.step % keep_every == 0:
+                tiers[c.step].append("permanent")
+    if keep_best > 0:
+        scored = sorted((c for c in by_step if c.metric is not None), key=lambda c: (c.metric, -c.step))
+        for c in scored[:keep_best]:
+            tiers[c.step].append("best")
+    newest_verified = next((c for c in by_step if c.verified), None)
+    if newest_verified is not None and not tiers[newest_verified.step]:
+        tiers[newest_verified.step].append("verified")  # what a rollback goes back to
+    return tiers
+
+
+def apply_retention(root, keep_last: int, keep_every: int, keep_best: int, best_metric: str,
+                    fault_hook=None, keep_forensic: int = 1) -> List[str]:
+    """Delete what the plan drops among the committed, not-bad, not-superseded checkpoints, and the
+    forensic folders (BAD, superseded, replaced) but the newest ``keep_forensic``; returns their names."""
+    listed = list_checkpoints(root)  # one listing: the plan and the forensic count see the same folders
+    committed = [c for c in listed if c.committed and not c.replaced and c.bad is None and c.superseded is None]
+    unread = [c.unreadable for c in committed if c.manifest is None]
+    if unread:  # its tier and verified flag are unknown: delete nothing on a guess (the next commit retries)
+        raise CheckpointUnreadable(f"retention needs every manifest; the storage did not deliver: {'; '.join(unread)}")
+    cands = [Candidate(c.step, getattr(c.manifest, best_metric, None), c.manifest.verified) for c in committed]
+    plan = retention_plan(cands, keep_last, keep_every, keep_best)
+    dropped = [c for c in committed if not plan[c.step]]
+    forensic = sorted((c for c in listed if c.committed and (c.bad or c.superseded or c.replaced)),
+                      key=lambda c: (c.step, c.revision), reverse=True)  # newest first, a later revision first
+    dropped += forensic[max(keep_forensic, 0):]
+    for c in dropped:
+        remove_checkpoint(c.path, fault_hook)
+    if dropped:
+        log.info("retention removed %s", ", ".join(c.checkpoint_id for c in dropped))
+    return [c.checkpoint_id for c in dropped]
+
+
+# -- removal ----------------------------------------------------------------------------------------
+def remove_checkpoint(path, fault_hook=None) -> None:
     """Delete a checkpoint folder: its manifest first, so a half-deleted one never looks committed."""
     path = location(path)
     (path / MANIFEST).unlink(missing_ok=True)
+    if fault_hook is not None:  # recovery's fault injection: a crash mid-deletion
+        fault_hook("checkpoint_retention", parse(path.name)[0])
     path.rmtree()
 
 
@@ -151,39 +287,3 @@ def _last_written(d: Loc) -> float:
         return max((e.mtime for e in d.walk()), default=0.0)
     except OSError:
         return time.time()
-
-
-def committed_dir(root, step: int) -> Loc:
-    """The committed checkpoint of ``step`` (its newest save), or step_N's folder when none is committed."""
-    found = [c for c in list_checkpoints(root) if c.step == step and c.committed and not c.replaced]
-    return found[0].path if found else checkpoint_dir(root, step)
-
-
-def resolve_resume(root, spec: str) -> Optional[Loc]:
-    """The checkpoint to resume from for ``checkpoint.resume=spec``, or None for a fresh start.
-
-    auto: newest committed (None when there is none); never: None; must: newest committed or
-    an error; an integer: that step under ``root``; anything else: a checkpoint directory path.
-    """
-    spec = str(spec).strip()
-    if spec == "never":
-        return None
-    if spec in ("auto", "must"):
-        newest = latest_committed(root)
-        if newest is None and spec == "must":
-            others = [c.checkpoint_id + (f" (bad: {c.bad})" if c.bad else "") for c in list_checkpoints(root)]
-            raise CheckpointError(f"checkpoint.resume=must but {root} holds no usable committed checkpoint"
-                                  + (f"; found: {', '.join(others)}" if others else ""))
-        return newest.path if newest else None
-    if spec.isdigit():
-        path = committed_dir(root, int(spec))
-        if not (path / MANIFEST).is_file():
-            steps = [c.step for c in list_committed(root)]
-            raise CheckpointError(f"checkpoint.resume={spec}: no committed checkpoint for step {spec} in {root}; "
-                                  f"committed steps: {steps or 'none'}")
-        return path
-    path = location(spec)
-    if not (path / MANIFEST).is_file():
-        raise CheckpointError(f"checkpoint.resume={spec}: not a committed checkpoint directory (no {MANIFEST}); "
-                              "use auto, never, must, a step number or a step_N directory")
-    return path

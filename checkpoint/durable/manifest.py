@@ -1,24 +1,31 @@
-"""The manifest: what a committed checkpoint contains and how to check it.
+"""The manifest of a committed checkpoint, the checksums of its files, and a checkpoint's errors.
 
-``manifest.json`` is created by the coordinator after every rank acknowledged its files: its
-creation is the commit (checkpoint/durable/commit.py), so a committed checkpoint always has one. It lists every data
-file with its size and checksum, and the facts recovery needs without loading any tensor:
-step, losses (logged, probe and validation), config hash, layout, counters, wall-clock.
+``manifest.json`` is created last, only if absent: that creation is the commit (checkpoint/durable/commit.py).
+It lists every file with its size and checksum, and what recovery needs without loading a tensor: step,
+losses, config hash, layout. Checksums are xxh3-64 when ``xxhash`` is importable, else CRC-32; the
+manifest names which, so a checkpoint is verified with the algorithm that wrote it.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-from checkpoint.durable.integrity import checksum_file
-from checkpoint.durable.layout import MANIFEST, parse
 from checkpoint.storage import location
 
+try:
+    import xxhash
+except ImportError:  # pragma: no cover - depends on the environment
+    xxhash = None
+
 FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+CHUNK = 16 << 20  # bytes read at a time to checksum a file
 # ``probe_method`` of a restore that compared every applied tensor with the saved bytes (no probe loss: a
 # memory snapshot, checkpoint/memory/restore.py); post-load verification then checks step and LR only.
 APPLIED_BYTES = "applied-bytes"
@@ -66,6 +73,53 @@ LOAD_ERRORS = (ConfigMismatch, CheckpointUnreadable, VerificationFailed, Checkpo
 REREAD_DELAY_S = 1.0
 
 
+# -- checksums --------------------------------------------------------------------------------------
+def default_algorithm() -> str:
+    return "xxh3_64" if xxhash is not None else "crc32"
+
+
+class _Crc32:
+    def __init__(self):
+        self.value = 0
+
+    def update(self, data) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"
+
+
+def hasher(algorithm: str):
+    if algorithm == "xxh3_64":
+        if xxhash is None:
+            raise RuntimeError("this checkpoint was checksummed with xxh3_64 but the xxhash package is not "
+                               "installed: pip install xxhash (or set checkpoint.verify_on_load=false)")
+        return xxhash.xxh3_64()
+    if algorithm == "crc32":
+        return _Crc32()
+    raise ValueError(f"unknown checksum algorithm {algorithm!r}: expected xxh3_64 or crc32")
+
+
+def checksum_file(path: Path, algorithm: str) -> str:
+    """Checksum of a file's bytes, read in large chunks into one reused buffer."""
+    h = hasher(algorithm)
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    with location(path).open("rb") as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def checksum_files(paths: Iterable[Path], algorithm: str, threads: int = 2) -> Dict[str, str]:
+    """{name: checksum}; files are hashed in parallel (reads and hashing release the GIL)."""
+    paths = list(paths)
+    with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
+        sums = list(pool.map(lambda p: checksum_file(p, algorithm), paths))
+    return {p.name: s for p, s in zip(paths, sums)}
+
+
+# -- the manifest -----------------------------------------------------------------------------------
 @dataclass
 class FileEntry:
     size: int
@@ -90,21 +144,16 @@ class Manifest:
     files: Dict[str, FileEntry] = field(default_factory=dict)
     components: List[str] = field(default_factory=list)  # model, optim, scheduler, rng, ...
     # model.init_from of the run these weights descend from: {path, kind, hash[, hf_config, hf_generation_config]}
-    # (interop/init_from.py)
     init_from: Optional[Dict] = None
     format_version: int = FORMAT_VERSION
-    # False when a guard (recovery/guards) raised an alarm since the previous save: the state
-    # may be corrupt, so rollback and retention do not count this checkpoint as a clean one.
+    # False when a guard (recovery/guards) raised an alarm since the previous save: rollback and retention do
+    # not count it as a clean checkpoint.
     verified: bool = True
     unverified_reason: Optional[str] = None
-    # Validation loss of these weights (training/evaluate.py runs before every save when the run
-    # evaluates); None when it does not, or for a save the loop did not plan (preemption).
-    val_loss: Optional[float] = None
-    # How probe_loss was computed (recovery/probe.py PROBE_METHOD): compared bitwise only with a
-    # probe computed the same way; None in manifests written before the method was recorded.
+    val_loss: Optional[float] = None  # of these weights, when the run evaluates before its saves
+    # How and where probe_loss was computed (recovery/probe.py): compared bitwise only with a probe computed the
+    # same way on the same kernels; None in manifests written before they were recorded.
     probe_method: Optional[str] = None
-    # Where the probe ran (recovery/probe.py kernel_identity: device, torch, CUDA/cuDNN, deterministic):
-    # bitwise only against the same; None in manifests written before it was recorded.
     probe_kernels: Optional[Dict] = None
 
     @property
@@ -134,12 +183,6 @@ def set_manifest_read_fault(hook: Optional[Callable[[Path], None]]) -> None:
     run's fault injector; None removes it); an OSError it raises is the read's."""
     global _read_fault
     _read_fault = hook
-
-
-def step_of(manifest_path: Path) -> int:
-    """The step of the checkpoint a manifest belongs to (-1 if its directory is not a step_N)."""
-    parsed = parse(Path(str(manifest_path)).parent.name)
-    return parsed[0] if parsed else -1
 
 
 def read_manifest(directory: Path, reread_delay_s: float = REREAD_DELAY_S) -> Manifest:

@@ -34,8 +34,7 @@ from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _StorageInfo
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from checkpoint.durable.integrity import hasher
-from checkpoint.durable.manifest import FileEntry
+from checkpoint.durable.manifest import FileEntry, hasher
 from checkpoint.durable.writer import RAW, _done, _StoreWriter, tensor_bytes
 
 

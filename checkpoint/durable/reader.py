@@ -22,8 +22,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
-from checkpoint.durable.integrity import checksum_file
-from checkpoint.durable.manifest import REREAD_DELAY_S, FileEntry
+from checkpoint.durable.manifest import REREAD_DELAY_S, FileEntry, checksum_file
 from checkpoint.durable.segments import (
     Request,
     hash_in_order,

@@ -39,10 +39,9 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from checkpoint.config import ASYNC_MODES
 from checkpoint.durable.commit import acknowledge, collect_acknowledgements, commit_checkpoint, update_latest
-from checkpoint.durable.integrity import checksum_file
-from checkpoint.durable.layout import fresh_dir
+from checkpoint.durable.discovery import fresh_dir
 from checkpoint.durable.lease import StaleWriter, check_lease, newer_owner
-from checkpoint.durable.manifest import FileEntry, Manifest
+from checkpoint.durable.manifest import FileEntry, Manifest, checksum_file
 from checkpoint.durable.raw import RawFileWriter  # unit: raw
 from checkpoint.durable.save_errors import RankFailures, failures_of, outcome_of, refused_save, storage_errno
 from checkpoint.durable.writer import StockFileWriter, _StoreWriter
@@ -151,7 +150,7 @@ class CheckpointSaver:
         self._in_flight_step = step
 
     def _folder(self, step: int) -> Loc:
-        """The fresh folder of this save (checkpoint/durable/layout.py), chosen by the coordinator and given
+        """The fresh folder of this save (checkpoint/durable/discovery.py), chosen by the coordinator and given
         to every rank: a save of a step that exists goes beside it, never into it."""
         chosen: List[str] = []
         self._agreed("choosing the checkpoint's folder",

@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 from torch.distributed.checkpoint.planner import ReadItem
 
-from checkpoint.durable.integrity import hasher
+from checkpoint.durable.manifest import hasher
 from checkpoint.durable.writer import tensor_bytes
 from checkpoint.storage import location
 

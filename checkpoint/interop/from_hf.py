@@ -41,8 +41,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from checkpoint.durable.commit import commit_checkpoint
-from checkpoint.durable.integrity import checksum_file, default_algorithm
-from checkpoint.durable.manifest import FileEntry, Manifest
+from checkpoint.durable.manifest import FileEntry, Manifest, checksum_file, default_algorithm
 from checkpoint.durable.writer import RAW, tensor_bytes
 from checkpoint.interop.init_from import source_hash
 from checkpoint.interop.weight_source import SourceError, open_source

@@ -29,9 +29,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from checkpoint.durable.integrity import checksum_file, default_algorithm
 from checkpoint.durable.loader import read_metadata, verification_shares
-from checkpoint.durable.manifest import CheckpointError, check_files, read_manifest
+from checkpoint.durable.manifest import CheckpointError, check_files, checksum_file, default_algorithm, read_manifest
 from checkpoint.durable.reader import RawFileReader
 from checkpoint.durable.reads import READ_RETRIES, READ_RETRY_BACKOFF_S, read_on_rank0
 from checkpoint.durable.writer import RAW

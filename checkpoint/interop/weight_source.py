@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from checkpoint.durable.layout import MANIFEST
-from checkpoint.durable.manifest import storage_failure
+from checkpoint.durable.manifest import MANIFEST, storage_failure
 from checkpoint.storage import location
 from model.config import ModelConfig
 from model.hf import hf_shape_problems, project_shape_problems

@@ -15,7 +15,7 @@ bytes into the live local tensor and hands the dict to ``TrainingState.load_stat
 same path a durable load ends in. Any difference in keys, shapes or dtypes is a SnapshotError:
 the snapshot belongs to another layout or another model.
 
-The whole file is checksummed while it is written (xxh3-64 or CRC-32, checkpoint/durable/integrity.py);
+The whole file is checksummed while it is written (xxh3-64 or CRC-32, checkpoint/durable/manifest.py);
 the checksum lives in the copy's manifest beside it, so a copy is verified before it is applied.
 """
 
@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from checkpoint.durable.integrity import hasher
+from checkpoint.durable.manifest import hasher
 
 STEP_DIR = "step_{:08d}"  # a step's copies: STEP_DIR/rankR.snap and its commit, rankR.json
 MAGIC = b"LLMSNAP1"

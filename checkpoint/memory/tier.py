@@ -34,9 +34,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from checkpoint.config import AUTO_MEASURE_STEPS
-from checkpoint.durable.integrity import default_algorithm
-from checkpoint.durable.layout import checkpoint_id, parse
-from checkpoint.durable.manifest import APPLIED_BYTES, CheckpointError, Manifest
+from checkpoint.durable.discovery import checkpoint_id, parse
+from checkpoint.durable.manifest import APPLIED_BYTES, CheckpointError, Manifest, default_algorithm
 from checkpoint.durable.preflight import PreflightError
 from checkpoint.memory.commit import SnapshotRecord, persist
 from checkpoint.memory.config import MemoryTierConfig

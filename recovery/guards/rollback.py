@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from checkpoint.durable.discovery import list_committed, mark_superseded
-from checkpoint.durable.layout import parse
+from checkpoint.durable.discovery import list_committed, mark_superseded, parse
 from checkpoint.storage import location
 from recovery.resume import load_with_fallback
 

@@ -10,8 +10,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
 from checkpoint.durable import segments
 from checkpoint.durable.commit import acknowledge
-from checkpoint.durable.integrity import checksum_file
-from checkpoint.durable.manifest import CheckpointError, FileEntry
+from checkpoint.durable.manifest import CheckpointError, FileEntry, checksum_file
 from checkpoint.durable.raw import RawFileWriter
 from checkpoint.durable.reader import RawFileReader
 from support.launch import run, torchrun, worker

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from checkpoint.durable.layout import BAD_MARKER
+from checkpoint.durable.discovery import BAD_MARKER
 from metrics.records import read_metrics, step_losses
 from rehearsal.chains import faults_override
 from rehearsal.runs import tiny_overrides

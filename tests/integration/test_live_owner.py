@@ -15,8 +15,7 @@ import time
 
 import pytest
 
-from checkpoint.durable.discovery import clean_uncommitted
-from checkpoint.durable.layout import checkpoint_dir
+from checkpoint.durable.discovery import checkpoint_dir, clean_uncommitted
 from checkpoint.durable.lease import (
     ATTEMPTS,
     RELEASED,

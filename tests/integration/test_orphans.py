@@ -13,8 +13,7 @@ import time
 import pytest
 import torch
 
-from checkpoint.durable.discovery import list_committed, read_latest_pointer
-from checkpoint.durable.layout import checkpoint_dir
+from checkpoint.durable.discovery import checkpoint_dir, list_committed, read_latest_pointer
 from checkpoint.durable.lease import StaleWriter, current_attempt, take_lease
 from checkpoint.durable.manifest import Manifest, read_manifest
 from checkpoint.durable.saver import CheckpointSaver

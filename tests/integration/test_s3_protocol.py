@@ -20,13 +20,13 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from checkpoint.durable.commit import commit_checkpoint
 from checkpoint.durable.discovery import (
+    BAD_MARKER,
     committed_dir,
     list_checkpoints,
     list_committed,
     mark_bad,
     read_latest_pointer,
 )
-from checkpoint.durable.layout import BAD_MARKER
 from checkpoint.durable.manifest import CheckpointError, read_manifest, verify_checkpoint
 from checkpoint.storage import Loc, location
 from checkpoint.storage import s3 as s3_client
@@ -211,8 +211,8 @@ def test_a_rank_fetches_only_the_slices_it_loads(s3):
     from torch.distributed.checkpoint.planner import LoadPlan
     from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-    from checkpoint.durable.integrity import default_algorithm
     from checkpoint.durable.loader import verification_shares
+    from checkpoint.durable.manifest import default_algorithm
     from checkpoint.durable.raw import RawFileWriter
     from checkpoint.durable.reader import RawFileReader
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint.durable.layout import checkpoint_dir
+from checkpoint.durable.discovery import checkpoint_dir
 from checkpoint.durable.manifest import Manifest
 from checkpoint.durable.preflight import PreflightError, preflight_checkpoint_dir, room_for
 from checkpoint.durable.save_errors import CheckpointSaveError

@@ -16,8 +16,10 @@ from checkpoint.durable.commit import (
     update_latest,
 )
 from checkpoint.durable.discovery import (
+    checkpoint_dir,
     clean_uncommitted,
     committed_dir,
+    fresh_dir,
     latest_committed,
     list_checkpoints,
     list_committed,
@@ -25,7 +27,6 @@ from checkpoint.durable.discovery import (
     read_latest_pointer,
     resolve_resume,
 )
-from checkpoint.durable.layout import checkpoint_dir, fresh_dir
 from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest, verify_checkpoint
 from support.launch import load_script
 
@@ -190,7 +191,7 @@ def test_preflight_checks_directory_and_space(tmp_path):
 def test_checksum_algorithms_agree_with_reference_implementations(tmp_path):
     import zlib
 
-    from checkpoint.durable.integrity import CHUNK, checksum_file
+    from checkpoint.durable.manifest import CHUNK, checksum_file
 
     data = os.urandom(CHUNK + 12345)  # spans two read chunks
     (tmp_path / "f").write_bytes(data)

@@ -137,7 +137,7 @@ def test_unknown_action_is_named():
 
 
 def test_retention_keeps_the_newest_verified_checkpoint_for_rollback():
-    from checkpoint.durable.retention import Candidate, retention_plan
+    from checkpoint.durable.discovery import Candidate, retention_plan
 
     cands = [Candidate(4), Candidate(8), Candidate(12, verified=False), Candidate(16, verified=False)]
     plan = retention_plan(cands, keep_last=2)

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint.durable.layout import checkpoint_id, fresh_dir
-from checkpoint.durable.retention import Candidate, apply_retention, retention_plan
+from checkpoint.durable.discovery import Candidate, apply_retention, checkpoint_id, fresh_dir, retention_plan
 
 
 def kept(plan):

@@ -174,10 +174,8 @@ def test_more_validation_batches_than_the_set_holds_are_refused(pydoc_data):
 
 
 def test_keep_best_ranks_by_validation_loss(tmp_path):
-    from checkpoint.durable.discovery import list_committed
-    from checkpoint.durable.layout import checkpoint_id
+    from checkpoint.durable.discovery import apply_retention, checkpoint_id, list_committed
     from checkpoint.durable.manifest import FileEntry, Manifest, write_manifest
-    from checkpoint.durable.retention import apply_retention
 
     for step, loss, val in ((10, 3.0, 2.0), (20, 2.0, 1.5), (30, 1.0, 1.8), (40, 0.9, None)):
         d = tmp_path / checkpoint_id(step)
