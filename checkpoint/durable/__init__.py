@@ -2,8 +2,8 @@
 
   saver.py        sync and async saves (a dedicated gloo group), phases with fault hooks
   writer.py       the data files: raw tensor bytes, checksummed as they are written (the format)
-  reader.py       a DCP StorageReader that reads raw bytes straight into the destination tensors
-  segments.py     the read plan of one file: byte segments, read streams, the checksum in file order
+  reader.py       a DCP StorageReader that reads raw bytes straight into the destination tensors: the
+                  read plan of one file (byte segments, read streams, the checksum in file order)
   commit.py       acknowledge -> collect -> create the manifest (the commit) -> latest pointer
   lease.py        which attempt owns checkpoint.dir: an older attempt's writer never commits
   save_errors.py  a save the storage refused (disk full, read-only, quota): the message, the numbers

@@ -1,4 +1,4 @@
-"""checkpoint/durable/ writer.py, reader.py, segments.py: raw-bytes tensors read straight into their
+"""checkpoint/durable/ raw.py, reader.py: raw-bytes tensors read straight into their
 destinations, checksums computed while writing and verified while reading, stock DCP checkpoints still readable."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
-from checkpoint.durable import segments
+from checkpoint.durable import reader as reader_module
 from checkpoint.durable.commit import acknowledge
 from checkpoint.durable.manifest import CheckpointError, FileEntry, checksum_file
 from checkpoint.durable.raw import RawFileWriter
@@ -20,9 +20,7 @@ from support.launch import run, torchrun, worker
 def _quick_reread(monkeypatch):
     """Damage found while loading is read again after REREAD_DELAY_S (1 s: a network file system's
     cache); the second read still happens here, after 10 ms, since the wait is not what these tests check."""
-    from checkpoint.durable import reader
-
-    monkeypatch.setattr(reader, "REREAD_DELAY_S", 0.01)
+    monkeypatch.setattr(reader_module, "REREAD_DELAY_S", 0.01)
 
 
 def sample_state() -> dict:
@@ -111,8 +109,8 @@ def test_a_flipped_bit_is_found_while_loading_and_nothing_is_unpickled(tmp_path,
 def test_bytes_this_rank_does_not_need_are_still_verified(tmp_path, monkeypatch, streams, gap_limit, scratch):
     """Loading a subset leaves gaps in the file: they are read and hashed too, by parallel
     streams into fresh buffers, or (past GAP_LIMIT) by one stream through two recycled ones."""
-    monkeypatch.setattr(segments, "GAP_LIMIT", gap_limit)
-    monkeypatch.setattr(segments, "SCRATCH", scratch)
+    monkeypatch.setattr(reader_module, "GAP_LIMIT", gap_limit)
+    monkeypatch.setattr(reader_module, "SCRATCH", scratch)
     sd = sample_state()
     writer = save_raw(tmp_path, sd)
     (name, entry), = writer.written.items()
