@@ -12,8 +12,7 @@ import logging
 from typing import Optional
 
 from checkpoint.durable.discovery import checkpoint_id
-from checkpoint.durable.save_errors import CheckpointSaveError
-from checkpoint.durable.saver import SaveRecord
+from checkpoint.durable.saver import CheckpointSaveError, SaveRecord
 
 log = logging.getLogger("trainer")
 

@@ -35,8 +35,7 @@ from checkpoint.durable.manifest import (
     read_manifest,
 )
 from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes, held_once, preflight_checkpoint_dir
-from checkpoint.durable.save_errors import CheckpointSaveError
-from checkpoint.durable.saver import CheckpointSaver, FaultHook, SaveRecord
+from checkpoint.durable.saver import CheckpointSaveError, CheckpointSaver, FaultHook, SaveRecord
 from checkpoint.events import CheckpointEvents
 from checkpoint.memory.tier import MemoryTier  # unit: memory
 from checkpoint.save_manifest import ManifestBuilder

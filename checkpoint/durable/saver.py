@@ -1,29 +1,27 @@
-"""Saving: synchronous or asynchronous DCP writes followed by the commit protocol.
+"""A durable save: DCP writes the data files, then the commit protocol (checkpoint/durable/commit.py).
 
 sync:  the training thread writes, acknowledges and (coordinator) commits.
 async: the training thread waits for the previous save, then stages a host copy
        (``dcp.async_save`` with checkpoint/state/staging.py) and returns; DCP writes from its
        thread and ours acknowledges and commits. At most one save is in flight.
-async_process: as async, but DCP plans and writes in a writer process of each rank (DCP's
-       ``AsyncCheckpointerType.PROCESS``, started at the first save and kept), so the planning
-       of a large state (about 40 s on the coordinator at 70B on 512 ranks, the first save) and
-       the writing never hold the training process's GIL. The writer's checksums stay in that
-       process, so the acknowledgement reads each file back to checksum it.
+async_process: as async, but DCP plans and writes in a writer process of each rank (started at the
+       first save and kept), so the planning of a large state and the writing never hold the training
+       process's GIL. The writer's checksums stay in that process, so the acknowledgement reads each
+       file back to checksum it.
 
-DCP's collectives run on a dedicated gloo group: sharing the default group with training
-collectives from another thread aborts or deadlocks gloo (docs/checkpoint-format.md).
-Fault hooks (``fault_hook(phase, step, path)``) sit between the phases.
-
-A failure in a phase is agreed on that group (DCP agrees on its own), so every rank ends the
-same save the same way. When the storage refused it (disk full, read-only, over quota) the
-coordinator removes the uncommitted directory and every rank raises ``CheckpointSaveError``
-(checkpoint/durable/save_errors.py); the manager decides whether the run stops. ``attempt`` is this
-attempt's lease (checkpoint/durable/lease.py): checked before acknowledging and before committing.
+DCP's collectives run on a dedicated gloo group (docs/checkpoint-format.md says why). Fault hooks
+(``fault_hook(phase, step, path)``) sit between the phases. A failure in a phase is agreed on that group
+(DCP agrees on its own), so every rank ends the same save the same way. When the storage refused it
+(disk full, read-only, over quota) the coordinator removes the uncommitted folder and every rank raises
+``CheckpointSaveError``, whose message has the numbers and what to do; the manager decides whether the
+run stops. Committed checkpoints are never touched. ``attempt`` is this attempt's lease
+(checkpoint/durable/lease.py): checked before acknowledging and before committing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,11 +37,10 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from checkpoint.config import ASYNC_MODES
 from checkpoint.durable.commit import acknowledge, collect_acknowledgements, commit_checkpoint, update_latest
-from checkpoint.durable.discovery import fresh_dir
+from checkpoint.durable.discovery import fresh_dir, latest_committed, remove_checkpoint
 from checkpoint.durable.lease import StaleWriter, check_lease, newer_owner
-from checkpoint.durable.manifest import FileEntry, Manifest, checksum_file
+from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest, checksum_file
 from checkpoint.durable.raw import RawFileWriter  # unit: raw
-from checkpoint.durable.save_errors import RankFailures, failures_of, outcome_of, refused_save, storage_errno
 from checkpoint.durable.writer import StockFileWriter, _StoreWriter
 from checkpoint.state.staging import HostStager
 from checkpoint.storage import Loc, location
@@ -67,6 +64,85 @@ def _planner() -> DefaultSavePlanner:
 
 def _no_dist() -> bool:
     return not (dist.is_available() and dist.is_initialized())
+
+
+# errno -> what the storage said, and the first thing to do about it
+_REASONS = {
+    errno.ENOSPC: ("the disk is full (ENOSPC)", "free space there or point checkpoint.dir at a larger volume"),
+    errno.EDQUOT: ("the disk quota is exhausted (EDQUOT)",
+                   "free space in your quota, raise the quota, or point checkpoint.dir elsewhere"),
+    errno.EROFS: ("the file system is read-only (EROFS)",
+                  "remount it read-write or point checkpoint.dir at a writable volume"),
+    errno.EACCES: ("permission denied (EACCES)", "make the directory writable by this user"),
+    errno.EPERM: ("operation not permitted (EPERM)", "make the directory writable by this user"),
+}
+STORAGE_ERRNOS = frozenset(_REASONS) | {errno.EIO, errno.EFBIG, errno.ESTALE}
+
+
+class CheckpointSaveError(CheckpointError):
+    """A checkpoint could not be written or committed because of the storage; nothing committed
+    was lost. ``errno`` is the storage's error number (the first rank's), ``step`` the save's."""
+
+    def __init__(self, message: str, step: int, errno_: Optional[int]):
+        super().__init__(message)
+        self.step, self.errno = step, errno_
+
+
+class RankFailures(CheckpointError):
+    """A phase of a save failed on some ranks; every rank raises this, with each rank's failure
+    (``failures``: {rank: exception}; storage errors are OSErrors with their errno)."""
+
+    def __init__(self, phase: str, failures: Dict[int, BaseException]):
+        super().__init__(f"{phase} failed on rank(s) {sorted(failures)}: "
+                         + "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(failures.items())))
+        self.failures = failures
+
+
+def outcome_of(error: Optional[BaseException]) -> Optional[tuple]:
+    """This rank's failure of a save phase as a picklable tuple to gather (None: it succeeded); a storage
+    error keeps its errno, so every rank can judge it as storage_errno does."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return ("os", error.errno, error.strerror, error.filename)
+    return None if error is None else ("other", type(error).__name__, str(error), None)
+
+
+def failures_of(outcomes: List[Optional[tuple]]) -> Dict[int, BaseException]:
+    """{rank: its failure} from the gathered ``outcome_of`` tuples."""
+    return {r: OSError(a, b, filename) if what == "os" else CheckpointError(f"{a}: {b}")
+            for r, (what, a, b, filename) in ((r, o) for r, o in enumerate(outcomes) if o is not None)}
+
+
+def rank_errors(exc: BaseException, rank: int) -> List[Tuple[int, BaseException]]:
+    """(rank, error) for each failure behind ``exc``: the per-rank failures of a DCP
+    ``CheckpointException`` or of ``RankFailures`` ({rank: exception or (exception,
+    traceback)}), else ``exc`` itself as ``rank``'s."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        return sorted(((r, f[0] if isinstance(f, tuple) else f) for r, f in failures.items()),
+                      key=lambda x: x[0])
+    return [(rank, exc)]
+
+
+def storage_errno(exc: BaseException) -> Optional[int]:
+    """The errno of the first storage failure behind ``exc`` (itself, its cause, per-rank
+    failures), or None when the save failed for another reason (a bug, a dead peer, an injected
+    exception), which then stays what it is."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+            return e.errno
+        todo += [err for _, err in rank_errors(e, -1) if err is not e] + [e.__cause__, e.__context__]
+    return None
+
+
+def _bytes(n: Optional[int]) -> str:
+    if n is None:
+        return "unknown"
+    return f"{n:,} bytes ({n / 2**30:.2f} GiB)" if n >= 2**30 else f"{n:,} bytes ({n / 2**20:.1f} MiB)"
 
 
 @dataclass
@@ -273,7 +349,52 @@ class CheckpointSaver:
         code = storage_errno(exc)
         if code is None:
             return exc
-        return refused_save(exc, code, step, self.root, staging, self.rank, self.expected_bytes, self.is_coordinator)
+        return self._refused(exc, code, step, staging)
+
+    def _refused(self, exc: BaseException, code: int, step: int, staging: Optional[Loc]) -> CheckpointSaveError:
+        """The CheckpointSaveError of a save the storage refused (``code``, from ``exc``), on every rank: the
+        coordinator removes the uncommitted folder first; each rank lists the newest committed checkpoint for
+        the message (nothing else depends on it). The message: which save, where, why (per rank), free bytes,
+        one checkpoint's size, what to do."""
+        removed = None  # the coordinator's job
+        if staging is None:  # failed before a folder was chosen: nothing to remove
+            removed, staging = "never", self.root
+        elif self.is_coordinator:
+            try:
+                remove_checkpoint(staging)
+                removed = True
+            except FileNotFoundError:  # never created
+                removed = True
+            except OSError:
+                removed = False  # removed at the next start
+        try:
+            newest = latest_committed(self.root)
+            kept = (f"the newest committed checkpoint, {newest.checkpoint_id}, is intact" if newest
+                    else "there is no committed checkpoint yet")
+        except (OSError, CheckpointError):  # the storage that failed the save may not answer a listing either
+            kept = "the committed checkpoints could not be listed, the storage did not answer; none was written to"
+        try:
+            free: Optional[int] = self.root.free_bytes()
+        except OSError:
+            free = None
+        reason, fix = _REASONS.get(code, ("the storage refused the write", "check the file system"))
+        if code not in _REASONS and self.root.failure_hint() is not None:
+            reason, fix = self.root.failure_hint()
+        errors = [f"rank {r}: {e}" for r, e in rank_errors(exc, self.rank)]
+        detail = "; ".join(errors[:4]) + (f"; and {len(errors) - 4} more" if len(errors) > 4 else "")
+        gone = {True: "removed", None: "removed by rank 0, or at the next start",
+                False: "not removed, the storage did not answer: the next start removes it",
+                "never": "none made: the storage failed before the save chose its folder"}[removed]
+        err = CheckpointSaveError(
+            f"checkpoint of step {step} could not be saved: {reason}. {detail}.\n"
+            f"  directory: {staging} ({gone}; nothing committed was touched: {kept})\n"
+            f"  free in {self.root}: {_bytes(free)}; one checkpoint of this run: {_bytes(self.expected_bytes)}; "
+            "while a save is written the directory holds checkpoint.keep_last + 1 of them\n"
+            f"  what to do: {fix}, or lower checkpoint.keep_last; then relaunch: the run resumes from the newest "
+            "committed checkpoint. checkpoint.on_save_error=continue trains on when a save fails (an alarm in "
+            "metrics.jsonl; the next interval tries again).", step, code)
+        err.__cause__ = exc
+        return err
 
     def _newer_attempt(self, exc: BaseException) -> Optional[StaleWriter]:
         """StaleWriter if a newer attempt owns the directory; a failure every rank met (an agreed phase,

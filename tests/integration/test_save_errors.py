@@ -27,8 +27,7 @@ import torch
 from checkpoint.durable.discovery import checkpoint_dir
 from checkpoint.durable.manifest import Manifest
 from checkpoint.durable.preflight import PreflightError, preflight_checkpoint_dir, room_for
-from checkpoint.durable.save_errors import CheckpointSaveError
-from checkpoint.durable.saver import CheckpointSaver
+from checkpoint.durable.saver import CheckpointSaveError, CheckpointSaver
 from checkpoint.storage import location
 from metrics.records import read_metrics, step_losses
 from rehearsal.chains import divergences, faults_override
@@ -309,7 +308,7 @@ def test_whether_a_newer_attempt_owns_the_directory_is_the_coordinators_answer(t
     rank 1's own read would say the opposite of the coordinator's."""
     from checkpoint.durable import saver as saver_module
     from checkpoint.durable.lease import StaleWriter, take_lease
-    from checkpoint.durable.save_errors import RankFailures
+    from checkpoint.durable.saver import RankFailures
     from parallel import collectives
 
     mine, newer = take_lease(tmp_path), take_lease(tmp_path)  # the newer attempt owns it now
