@@ -304,9 +304,8 @@ def floor_worker(rank: int, port: int, model: str, reps: int, shm: Path, out: Pa
     import torch.distributed as dist
 
     from checkpoint.durable.manifest import hasher
-    from checkpoint.memory.commit import persist
     from checkpoint.memory.snapshot import CHUNK
-    from checkpoint.memory.tier import MemoryTier
+    from checkpoint.memory.tier import MemoryTier, persist
 
     def cpu() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)

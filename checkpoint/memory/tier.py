@@ -1,24 +1,24 @@
 """The memory tier: frequent snapshots in node-local shared memory, each replicated to a peer node.
 
-A durable checkpoint goes to shared storage at the Young/Daly interval; a failure then costs
-half an interval of work plus a reload from storage. The memory tier (checkpoint.memory) keeps
-a snapshot every few steps in a tmpfs directory (``/dev/shm`` by default), which outlives a
-worker restart by torchrun, and with ``replicas: 1`` sends the same bytes to the rank
-``local_world_size`` away: the same local rank on the next node, a ring over nodes. A worker
-crash restores from its own node's copy, a lost node from its peer's replica, and neither
-reads storage. The durable tier keeps running at its own interval.
+A durable checkpoint goes to shared storage at the Young/Daly interval; a failure then costs half an
+interval of work plus a reload from storage. The memory tier keeps a snapshot every few steps in a tmpfs
+(``/dev/shm`` by default), which outlives a worker restart by torchrun, and with ``replicas: 1`` sends the
+same bytes to the same local rank on the next node (a ring over nodes). A worker crash restores from its
+own node's copy, a lost node from its peer's replica; neither reads storage.
 
-This module is the tier's face: its schedule, the pre-flight, and a snapshot's training-thread
-half (wait for the previous snapshot, at most one in flight; copy the state into one reused flat
-host buffer, snapshot.FlatStager; return to training). The parts:
-  snapshot.py    one rank's state as one checksummed file (the format)
-  commit.py      the background half: write, replicate, two-round commit, drop older steps
-  transport.py   the tier's gloo group: agreements, the replica exchange, copies sent to a peer
-  restore.py     the newest step every rank can get an intact copy of, local or from a peer
-
-Node identity: one tmpfs per host, so by default the directory is ``root`` itself. On a
-machine that plays several nodes (tests: two torchrun agents on one host)
-``checkpoint.memory.node`` gives each its own ``root/node-<id>``.
+This module is the tier's schedule, its pre-flight and the two halves of a snapshot. The training
+thread waits for the previous snapshot (at most one in flight), copies the state into one reused flat
+host buffer (snapshot.py's FlatStager) and returns to training. The background half (``persist``), each
+phase agreed over the tier's group so a rank that failed never leaves its peer waiting:
+  1. write ``step_S/rankR.snap``, checksummed as it is written;
+  2. send the staged bytes to the peer (not read back from the file), receive the source rank's and write
+     them to ``step_S/rankQ.snap``, checksummed as they are written;
+  3. every rank holds both copies: write each copy's manifest ``rankR.json`` (the commit: a copy without
+     one is ignored);
+  4. every rank committed: delete the older steps.
+A kill at any moment leaves the previous complete step on every node until the new one is complete
+everywhere. On a machine that plays several nodes (tests) ``checkpoint.memory.node`` gives each its
+own ``root/node-<id>``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import os
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -37,13 +38,30 @@ from checkpoint.config import AUTO_MEASURE_STEPS
 from checkpoint.durable.discovery import checkpoint_id, parse
 from checkpoint.durable.manifest import APPLIED_BYTES, CheckpointError, Manifest, default_algorithm
 from checkpoint.durable.preflight import PreflightError
-from checkpoint.memory.commit import SnapshotRecord, persist
 from checkpoint.memory.config import MemoryTierConfig
-from checkpoint.memory.restore import Restored, restore
-from checkpoint.memory.snapshot import STEP_DIR, FlatStager
+from checkpoint.memory.restore import restore
+from checkpoint.memory.snapshot import STEP_DIR, FlatStager, SnapshotError, Staged, write_snapshot
 from checkpoint.memory.transport import PeerGroup, size_text
+from checkpoint.storage import location
 
 log = logging.getLogger("trainer")
+
+
+@dataclass
+class SnapshotRecord:
+    step: int
+    stall_s: float  # the training thread: waiting for the previous snapshot + the host copy
+    waited_s: float  # part of stall_s spent waiting for the previous snapshot
+    background_s: float  # write, replica exchange, agreement, commit
+    replica_s: float  # the exchange with the peers (0 without replicas)
+    bytes: int  # this rank's snapshot
+    replica_bytes: int  # the copy received from the source rank
+    committed: bool
+    transfer_s: float = 0.0  # of replica_s, the bytes on the wire (the rest: writing the replica + its checksum)
+
+    @property
+    def blocking_s(self) -> float:  # what recovery/runtime.py's AutoInterval reads, as of a durable save
+        return self.stall_s
 
 
 def default_root(run_name: str) -> Path:
@@ -117,10 +135,7 @@ class MemoryTier:
             raise PreflightError(problem)
         if problem is not None:
             log.warning("%s. checkpoint.memory.required=false: training on the durable tier alone", problem)
-            self.disable()
-
-    def disable(self) -> None:
-        self.enabled = False
+            self.enabled = False
 
     # -- snapshots -------------------------------------------------------------------------
     def due(self, step: int) -> bool:
@@ -210,29 +225,12 @@ class MemoryTier:
     def discard(self) -> None:
         """Delete this node's snapshots (the run finished: they would only hold memory)."""
         self.wait()
-        for d in self.dir.glob("step_*"):
-            shutil.rmtree(d, ignore_errors=True)
+        drop_steps(self.dir, lambda s: True)
 
     # -- restore ---------------------------------------------------------------------------
-    def restore(self, state, newer_than: int = 0, allow_config_change: bool = False) -> Optional[Restored]:
-        """Restore ``state`` from the newest step every rank can get an intact copy of (and newer
-        than ``newer_than``, the newest durable checkpoint). None: nothing usable, nothing touched.
-        ConfigMismatch: taken with another config (checkpoint/memory/restore.py)."""
-        return restore(self, state, newer_than, allow_config_change)
-
     def forget_newer(self, step: int) -> None:
         """Drop this node's copies of every step after ``step``: a resume went back past them."""
-        for d in self.dir.glob("step_*"):
-            if d.name.split("_")[-1].isdigit() and int(d.name.split("_")[-1]) > step:
-                shutil.rmtree(d, ignore_errors=True)
-
-    def forget(self, step: int) -> None:
-        """Drop this node's copies of ``step`` (it failed to restore): the next restart does not retry it."""
-        shutil.rmtree(self.dir / STEP_DIR.format(step), ignore_errors=True)
-
-    def agree(self, problem: Optional[str]) -> Optional[str]:
-        """Every rank's problems, joined, if any rank has one (else None)."""
-        return self.peers.agree(problem)
+        drop_steps(self.dir, lambda s: s > step)
 
     def resume(self, ckpt, verify, newest: Optional[Path]) -> Optional[str]:
         """Resume ``ckpt``'s state (a CheckpointManager) from the newest step every rank can get an intact copy
@@ -240,16 +238,16 @@ class MemoryTier:
         load. What happened (for the banner), or None: go on to the durable tier (nothing usable, or the
         snapshot failed and was forgotten)."""
         t0 = time.perf_counter()
-        restored = self.restore(ckpt.state, newer_than=parse(newest.name)[0] if newest is not None else 0,
-                                allow_config_change=ckpt.cfg.allow_config_change)
+        restored = restore(self, ckpt.state, newer_than=parse(newest.name)[0] if newest is not None else 0,
+                           allow_config_change=ckpt.cfg.allow_config_change)
         if restored is None:
             return None
-        problem = self.agree(restored.problem)
+        problem = self.peers.agree(restored.problem)
         where = self.dir / STEP_DIR.format(restored.step)
         if problem is None and verify is not None:
-            problem = self.agree(verify(restored.manifest, where))
+            problem = self.peers.agree(verify(restored.manifest, where))
         if problem is not None:
-            self.forget(restored.step)
+            shutil.rmtree(where, ignore_errors=True)  # forgotten: the next restart does not retry it
             log.error("the memory snapshot of step %d failed to load or verify: %s; falling back to the durable tier",
                       restored.step, problem)
             ckpt.events.event(restored.step, kind="memory_restore_failed", problem=problem[:2000])
@@ -268,3 +266,55 @@ class MemoryTier:
                           sources={str(r): s for r, s in restored.sources.items()},
                           saved_world_size=ckpt.world_size, saved_layout=dict(ckpt.layout), **restored.timings)
         return f"from the memory tier (step {restored.step}; {sources})"
+
+
+# -- a snapshot's background half --------------------------------------------------------------------
+def persist(tier, step: int, staged: Staged, info: dict, stall: float, waited: float) -> SnapshotRecord:
+    """Write, exchange, commit; each phase agreed over the group, so a rank that failed (a full
+    tmpfs) never leaves its peer waiting in a transfer that will not come."""
+    t0 = time.perf_counter()
+    d = tier.dir / STEP_DIR.format(step)
+    replica_bytes, replica_s, transfer_s, replica_info, size = 0, 0.0, 0.0, None, 0
+
+    def failed() -> SnapshotRecord:
+        return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, replica_s, size, replica_bytes, False)
+
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        for owner in {tier.rank, tier.peers.source if tier.peers.source is not None else tier.rank}:
+            (d / f"rank{owner:05d}.json").unlink(missing_ok=True)  # a commit of an earlier try of this step
+        own = d / f"rank{tier.rank:05d}.snap"
+        size, checksum = write_snapshot(own, staged, tier.algorithm)
+        info.update(size=size, checksum=checksum)
+        ok = True
+    except Exception as exc:
+        log.error("memory snapshot of step %d: writing on rank %d failed: %s: %s", step, tier.rank,
+                  type(exc).__name__, exc)
+        ok = False
+    if not tier.peers.all_ok(ok):
+        return failed()
+    if tier.peers.peer is not None:
+        t1 = time.perf_counter()
+        try:
+            replica_info = tier.peers.exchange(staged, info, d)
+            replica_bytes, ok = replica_info["size"], True
+        except SnapshotError as exc:  # the transfer itself completed on both sides
+            log.error("memory snapshot of step %d on rank %d: %s", step, tier.rank, exc)
+            ok = False
+        replica_s, transfer_s = time.perf_counter() - t1, tier.peers.transfer_s
+        if not tier.peers.all_ok(ok):
+            return failed()
+    location(d / f"rank{tier.rank:05d}.json").write_text(json.dumps(info))
+    if replica_info is not None:
+        location(d / f"rank{replica_info['owner']:05d}.json").write_text(json.dumps(replica_info))
+    if tier.peers.all_ok(True):  # every rank committed step: the older ones can go
+        drop_steps(tier.dir, lambda s: s < step)
+    return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, replica_s, size, replica_bytes, True,
+                          transfer_s)
+
+
+def drop_steps(directory: Path, drop: Callable[[int], bool]) -> None:
+    """Delete the step folders in ``directory`` whose step ``drop`` picks."""
+    for d in directory.glob("step_*"):
+        if d.name[len("step_"):].isdigit() and drop(int(d.name[len("step_"):])):
+            shutil.rmtree(d, ignore_errors=True)

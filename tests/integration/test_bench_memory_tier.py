@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint.memory.commit import SnapshotRecord
+from checkpoint.memory.tier import SnapshotRecord
 from support.launch import load_script
 
 TOP = {"config", "state_bytes_per_rank", "floors", "throughput", "snapshots", "alone", "restore", "targets",
