@@ -29,7 +29,7 @@ from checkpoint.durable.discovery import checkpoint_dir
 from checkpoint.durable.loader import load_checkpoint
 from checkpoint.durable.manifest import Manifest, checksum_files, default_algorithm
 from checkpoint.durable.saver import CheckpointSaver
-from checkpoint.state.training_state import TrainingState, local_state_bytes
+from checkpoint.state.training_state import TrainingState
 from model.config import ModelConfig
 from model.llama import build_model
 from rehearsal.bench import GiB, Memcpy, against, drop_page_cache, in_turns, read_floor, seconds, write_floor
@@ -45,6 +45,28 @@ def make_state(dim: int, layers: int, vocab: int) -> TrainingState:
     opt.step()
     opt.zero_grad(set_to_none=True)
     return TrainingState(model, opt, sched)
+
+
+def local_state_bytes(sd: dict) -> int:
+    """Bytes of the tensors this rank holds in a state dict (its shards only)."""
+    total = 0
+
+    def walk(obj):
+        nonlocal total
+        if isinstance(obj, torch.Tensor):
+            local = obj.to_local() if hasattr(obj, "to_local") else obj
+            total += local.numel() * local.element_size()
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                walk(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                walk(v)
+        elif isinstance(obj, (bytes, bytearray)):
+            total += len(obj)
+
+    walk(sd)
+    return total
 
 
 def timed_save(saver: CheckpointSaver, state: TrainingState, step: int):

@@ -38,8 +38,7 @@ from checkpoint.durable.manifest import (
 )
 from checkpoint.durable.reader import RawFileReader
 from checkpoint.durable.writer import RAW
-from checkpoint.state.rng import reseed_rng
-from checkpoint.state.training_state import TrainingState, rng_key
+from checkpoint.state.training_state import TrainingState, reseed_rng, rng_key
 from checkpoint.storage import location
 from parallel import collectives
 

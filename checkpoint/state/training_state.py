@@ -1,17 +1,24 @@
-"""The full training state as one Stateful object (contract 2).
+"""The full training state as one Stateful object (contract 2), and each rank's random number generators.
 
-Tensors (model, optimizer, EMA) come from ``get_state_dict``: each rank holds only its
-shards and DCP writes them in parallel, never gathered on one rank. Small Python state
-(scheduler, grad scaler, data position, the guards' running statistics, counters, metadata,
-RNG) is pickled into one ``bytes`` value per component, so its inner layout can evolve without changing the format.
-RNG is per rank (``rng.rank_R``); see checkpoint/state/rng.py for the changed-world-size policy.
+Tensors (model, optimizer, EMA) come from ``get_state_dict``: each rank holds only its shards and DCP
+writes them in parallel, never gathered on one rank. Small Python state (scheduler, grad scaler, data
+position, the guards' running statistics, counters, metadata, RNG) is pickled into one ``bytes`` value
+per component, so its inner layout can change without changing the format.
+
+RNG is per rank (``rng.rank_R``: python, numpy, torch CPU and this rank's CUDA device). At the same world
+size every rank restores exactly its own (bitwise continuation); at another there is no meaningful mapping
+from old ranks to new ones, so every rank reseeds from (seed, step, rank): the run stays deterministic,
+ranks stay decorrelated, and the log says so.
 """
 
 from __future__ import annotations
 
+import hashlib
 import pickle
+import random
 from typing import Any, Dict
 
+import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
@@ -21,8 +28,44 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from checkpoint.state.rng import capture_rng, restore_rng
 from training.schedule import apply_config
+
+
+def capture_rng() -> Dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch_cpu": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["torch_cuda"] = torch.cuda.get_rng_state()  # this rank's device (LOCAL_RANK's) only
+    return state
+
+
+def restore_rng(state: Dict[str, Any]) -> None:
+    """Restore this rank's generators. Only the current CUDA device's: a restart under another
+    CUDA_VISIBLE_DEVICES, or on a node with another device count, is not an error."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch_cpu"])
+    saved = state.get("torch_cuda")
+    if saved is None or not torch.cuda.is_available():
+        return
+    if isinstance(saved, (list, tuple)):  # written by an older version: every visible device's state
+        index = torch.cuda.current_device()
+        if index >= len(saved):
+            return  # this device was not visible to the saving process: its generator keeps its seed
+        saved = saved[index]
+    torch.cuda.set_rng_state(saved)
+
+
+def reseed_rng(seed: int, step: int, rank: int) -> int:
+    """The changed-world-size policy: one derived seed for every generator of this rank."""
+    derived = int.from_bytes(hashlib.sha256(f"{seed}:{step}:{rank}".encode()).digest()[:8], "little") >> 1
+    random.seed(derived)
+    np.random.seed(derived % 2**32)
+    torch.manual_seed(derived)  # also seeds every CUDA device
+    return derived
 
 
 def pack(obj: Any) -> bytes:
@@ -125,24 +168,3 @@ class TrainingState(Stateful):
         if rng:
             restore_rng(unpack(rng))
 
-
-def local_state_bytes(sd: Dict[str, Any]) -> int:
-    """Bytes of the tensors this rank holds in a state dict (its shards only)."""
-    total = 0
-
-    def walk(obj):
-        nonlocal total
-        if isinstance(obj, torch.Tensor):
-            local = obj.to_local() if hasattr(obj, "to_local") else obj
-            total += local.numel() * local.element_size()
-        elif isinstance(obj, dict):
-            for v in obj.values():
-                walk(v)
-        elif isinstance(obj, (list, tuple)):
-            for v in obj:
-                walk(v)
-        elif isinstance(obj, (bytes, bytearray)):
-            total += len(obj)
-
-    walk(sd)
-    return total

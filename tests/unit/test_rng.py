@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from checkpoint.state.rng import capture_rng, restore_rng
+from checkpoint.state.training_state import capture_rng, restore_rng
 
 
 @pytest.fixture
