@@ -9,10 +9,8 @@ Five parts, one folder each (docs/checkpoint-format.md has the format and the pr
   memory/    the memory tier: node-local snapshots with a peer replica, and their restore
   interop/   weights in and out: safetensors and Hugging Face exports, model.init_from, stock DCP
 Beside them, what the trainer uses:
-  manager.py        the facade: preflight, load, save when due, close
-  save_manifest.py  the manifest of a save (probe loss, config hash, validation loss, init_from)
-  events.py         what the tiers report: log lines and metrics.jsonl records
-  checks.py         the checkpoint section's config checks and its file probes
+  manager.py  the facade: preflight, load, save when due, close; each save's manifest and report
+  checks.py   the checkpoint section's file probes (pre-flight), torch-free
 Which checkpoint a run resumes from, and the fallback when one fails, are recovery's
 (recovery/resume.py); the probe is recovery/probe.py.
 """

@@ -1,10 +1,11 @@
 """The facade the training run calls: preflight, load, save when due, close.
 
-Ties the parts together: TrainingState (what, checkpoint/state/), the durable tier's saver,
-loader and retention (checkpoint/durable/), the memory tier (checkpoint/memory/), the manifest
-of each save (checkpoint/save_manifest.py) and what is reported (checkpoint/events.py). Which
-checkpoint to resume from, and the fallback when one fails, are recovery's decisions
-(recovery/resume.py); recovery/runtime.py drives this class through its public methods.
+Ties the parts together: TrainingState (what, checkpoint/state/), the durable tier's saver, loader and
+retention (checkpoint/durable/), the memory tier (checkpoint/memory/). It builds each save's manifest
+(what post-load verification compares: config hash, layout, losses, the probe loss; the validation loss
+of an evaluation at that step; the weights' pretrained source) and reports each save (a log line, a
+metrics.jsonl record). Which checkpoint to resume from, and the fallback when one fails, are recovery's
+decisions (recovery/resume.py); recovery/runtime.py drives this class through its public methods.
 
 A save the storage refused (CheckpointSaveError: disk full, read-only, over quota) is an
 alarm in metrics.jsonl either way; ``checkpoint.on_save_error=continue`` trains on (the next
@@ -23,12 +24,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from checkpoint.config import AUTO_MEASURE_STEPS, CheckpointConfig
-from checkpoint.durable.discovery import apply_retention
+from checkpoint.durable.discovery import apply_retention, checkpoint_id
 from checkpoint.durable.lease import check_lease
 from checkpoint.durable.loader import load_checkpoint
 from checkpoint.durable.manifest import (
     LOAD_ERRORS,
     CheckpointError,
+    ConfigMismatch,
     Manifest,
     VerificationFailed,
     default_algorithm,
@@ -36,9 +38,8 @@ from checkpoint.durable.manifest import (
 )
 from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes, held_once, preflight_checkpoint_dir
 from checkpoint.durable.saver import CheckpointSaveError, CheckpointSaver, FaultHook, SaveRecord
-from checkpoint.events import CheckpointEvents
 from checkpoint.memory.tier import MemoryTier  # unit: memory
-from checkpoint.save_manifest import ManifestBuilder
+from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config, schedule_changes
 from checkpoint.state.training_state import TrainingState
 from checkpoint.storage import location
 from parallel import collectives
@@ -67,8 +68,12 @@ class CheckpointManager:
         self.root = location(c.dir)  # a folder, or an s3:// prefix (checkpoint/storage/)
         # "auto": recovery/runtime.py measures a first save, then calls set_interval (Young/Daly)
         self.interval = AUTO_MEASURE_STEPS if c.every == "auto" else c.every
-        self.manifests = ManifestBuilder(config, global_batch_size, state, world_size, self.layout, probe)
-        self.events = CheckpointEvents(metrics)
+        self.full_config, self.global_batch_size, self.probe = config, global_batch_size, probe
+        self.hashed = hashed_config(config)
+        self.config_hash = config_hash(self.hashed)
+        self.init_from: Optional[Dict] = None  # every manifest's init_from (checkpoint/interop/init_from.py)
+        self._eval: Optional[Tuple[int, float]] = None  # (step, validation loss) of the latest evaluation
+        self.metrics = metrics  # a MetricsLogger (metrics/logger.py), or None: log lines only
         self.fault_hook = fault_hook  # the saver's phases, and checkpoint_read while loading
         self._housekeeping = futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-retention")
         group = None
@@ -86,18 +91,9 @@ class CheckpointManager:
         self.last_saved_step: Optional[int] = None
         self.save_failure: Optional[CheckpointSaveError] = None  # on_save_error=stop: raised once agreed
 
-    @property
-    def init_from(self) -> Optional[Dict]:
-        """The weights' pretrained source recorded in every manifest (checkpoint/interop/init_from.py sets it)."""
-        return self.manifests.init_from
-
-    @init_from.setter
-    def init_from(self, record: Optional[Dict]) -> None:
-        self.manifests.init_from = record
-
     def record_eval(self, step: int, val_loss: float) -> None:
         """The validation loss after ``step``: a save of that step records it in its manifest."""
-        self.manifests.record_eval(step, val_loss)
+        self._eval = (step, val_loss)
 
     @property
     def enabled(self) -> bool:
@@ -162,14 +158,24 @@ class CheckpointManager:
         ``verify``; raises CheckpointError (damaged, or failed verification on any rank) or
         ConfigMismatch (saved with another config, not allowed by checkpoint.allow_config_change)."""
         manifest = collectives.decided_on_rank0(lambda: read_manifest(path), errors=LOAD_ERRORS)  # one reader
-        m = self.manifests
-        m.check_resume(manifest, path, self.cfg.allow_config_change)  # ConfigMismatch
+        changed = schedule_changes(manifest.config, self.full_config)
+        if changed:
+            log.warning("resume changes the schedule (this run's config applies from step %d on): %s",
+                        manifest.step, "; ".join(changed))
+        if manifest.config_hash != self.config_hash:
+            diffs = config_differences(hashed_config(manifest.config), self.hashed)
+            msg = (f"{path} was saved with a different config (hash {manifest.config_hash}, this run "
+                   f"{self.config_hash}): {'; '.join(diffs) or 'unknown fields'}")
+            if not self.cfg.allow_config_change:
+                raise ConfigMismatch(msg + ". Resume with the same settings, or set "
+                                     "checkpoint.allow_config_change=true to accept the change.")
+            log.warning("checkpoint.allow_config_change=true: %s", msg)
         t0 = time.perf_counter()
         fault = (lambda f: self.fault_hook("checkpoint_read", manifest.step, path=f)) if self.fault_hook else None
         manifest = load_checkpoint(self.state, path, seed=self.seed, verify=self.cfg.verify_on_load,
                                    threads=self.cfg.load_threads, manifest=manifest, fault=fault)
         log.info("loaded %s in %.2f s", path, time.perf_counter() - t0)
-        m.init_from = manifest.init_from  # a resumed run's weights descend from the same source
+        self.init_from = manifest.init_from  # a resumed run's weights descend from the same source
         problem = verify(manifest, path) if verify is not None else None
         if collectives.any_rank(problem is not None):
             raise VerificationFailed(f"{path} failed post-load verification: {problem or 'on another rank'}")
@@ -194,7 +200,7 @@ class CheckpointManager:
         else:
             self._storage_guard(self.saver.poll)
         if self.memory is not None:
-            self.memory.after_step(step, loss, self.manifests, self.state)
+            self.memory.after_step(step, loss, self)
         return self._report()
 
     def _storage_guard(self, fn: Callable[[], None]) -> None:
@@ -206,15 +212,21 @@ class CheckpointManager:
     def _save_failed(self, exc: CheckpointSaveError) -> None:
         """A save the storage refused: an alarm (log, metrics.jsonl); with on_save_error=stop kept
         for ``raise_save_failure``."""
-        stop = self.cfg.on_save_error == "stop"
+        action = self.cfg.on_save_error
         try:
             free = self.root.free_bytes()
         except OSError:
             free = None
-        self.events.save_refused(exc, self.cfg.on_save_error, str(self.root), free, self.saver.expected_bytes)
+        if action == "stop":  # the whole message ends the run (train.py prints it)
+            log.error("%s; stopping (checkpoint.on_save_error=stop)", str(exc).splitlines()[0])
+        else:
+            log.error("checkpoint.on_save_error=continue, training goes on: %s", exc)
+        self.log_event(exc.step, kind="alarm", check="checkpoint_save", action=action,
+                       checkpoint_id=checkpoint_id(exc.step), errno=exc.errno, directory=str(self.root),
+                       free_bytes=free, checkpoint_bytes=self.saver.expected_bytes, message=str(exc).splitlines()[0])
         if self.last_saved_step == exc.step:
             self.last_saved_step = None  # not saved: a preemption at this step saves again
-        if stop and self.save_failure is None:
+        if action == "stop" and self.save_failure is None:
             self.save_failure = exc
 
     def raise_save_failure(self) -> None:
@@ -230,7 +242,7 @@ class CheckpointManager:
     def save(self, step: int, loss: Optional[float], unverified_reason: Optional[str] = None) -> None:
         """Save now (preemption, the loop's due saves); ``unverified_reason``: not marked verified."""
         started = time.perf_counter()  # the probe (in the manifest's build) counts in the blocking time
-        manifest = self.manifests.build(step, loss)
+        manifest = self.build_manifest(step, loss)
         if unverified_reason is not None:
             manifest.verified, manifest.unverified_reason = False, unverified_reason
             log.warning("checkpoint %s will not be marked verified: %s", manifest.checkpoint_id, unverified_reason)
@@ -252,6 +264,24 @@ class CheckpointManager:
             raise failure
 
     # -- helpers ---------------------------------------------------------------------------
+    def build_manifest(self, step: int, loss: Optional[float], probe_method: Optional[str] = None) -> Manifest:
+        """The manifest of a save of ``step``; sets the state's metadata to match (before its state dict is
+        taken). Runs the probe, whose loss post-load verification compares, unless ``probe_method`` names
+        another proof of the weights (the memory tier's: checkpoint/memory/restore.py)."""
+        probe_loss = self.probe() if self.probe is not None and probe_method is None else None
+        s, gbs = self.state, self.global_batch_size
+        s.meta = {"wall_clock": time.time(), "config_hash": self.config_hash, "world_size": self.world_size,
+                  "layout": dict(self.layout), "global_batch_size": gbs, "loss": loss, "probe_loss": probe_loss}
+        return Manifest(
+            checkpoint_id=checkpoint_id(step), step=step, tokens=s.tokens, samples=s.samples,
+            created_at=s.meta["wall_clock"], config_hash=self.config_hash, config=self.full_config,
+            world_size=self.world_size, layout=dict(self.layout), init_from=self.init_from,
+            global_batch_size=gbs, loss=loss, probe_loss=probe_loss, checksum_algorithm=None,
+            probe_method=probe_method or (getattr(self.probe, "method", None) if probe_loss is not None else None),
+            probe_kernels=getattr(self.probe, "kernels", None) if probe_loss is not None else None,
+            components=s.components(),
+            val_loss=self._eval[1] if self._eval is not None and self._eval[0] == step else None)
+
     def _after_commit(self, manifest: Manifest) -> None:
         self.saver.expected_bytes = manifest.total_bytes  # the size the messages of failed saves quote
         self._housekeeping.submit(self._retention, manifest.step)
@@ -276,11 +306,17 @@ class CheckpointManager:
     def _report(self) -> List[SaveRecord]:
         records = self.saver.finished()
         for r in records:
-            self.events.save(r)
+            log.info("checkpoint %s (%s): blocked training %.3f s (%.3f s waiting for the previous save), "
+                     "background %.3f s, %.1f MiB%s", r.checkpoint_id, r.mode, r.blocking_s, r.waited_s,
+                     r.background_s, r.bytes / 2**20, ", committed" if r.committed else "")
+            self.log_event(r.step, kind="checkpoint", checkpoint_id=r.checkpoint_id, mode=r.mode,
+                           blocking_s=r.blocking_s, waited_s=r.waited_s, background_s=r.background_s,
+                           bytes=r.bytes, committed=r.committed)
         if self.memory is not None:
             self.memory.report()
         return records
 
     def log_event(self, step: int, **fields) -> None:
         """A record in metrics.jsonl (rank 0), e.g. a resume or a rollback."""
-        self.events.event(step, **fields)
+        if self.metrics is not None:
+            self.metrics.log_event(step, **fields)

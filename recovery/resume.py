@@ -81,10 +81,10 @@ def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
         if ckpt.memory is not None:
             ckpt.memory.forget_newer(manifest.step)  # every node its own snapshots
         collectives.barrier()  # marked before anyone trains on (and saves) past it
-    ckpt.events.event(manifest.step, kind="resume", checkpoint_id=manifest.checkpoint_id, path=str(path),
-                      load_s=round(time.perf_counter() - t0, 3), skipped=skipped, source="storage",
-                      sources={str(r): "storage" for r in range(ckpt.world_size)},
-                      saved_world_size=manifest.world_size, saved_layout=manifest.layout)
+    ckpt.log_event(manifest.step, kind="resume", checkpoint_id=manifest.checkpoint_id, path=str(path),
+                   load_s=round(time.perf_counter() - t0, 3), skipped=skipped, source="storage",
+                   sources={str(r): "storage" for r in range(ckpt.world_size)},
+                   saved_world_size=manifest.world_size, saved_layout=manifest.layout)
     note = f" after skipping {', '.join(skipped)}" if skipped else ""
     return f"from {path} (step {manifest.step}, saved at world {manifest.world_size}){note}"
 
@@ -112,8 +112,8 @@ def load_with_fallback(ckpt: CheckpointManager, first: Callable[[], Optional[Pat
                 raise
             log.error("%s could not be read after %d retries; skipping it for this attempt (not marked bad): %s",
                       path.name, retries, exc)
-            ckpt.events.event(parse(path.name)[0], kind="checkpoint_unreadable", checkpoint_id=path.name,
-                              problem=str(exc)[:2000])
+            ckpt.log_event(parse(path.name)[0], kind="checkpoint_unreadable", checkpoint_id=path.name,
+                           problem=str(exc)[:2000])
             skipped.append(f"{path.name} (unreadable)")
             problem = exc
         except CheckpointError as exc:

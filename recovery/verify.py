@@ -67,7 +67,7 @@ class ResumeVerifier:
         self.inject = inject or (lambda phase, step: None)  # the run's fault injector (recovery/faults.py)
         self.layout, self.world_size = dict(layout), world_size
         self.root, self.retries = ckpt.root, ckpt.retries
-        self.config_hash, self.global_batch_size = ckpt.manifests.config_hash, ckpt.manifests.global_batch_size
+        self.config_hash, self.global_batch_size = ckpt.config_hash, ckpt.global_batch_size
         self.report: dict = {}
 
     def __call__(self, manifest: Manifest, path: Path) -> Optional[str]:

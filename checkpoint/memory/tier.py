@@ -78,17 +78,19 @@ class MemoryTier:
             return None
         tier = cls(mcfg, run_name=run_name, rank=ckpt.rank, world_size=ckpt.world_size,
                    local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", ckpt.world_size)), layout=ckpt.layout,
-                   config_hash=ckpt.manifests.config_hash, algorithm=default_algorithm(),
+                   config_hash=ckpt.config_hash, algorithm=default_algorithm(),
                    pin_memory=ckpt.device.type == "cuda", timeout_s=ckpt.cfg.commit_timeout_s,
-                   fault_hook=ckpt.fault_hook, events=ckpt.events)
+                   fault_hook=ckpt.fault_hook, log_event=ckpt.log_event)
         if tier.auto:  # recovery/runtime.py measures a first snapshot, then sets the interval
             tier.set_interval(AUTO_MEASURE_STEPS)
         return tier
 
     def __init__(self, mcfg, *, run_name: str, rank: int, world_size: int, local_world_size: int,
                  layout: Dict[str, int], config_hash: str, algorithm: str, pin_memory: bool = False,
-                 timeout_s: float = 600.0, fault_hook: Optional[Callable[..., None]] = None, events=None):
-        self.cfg, self.events = mcfg, events  # events: checkpoint/events.py (None: log lines only)
+                 timeout_s: float = 600.0, fault_hook: Optional[Callable[..., None]] = None,
+                 log_event: Optional[Callable[..., None]] = None):
+        self.cfg = mcfg
+        self.log_event = log_event or (lambda step, **fields: None)  # the manager's: metrics.jsonl
         self.auto = str(mcfg.interval).strip().lower() == "auto"
         self.records: List[SnapshotRecord] = []  # the newest finished snapshots (checkpoint.memory.interval=auto)
         root = Path(mcfg.root) if mcfg.root else default_root(run_name)
@@ -146,15 +148,15 @@ class MemoryTier:
             raise ValueError(f"memory snapshot interval {steps} must be >= 1")
         self.interval = int(steps)
 
-    def after_step(self, step: int, loss: float, manifests, state) -> None:
-        """After every optimizer step: a snapshot when due (its manifest from ``manifests``, the manager's
-        ManifestBuilder, which runs no probe for it: the restore compares the applied bytes), else a poll."""
+    def after_step(self, step: int, loss: float, ckpt) -> None:
+        """After every optimizer step: a snapshot of ``ckpt``'s state when due (its manifest built by ``ckpt``,
+        with no probe: the restore compares the applied bytes), else a poll."""
         if not self.due(step):
             self.poll()
             return
         started = time.perf_counter()  # the manifest's build counts in the stall
-        manifest = manifests.build(step, loss, probe_method=APPLIED_BYTES)  # sets the state's metadata
-        self.snapshot(step, state.state_dict(), manifest, started)
+        manifest = ckpt.build_manifest(step, loss, probe_method=APPLIED_BYTES)  # sets the state's metadata
+        self.snapshot(step, ckpt.state.state_dict(), manifest, started)
 
     def snapshot(self, step: int, state_dict: Dict[str, Any], manifest: Manifest,
                  started: Optional[float] = None) -> None:
@@ -200,11 +202,9 @@ class MemoryTier:
             log.debug("memory snapshot of step %d: stalled training %.3f s, background %.3f s (replica %.3f s), "
                       "%.1f MiB%s", r.step, r.stall_s, r.background_s, r.replica_s, r.bytes / 2**20,
                       ", complete" if r.committed else ", NOT complete")
-            if self.events is not None:
-                self.events.event(r.step, kind="memory_snapshot", stall_s=round(r.stall_s, 4),
-                                  waited_s=round(r.waited_s, 4), background_s=round(r.background_s, 4),
-                                  replica_s=round(r.replica_s, 4), bytes=r.bytes, replica_bytes=r.replica_bytes,
-                                  committed=r.committed)
+            self.log_event(r.step, kind="memory_snapshot", stall_s=round(r.stall_s, 4), waited_s=round(r.waited_s, 4),
+                           background_s=round(r.background_s, 4), replica_s=round(r.replica_s, 4), bytes=r.bytes,
+                           replica_bytes=r.replica_bytes, committed=r.committed)
         self.records = (self.records + done)[-16:]
         return done
 
@@ -250,7 +250,7 @@ class MemoryTier:
             shutil.rmtree(where, ignore_errors=True)  # forgotten: the next restart does not retry it
             log.error("the memory snapshot of step %d failed to load or verify: %s; falling back to the durable tier",
                       restored.step, problem)
-            ckpt.events.event(restored.step, kind="memory_restore_failed", problem=problem[:2000])
+            ckpt.log_event(restored.step, kind="memory_restore_failed", problem=problem[:2000])
             if newest is None:
                 raise CheckpointError(
                     f"the memory snapshot of step {restored.step} failed to load or verify ({problem}) and "
@@ -261,10 +261,10 @@ class MemoryTier:
         sources = ", ".join(f"rank {r} {s}" for r, s in sorted(restored.sources.items()))
         log.info("resumed step %d from the memory tier in %.2f s (%s): %s", restored.step, seconds,
                  ", ".join(f"{k} {v:.2f} s" for k, v in restored.timings.items()), sources)
-        ckpt.events.event(restored.step, kind="resume", checkpoint_id=checkpoint_id(restored.step), path=str(where),
-                          load_s=round(seconds, 3), skipped=[], source="memory",
-                          sources={str(r): s for r, s in restored.sources.items()},
-                          saved_world_size=ckpt.world_size, saved_layout=dict(ckpt.layout), **restored.timings)
+        ckpt.log_event(restored.step, kind="resume", checkpoint_id=checkpoint_id(restored.step), path=str(where),
+                       load_s=round(seconds, 3), skipped=[], source="memory",
+                       sources={str(r): s for r, s in restored.sources.items()},
+                       saved_world_size=ckpt.world_size, saved_layout=dict(ckpt.layout), **restored.timings)
         return f"from the memory tier (step {restored.step}; {sources})"
 
 

@@ -88,7 +88,7 @@ def roll_back(request: RollbackRequested, guards, ckpt, data) -> int:
     if ckpt.rank == 0:  # so do the committed checkpoints after the target: a crash must not resume them
         mark_superseded(ckpt.root, manifest.step, f"abandoned by the rollback from step {request.step} to step "
                                                   f"{manifest.step} ({request.reason})")
-    skipped = (request.step - manifest.step) * ckpt.manifests.global_batch_size
+    skipped = (request.step - manifest.step) * ckpt.global_batch_size
     data.skip_samples(skipped)
     guards.after_rollback()
     # The data skip and the clean guard state exist only in memory: save them over the target, and

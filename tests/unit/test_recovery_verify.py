@@ -51,8 +51,7 @@ def _verifier(cfg, state, probe, layout, world_size):
     """The run's verifier: its sections, and the manager's directory, retries, config hash and global batch."""
     rc = cfg.recovery
     ckpt = SimpleNamespace(root=location(cfg.checkpoint.dir), retries=(rc.read_retries, rc.read_retry_backoff_s),
-                           manifests=SimpleNamespace(config_hash=_hash(cfg),
-                                                     global_batch_size=cfg.training.global_batch_size))
+                           config_hash=_hash(cfg), global_batch_size=cfg.training.global_batch_size)
     return ResumeVerifier(rc, cfg.optim, cfg.training.steps, ckpt, state, probe, layout, world_size)
 
 
