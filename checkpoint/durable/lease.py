@@ -1,25 +1,15 @@
 """Which attempt owns a checkpoint directory: a writer never commits into one a newer attempt owns.
 
-An attempt is one start of the run (a torchrun restart, a scheduler requeue, a relaunch by
-hand). Its coordinator takes the lease at start-up, before it resumes: it creates
-``attempts/attempt_<K>`` for the next free K, only if absent (a hard link, a conditional PUT), so two attempts
-starting at once never get the same number. The highest K owns the directory. Every rank
-checks the lease before it acknowledges its files and the coordinator checks it again right
-before the commit rename and before it moves ``latest``, so a writer left over from an older
-attempt (an orphaned worker, a job the scheduler believes dead) stops with ``StaleWriter``
-instead of committing over the newer attempt's checkpoints.
+An attempt is one start of the run. Its coordinator creates ``attempts/attempt_<K>`` for the next free K,
+only if absent, so two attempts starting at once never share a number; the highest K owns the directory.
+Every rank checks the lease before it acknowledges its files, the coordinator again before the commit and
+before it moves ``latest``: a writer left over from an older attempt stops with ``StaleWriter``. It is a
+check, not a lock; that workers die with their launcher (parallel/init.py) closes the window.
 
-It is a check, not a lock: the window between the last check and the rename is one system
-call. What closes the rest is that workers die with their launcher (``die_with_launcher`` in
-parallel/init.py).
-
-A live owner is not taken over by accident. The owner's record is its heartbeat: a thread of the
-owning process (``Heartbeat``) rewrites it every ``timeout / 4`` s for as long as the process runs, a
-save in flight included, and marks it released when the run closes. A launch that finds the owner
-live (its record touched less than ``checkpoint.lease_timeout_s`` ago, not released, and not a dead
-pid on this host) refuses with ``LiveOwner``, before anything is written, unless it is the same
-torchrun job (same TORCHELASTIC_RUN_ID: restarted workers, a requeued job) or ``checkpoint.take_over=true``
-says so.
+The owner's record is its heartbeat (``Heartbeat`` rewrites it every ``timeout / 4`` s, and marks it
+released when the run closes). A launch that finds the owner live (its record younger than
+``checkpoint.lease_timeout_s``, not released, not a dead pid on this host, not this torchrun job's) refuses
+with ``LiveOwner`` before anything is written, unless ``checkpoint.take_over=true``.
 """
 
 from __future__ import annotations
@@ -69,15 +59,15 @@ def current_attempt(root: Path) -> Optional[int]:
 def describe(root: Path, attempt: int) -> str:
     """``attempt K (pid P on HOST, started T)`` from its record, for messages."""
     try:
-        rec = json.loads((location(root) / ATTEMPTS / f"{_PREFIX}{attempt:06d}").read_text())
+        rec = json.loads(_record_path(root, attempt).read_text())
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec["started_at"]))
         return f"attempt {attempt} (pid {rec['pid']} on {rec['host']}, started {when})"
     except (OSError, ValueError, KeyError):
         return f"attempt {attempt}"
 
 
-def _record_path(root: Path, attempt: int) -> Path:
-    return location(root) / ATTEMPTS / f"{_PREFIX}{attempt:06d}"
+def _record_path(root: Path, attempt: int, suffix: str = "") -> Path:
+    return location(root) / ATTEMPTS / f"{_PREFIX}{attempt:06d}{suffix}"
 
 
 def _pid_gone(pid: int) -> bool:
@@ -113,13 +103,7 @@ def live_owner(root: Path, timeout_s: float) -> Optional[str]:
         age = time.time() - path.stat().st_mtime
     except OSError:
         return None
-    if path.with_name(path.name + RELEASED).exists() or age >= timeout_s:
-        return None
-    try:
-        rec = json.loads(path.read_text())
-    except (OSError, ValueError):  # created a moment ago and not yet written (a launch at the same moment
-        rec = {}  # took it): live while its age says so
-    if _known_gone(rec):
+    if _record_path(root, owner, RELEASED).exists() or age >= timeout_s or _known_gone(path):
         return None
     return (f"{root} is in use by a live run: {describe(root, owner)}, heartbeat {age:.0f} s ago (a run is live while "
             f"its heartbeat is younger than checkpoint.lease_timeout_s={timeout_s:g}). Nothing was changed. Wait "
@@ -134,23 +118,19 @@ def earlier_writers_may_live(root: Path, attempt: Optional[int]) -> bool:
     one whose heartbeat merely went silent may live. ``attempt`` None (no lease held): False."""
     if attempt is None:
         return False
-    for older in [n for n in _numbers(root) if n < attempt]:
-        path = _record_path(root, older)
-        if path.with_name(path.name + RELEASED).exists():
-            continue
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return True  # unreadable: nothing proves it gone
-        if not _known_gone(rec):
-            return True
-    return False
+    return any(not _record_path(root, n, RELEASED).exists() and not _known_gone(_record_path(root, n))
+               for n in _numbers(root) if n < attempt)
 
 
-def _known_gone(record: dict) -> bool:
-    """Whether the writer of a lease ``record`` is known to have stopped: its pid died on this host (no
-    need to wait for the timeout), or it was this torchrun job's (workers restarted, or a requeue of the
-    job: the launcher stopped the old ones)."""
+def _known_gone(path: Path) -> bool:
+    """Whether the writer of the lease record at ``path`` is known to have stopped: its pid died on this host
+    (no need to wait for the timeout), or it was this torchrun job's (workers restarted, or a requeue of the
+    job: the launcher stopped the old ones). A record that does not read (created a moment ago, not yet
+    written) proves nothing."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
     if record.get("host") == socket.gethostname() and _pid_gone(int(record.get("pid", 0))):
         return True
     run_id = job_id()
@@ -186,8 +166,7 @@ def take_lease(root: Path, timeout_s: Optional[float] = None, take_over: bool = 
     """Become the owner of ``root`` (the coordinator of a new attempt calls it once); returns the
     attempt number every rank of this attempt then checks with ``check_lease``. With ``timeout_s``,
     raise LiveOwner while the owner is live (unless ``take_over``)."""
-    d = location(root) / ATTEMPTS
-    d.mkdir(parents=True, exist_ok=True)
+    (location(root) / ATTEMPTS).mkdir(parents=True, exist_ok=True)
     record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time(),
                          "restart_count": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
                          "run_id": job_id()})
@@ -199,13 +178,13 @@ def take_lease(root: Path, timeout_s: Optional[float] = None, take_over: bool = 
             log.warning("checkpoint.take_over=true: taking over although %s", problem.split(". Nothing")[0])
         attempt = (current_attempt(root) or 0) + 1
         try:
-            (d / f"{_PREFIX}{attempt:06d}").create_bytes(record.encode())
+            _record_path(root, attempt).create_bytes(record.encode())
         except FileExistsError:  # another attempt took this number first: take the next one
             continue
         break
     for old in _numbers(root)[:-KEEP_RECORDS]:
-        (d / f"{_PREFIX}{old:06d}").unlink(missing_ok=True)
-        (d / f"{_PREFIX}{old:06d}{RELEASED}").unlink(missing_ok=True)
+        _record_path(root, old).unlink(missing_ok=True)
+        _record_path(root, old, RELEASED).unlink(missing_ok=True)
     return attempt
 
 

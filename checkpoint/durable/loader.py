@@ -1,19 +1,12 @@
 """Loading a committed checkpoint into a TrainingState, at any world layout.
 
-DCP reshards on load: each rank asks for the shards its current layout needs (model,
-optimizer and EMA tensors are DTensors or plain tensors; DCP maps saved chunks to them), and
-checkpoint/durable/reader.py reads the bytes straight into them.
-
-The manifest and DCP's ``.metadata`` are read on rank 0 and broadcast (one reader, not one per
-rank). Verification against the manifest, in two parts (all ranks agree on every verdict):
-- before anything is touched: ``.metadata``'s checksum and every data file's size;
-- while loading: rank r checksums the data files of saved ranks k with k % world_size == r
-  (at an unchanged layout, its own file) as it streams them, so the disk is read once. When
-  that fails the live state is partly overwritten: ``CheckpointError`` says so, and the caller
-  loads another checkpoint or stops (recovery/resume.py falls back to an older one).
-A verdict is damage (CheckpointError) only when it is proven (checkpoint/durable/manifest.py:
-inspect_files); the storage failing to deliver is CheckpointUnreadable, which is retried and
-never marked BAD. Every rank raises the same error with the same message.
+DCP reshards: each rank asks for the shards its layout needs, and checkpoint/durable/reader.py reads the
+bytes straight into them. The manifest and ``.metadata`` are read on rank 0 and broadcast. Verification,
+every verdict agreed by all ranks: before anything is touched, ``.metadata``'s checksum and every data
+file's size; while loading, rank r checksums the files of saved ranks k with k % world_size == r as it
+streams them, so the disk is read once. A failure then leaves the live state partly overwritten: the
+caller loads another checkpoint or stops (recovery/resume.py). Damage (CheckpointError) is only what is
+proven (manifest.py's inspect_files); the storage failing to deliver is CheckpointUnreadable.
 """
 
 from __future__ import annotations
@@ -23,7 +16,6 @@ import re
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
@@ -136,8 +128,7 @@ def load_checkpoint(state: TrainingState, path: Path, *, seed: int, verify: bool
             continue
         raise CheckpointError(f"{path} has no '{component}' state (it holds: "
                               f"{sorted({k.split('.')[0] for k in keys})}); it was saved by a run without it")
-    no_dist = not (dist.is_available() and dist.is_initialized())
-    dcp.load(sd, storage_reader=reader, process_group=process_group, no_dist=no_dist)
+    dcp.load(sd, storage_reader=reader, process_group=process_group, no_dist=not collectives.distributed())
     _agree(path, (reader.problems, reader.unreadable), " while loading (the live training state is now partly "
            "overwritten: load another checkpoint before training)")
     state.load_state_dict(sd)

@@ -1,14 +1,11 @@
 """Before step 1: can the checkpoint directory take the saves this run will make?
 
-Checked: it exists (or can be created), this process can write and fsync a file there, and
-it has room for the checkpoints the run will hold at its peak: retention deletes only after a
-new save commits, so while one is written the directory holds keep_last + 1 of them. The
-committed checkpoints already there count as held (they take their room already), leftovers
-of interrupted saves as free (resume removes them). One checkpoint's size is the newest
-committed checkpoint's (its manifest), else the estimate from the model.
-
-Short of room, the run stops here (``checkpoint.on_save_error=stop``, the default), before it
-trains up to a save that cannot succeed; with ``continue`` it warns and trains on.
+It exists (or can be created), this process can write and fsync a file there, and it has room for the
+checkpoints the run holds at its peak: retention deletes only after a new save commits, so while one is
+written the directory holds keep_last + 1. Committed checkpoints already there count as held, leftovers of
+interrupted saves as free (resume removes them). One checkpoint's size is the newest manifest's, else the
+estimate from the model. Short of room, the run stops here (``checkpoint.on_save_error=stop``), before it
+trains up to a save that cannot succeed; with ``continue`` it warns.
 """
 
 from __future__ import annotations
@@ -65,11 +62,6 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.3f} GiB"
 
 
-def leftover_bytes(root) -> int:
-    """Bytes in the folders of interrupted saves (no manifest: resume removes them)."""
-    return sum(e.size for c in list_checkpoints(root) if not c.committed for e in c.path.walk())
-
-
 @dataclass(frozen=True)
 class Held:
     """What the directory holds already. It takes a listing and a read of every manifest, so a job
@@ -88,7 +80,8 @@ def held_in(root: Path, estimate_bytes: int) -> Held:
     newest = next((c for c in committed if c.manifest is not None and c.manifest.total_bytes > 0), None)
     size, source = ((newest.manifest.total_bytes, f"the size in {newest.checkpoint_id}'s manifest") if newest
                     else (estimate_bytes, "estimated from the model: no committed checkpoint yet"))
-    return Held(size, source, len(committed), leftover_bytes(root))
+    leftover = sum(e.size for c in list_checkpoints(root) if not c.committed for e in c.path.walk())
+    return Held(size, source, len(committed), leftover)
 
 
 def held_once(root: Path, estimate_bytes: int, retries: int = READ_RETRIES,

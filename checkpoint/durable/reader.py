@@ -153,7 +153,8 @@ class RawFileReader(FileSystemReader):
             self.problems.append(f"{name}: {size} bytes, the manifest says {expected.size}")
         hashing = expected is not None and expected.checksum is not None and size == expected.size
         segments, aside = plan_segments(requests, size if hashing else None)
-        streams = stream_count(segments, self.threads)
+        gaps = sum(s.end - s.start for s in segments if s.request is None)
+        streams = self.threads if gaps <= GAP_LIMIT else 1
         for seg in segments + aside:  # the planner is DCP's: only this thread talks to it
             r = seg.request
             if r is not None and r.dtype is not None:
@@ -217,14 +218,6 @@ class Segment:
     staging: Optional[torch.Tensor] = None  # rows read aside, when they cannot land in the target
     read: Future = dataclasses.field(default_factory=Future)  # -> memoryview of its bytes; None: file too short
     hashed: Future = dataclasses.field(default_factory=Future)
-
-
-
-def stream_count(segments: List[Segment], threads: int) -> int:
-    """How many streams read a file: ``threads``, or one when its gaps exceed GAP_LIMIT (a single
-    stream then reads them through two recycled buffers, so memory stays bounded)."""
-    gaps = sum(s.end - s.start for s in segments if s.request is None)
-    return threads if gaps <= GAP_LIMIT else 1
 
 
 def plan_segments(requests: List[Request], hashed_size: Optional[int]) -> Tuple[List[Segment], List[Segment]]:

@@ -1,16 +1,12 @@
-"""Reads of shared storage that decide what every rank does next: made once, on rank 0, retried
-when the storage fails, and the answer (or the same error) given to every rank.
+"""Reads of shared storage that decide what every rank does next: made once, on rank 0, retried while
+the storage fails, and the answer (or the same error) given to every rank.
 
-A listing of checkpoint.dir, a manifest, the lease's record or model.init_from's small files
-decide which collectives the ranks run next (load this checkpoint or that one, start from those
-weights or not). Read on every rank, one rank's EIO or stale handle would send it another way
-than its peers, and 512 ranks would read the same files. So rank 0 reads and decides
-(``parallel/collectives.py`` ``decided_on_rank0``). The storage failing (an ``OSError`` such as
-EIO, ESTALE or a timeout, an S3 endpoint that failed, a manifest that did not read) proves
-nothing about what is stored: rank 0 reads again ``retries`` times after ``backoff_s``,
-doubling, and then every rank raises the same ``CheckpointUnreadable`` (the run could not go
-on: exit 1, and the next attempt reads again). Answers that do not change on a second look (a
-missing file, a permission refused) are not retried.
+A listing of checkpoint.dir, a manifest, the lease's record or model.init_from's small files decide which
+collectives the ranks run next; read on every rank, one rank's EIO would send it another way than its
+peers (and 512 ranks would read the same files). A storage failure (an OSError such as EIO, ESTALE or a
+timeout; CheckpointUnreadable) proves nothing about what is stored: rank 0 reads again ``retries`` times,
+the wait doubling from ``backoff_s``, then every rank raises the same CheckpointUnreadable (exit 1; the
+next attempt reads again). A lasting answer (a missing file, a permission refused) is not retried.
 """
 
 from __future__ import annotations
@@ -26,6 +22,8 @@ log = logging.getLogger("trainer")
 
 T = TypeVar("T")
 READ_RETRIES, READ_RETRY_BACKOFF_S = 3, 2.0  # recovery.read_retries and read_retry_backoff_s's defaults
+
+
 def retried(read: Callable[[], T], what: str, retries: int = READ_RETRIES,
             backoff_s: float = READ_RETRY_BACKOFF_S) -> T:
     """``read()``; after a storage failure, again ``retries`` times (backoff doubling), then

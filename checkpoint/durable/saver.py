@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
@@ -63,7 +62,7 @@ def _planner() -> DefaultSavePlanner:
 
 
 def _no_dist() -> bool:
-    return not (dist.is_available() and dist.is_initialized())
+    return not collectives.distributed()
 
 
 # errno -> what the storage said, and the first thing to do about it

@@ -1,9 +1,5 @@
-"""DCP's writer on any store, and the writer of stock DCP's data files (``checkpoint.format=dcp``).
-
-The raw-bytes format (``checkpoint.format=raw``, the default) is checkpoint/durable/raw.py; its tensors
-carry the transform descriptor ``RAW`` in DCP's metadata, which the reader (checkpoint/durable/reader.py)
-reads straight into place, and stock ``FileSystemReader`` refuses (``Unknown extension``) rather than
-misread.
+"""DCP's writer on any store, and the writer of stock DCP's data files (``checkpoint.format=dcp``); ``RAW``
+is the transform descriptor of a raw-bytes tensor (``checkpoint.format=raw``).
 """
 
 from __future__ import annotations
