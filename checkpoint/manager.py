@@ -267,7 +267,7 @@ class CheckpointManager:
     def build_manifest(self, step: int, loss: Optional[float], probe_method: Optional[str] = None) -> Manifest:
         """The manifest of a save of ``step``; sets the state's metadata to match (before its state dict is
         taken). Runs the probe, whose loss post-load verification compares, unless ``probe_method`` names
-        another proof of the weights (the memory tier's: checkpoint/memory/restore.py)."""
+        another proof of the weights (the memory tier's: checkpoint/memory/snapshot.py)."""
         probe_loss = self.probe() if self.probe is not None and probe_method is None else None
         s, gbs = self.state, self.global_batch_size
         s.meta = {"wall_clock": time.time(), "config_hash": self.config_hash, "world_size": self.world_size,

@@ -196,7 +196,7 @@ class LayoutPlan:
     @property
     def probe_s(self) -> float:
         """The probe forward every durable save runs first on the training thread (a memory
-        snapshot runs none: its restore compares bytes, checkpoint/memory/restore.py)."""
+        snapshot runs none: its restore compares bytes, checkpoint/memory/snapshot.py)."""
         return self.save.probe_s
 
     @property
@@ -212,7 +212,7 @@ class LayoutPlan:
 class SaveCost:
     """One durable save, per rank: the probe forward (recovery/probe.py, run first on the training thread)
     and the copy of the rank's state to host memory block training; the write runs behind. A memory
-    snapshot blocks for the copy alone (``snapshot_s``): it runs no probe (checkpoint/memory/restore.py)."""
+    snapshot blocks for the copy alone (``snapshot_s``): it runs no probe (checkpoint/memory/snapshot.py)."""
     probe_s: float
     snapshot_s: float  # the rank's checkpoint bytes over its host-copy bandwidth
     write_s: float  # the whole checkpoint through the storage system's aggregate bandwidth

@@ -8,7 +8,7 @@ written is what training had, nor that it was restored into the right places. Af
   probe  the stored probe loss is reproduced: bitwise at the same layout on the same device and
          kernels (the manifest's ``probe_kernels``), else within ``probe_rtol_reshard`` (another
          reduction order changes the last bits). A memory snapshot has none: its restore compared
-         every applied tensor with the snapshot's bytes (checkpoint/memory/restore.py).
+         every applied tensor with the snapshot's bytes (checkpoint/memory/snapshot.py).
 
 Only a failure that means the bytes are wrong (the step, the probe on unchanged weights) is returned:
 the manager marks the checkpoint BAD and falls back to the previous one. A config change never condemns
@@ -92,7 +92,7 @@ class ResumeVerifier:
         same_probe = same_layout and same_kernels and manifest.probe_method == getattr(self.probe, "method", None)
         config_changed = manifest.config_hash != self.config_hash
         probe_now, probe_s = None, None
-        bytes_checked = manifest.probe_method == APPLIED_BYTES  # a memory snapshot (checkpoint/memory/restore.py)
+        bytes_checked = manifest.probe_method == APPLIED_BYTES  # a memory snapshot (checkpoint/memory/snapshot.py)
         if manifest.probe_loss is not None and self.probe is not None:
             probe_now = self.probe()
             probe_s = getattr(self.probe, "last_seconds", None)

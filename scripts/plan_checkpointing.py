@@ -177,7 +177,7 @@ def goodput(policy: TwoTier, mtbf_s: float, double_loss_p: float | None = None) 
 
 def policies(name: str, devices: int, bw: float, args) -> tuple:
     """(durable-only, two-tier) policies of a model on ``devices`` devices at storage bandwidth ``bw``. A
-    memory snapshot runs no probe (checkpoint/memory/restore.py compares the restored bytes instead): its
+    memory snapshot runs no probe (checkpoint/memory/snapshot.py compares the restored bytes instead): its
     default stall is the host copy alone; a durable save written from a snapshot still runs the probe."""
     mtbf = cluster_mtbf_s(args.device_mtbf_hours, devices)
     state, _, c_snap, write = costs(name, bw, devices, args)

@@ -27,7 +27,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 CHUNK = 16 << 20  # bytes read at a time to checksum a file
 # ``probe_method`` of a restore that compared every applied tensor with the saved bytes (no probe loss: a
-# memory snapshot, checkpoint/memory/restore.py); post-load verification then checks step and LR only.
+# memory snapshot, checkpoint/memory/snapshot.py); post-load verification then checks step and LR only.
 APPLIED_BYTES = "applied-bytes"
 
 

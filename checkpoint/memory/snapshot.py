@@ -17,6 +17,12 @@ the snapshot belongs to another layout or another model.
 
 The whole file is checksummed while it is written (xxh3-64 or CRC-32, checkpoint/durable/manifest.py);
 the checksum lives in the copy's manifest beside it, so a copy is verified before it is applied.
+
+After the apply, every tensor the state holds is compared byte for byte with the snapshot
+(``check_applied``): that, not the probe's forward, proves the weights. A snapshot is restored only at the
+layout it was taken at, into the same local tensors, so equal bytes are the same weights (and optimizer
+and EMA state, which the probe never sees). Its manifest therefore has no probe loss: ``probe_method`` says
+``APPLIED_BYTES`` and post-load verification (recovery/verify.py) checks step and LR only.
 """
 
 from __future__ import annotations
@@ -261,3 +267,29 @@ def apply_snapshot(state, buf: torch.Tensor) -> None:
             elif dst.numel():
                 dst.copy_(raw.clone().view(dtype).view(dst.shape))
     state.load_state_dict(sd)
+
+
+def check_applied(state, buf: torch.Tensor) -> None:
+    """After ``apply_snapshot``: every tensor of the state dict taken again (what the model, the
+    optimizer and the EMA hold now, after ``load_state_dict``'s own copies) equals the snapshot's
+    bytes for its key. A leaf damaged, or put in another leaf's place, by the apply or the load is
+    a SnapshotError naming it. Compared where the tensor lives (one copy of the snapshot's bytes to
+    the device on a GPU): no hash, no forward."""
+    entries, base = parse_index(buf)
+    live = dict(state_leaves(state.state_dict()))
+    wrong = []
+    for e in entries:
+        if e["kind"] != "tensor":
+            continue  # values and pickled components: step and LR are checked by recovery/verify.py
+        t = live.get(e["path"])
+        raw = buf[base + e["offset"]:base + e["offset"] + e["nbytes"]]
+        got = None
+        if isinstance(t, torch.Tensor):
+            local = local_tensor(t).detach()
+            got = local.contiguous().reshape(-1).view(torch.uint8) if local.numel() else raw[:0]
+        if got is None or got.numel() != raw.numel() or not torch.equal(got, raw.to(got.device)):
+            wrong.append(".".join(map(str, e["path"])))
+    if wrong:
+        raise SnapshotError(f"after the apply, {len(wrong)} tensor(s) differ from the snapshot's bytes "
+                            f"({', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''}): the restore did not "
+                            "put every leaf back where it was taken from")

@@ -6,9 +6,9 @@ interval of work plus a reload from storage. The memory tier keeps a snapshot ev
 same bytes to the same local rank on the next node (a ring over nodes). A worker crash restores from its
 own node's copy, a lost node from its peer's replica; neither reads storage.
 
-This module is the tier's schedule, its pre-flight and the two halves of a snapshot. The training
-thread waits for the previous snapshot (at most one in flight), copies the state into one reused flat
-host buffer (snapshot.py's FlatStager) and returns to training. The background half (``persist``), each
+This module is the tier's schedule, its pre-flight, the two halves of a snapshot and the restore. The
+training thread waits for the previous snapshot (at most one in flight), copies the state into one reused
+flat host buffer (snapshot.py's FlatStager) and returns to training. The background half (``persist``), each
 phase agreed over the tier's group so a rank that failed never leaves its peer waiting:
   1. write ``step_S/rankR.snap``, checksummed as it is written;
   2. send the staged bytes to the peer (not read back from the file), receive the source rank's and write
@@ -19,6 +19,11 @@ phase agreed over the tier's group so a rank that failed never leaves its peer w
 A kill at any moment leaves the previous complete step on every node until the new one is complete
 everywhere. On a machine that plays several nodes (tests) ``checkpoint.memory.node`` gives each its
 own ``root/node-<id>``.
+
+The restore, on every rank together: all ranks gather the committed copies their nodes hold and take the
+newest step that has a copy of every rank at this world size and layout; each rank takes its own node's
+copy if its checksum holds (local), else a peer streams its replica (peer). Any problem on any rank is
+agreed on, and the caller goes to the durable tier.
 """
 
 from __future__ import annotations
@@ -30,17 +35,27 @@ import os
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+import torch
+
 from checkpoint.config import AUTO_MEASURE_STEPS
 from checkpoint.durable.discovery import checkpoint_id, parse
-from checkpoint.durable.manifest import APPLIED_BYTES, CheckpointError, Manifest, default_algorithm
+from checkpoint.durable.manifest import APPLIED_BYTES, CheckpointError, ConfigMismatch, Manifest, default_algorithm
 from checkpoint.durable.preflight import PreflightError
 from checkpoint.memory.config import MemoryTierConfig
-from checkpoint.memory.restore import restore
-from checkpoint.memory.snapshot import STEP_DIR, FlatStager, SnapshotError, Staged, write_snapshot
+from checkpoint.memory.snapshot import (
+    STEP_DIR,
+    FlatStager,
+    SnapshotError,
+    Staged,
+    apply_snapshot,
+    check_applied,
+    checksum_buffer,
+    write_snapshot,
+)
 from checkpoint.memory.transport import PeerGroup, size_text
 from checkpoint.storage import location
 
@@ -62,6 +77,18 @@ class SnapshotRecord:
     @property
     def blocking_s(self) -> float:  # what recovery/runtime.py's AutoInterval reads, as of a durable save
         return self.stall_s
+
+
+@dataclass
+class Restored:
+    """What ``restore`` did. ``problem`` set: the state may be partly overwritten and the caller
+    must load the durable tier."""
+
+    step: int
+    manifest: Optional[Manifest]
+    sources: Dict[int, str] = field(default_factory=dict)  # rank -> local | peer
+    problem: Optional[str] = None
+    timings: Dict[str, float] = field(default_factory=dict)
 
 
 def default_root(run_name: str) -> Path:
@@ -162,7 +189,7 @@ class MemoryTier:
                  started: Optional[float] = None) -> None:
         """Stage ``state_dict`` (the training thread's only cost) and write and replicate it in the
         background. ``started``: when the snapshot began (before its manifest was built), for its stall.
-        The manifest has no probe loss: the restore compares the applied bytes (restore.py)."""
+        The manifest has no probe loss: the restore compares the applied bytes (snapshot.py)."""
         t0 = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - t0
@@ -318,3 +345,123 @@ def drop_steps(directory: Path, drop: Callable[[int], bool]) -> None:
     for d in directory.glob("step_*"):
         if d.name[len("step_"):].isdigit() and drop(int(d.name[len("step_"):])):
             shutil.rmtree(d, ignore_errors=True)
+
+
+# -- the restore: on every rank together -------------------------------------------------------------
+def held_copies(directory: Path) -> List[dict]:
+    """The committed copies in this node's directory (any owner)."""
+    out = []
+    for meta in sorted(directory.glob("step_*/rank*.json")):
+        try:
+            info = json.loads(meta.read_text())
+            info["path"] = str(meta.with_suffix(".snap"))
+            out.append(info)
+        except (OSError, ValueError) as exc:
+            log.warning("memory tier: unreadable copy manifest %s (%s): ignored", meta, exc)
+    return out
+
+
+def restore(tier, state, newer_than: int = 0, allow_config_change: bool = False) -> Optional[Restored]:
+    """Restore ``state`` from the newest step every rank can get an intact copy of (and newer
+    than ``newer_than``, the newest durable checkpoint). None: nothing usable, nothing touched.
+    A snapshot taken with another config is refused as a durable resume refuses it
+    (ConfigMismatch), unless ``allow_config_change``; every rank sees the same copies, so every
+    rank decides the same."""
+    t0 = time.perf_counter()
+    held = held_copies(tier.dir)
+    everyone = tier.peers.gather([{k: v for k, v in h.items() if k != "manifest"} | {"holder": tier.rank}
+                             for h in held])
+    copies = [c for per_rank in everyone for c in per_rank]
+    if not copies:
+        return None
+    usable = [c for c in copies if c["world_size"] == tier.world_size and c["layout"] == tier.layout]
+    if not usable:
+        c = copies[0]
+        if tier.rank == 0:
+            log.warning("memory tier: the snapshots in memory were taken at world %d, layout %s; this run has "
+                        "world %d, layout %s: they are ignored, resuming from the durable tier", c["world_size"],
+                        c["layout"], tier.world_size, tier.layout)
+        return None
+    _check_config(tier, [c for c in usable if c["step"] > newer_than], allow_config_change)
+    for step in sorted({c["step"] for c in usable}, reverse=True):
+        if step <= newer_than:
+            if tier.rank == 0:
+                log.info("memory tier: the newest snapshot (step %d) is not newer than the durable checkpoint of "
+                         "step %d: resuming from the durable tier", step, newer_than)
+            return None
+        at_step = [c for c in usable if c["step"] == step]
+        if {c["owner"] for c in at_step} != set(range(tier.world_size)):
+            continue
+        restored = _restore_step(tier, state, step, at_step, [h for h in held if h["step"] == step], t0)
+        if restored is not None:
+            return restored
+    if tier.rank == 0:
+        log.warning("memory tier: no step has an intact copy for every rank: resuming from the durable tier")
+    return None
+
+
+def _check_config(tier, newer: List[dict], allow_config_change: bool) -> None:
+    changed = sorted({c["step"] for c in newer if c.get("config_hash") != tier.config_hash})
+    if not changed:
+        return
+    hashes = sorted({str(c.get("config_hash")) for c in newer if c["step"] in changed})
+    msg = (f"the memory tier's snapshots of step(s) {changed} were taken with another config (hash "
+           f"{', '.join(hashes)}; this run {tier.config_hash})")
+    if not allow_config_change:
+        raise ConfigMismatch(msg + ". Resume with the same settings, set checkpoint.allow_config_change=true to "
+                                   "accept the change, or checkpoint.resume=never to start afresh")
+    if tier.rank == 0:
+        log.warning("checkpoint.allow_config_change=true: %s", msg)
+
+
+def _restore_step(tier, state, step: int, at_step: List[dict], mine: List[dict], t0: float) -> Optional[Restored]:
+    t1 = time.perf_counter()
+    own, own_buf = next((h for h in mine if h["owner"] == tier.rank), None), None
+    if own is not None:  # this rank's own copy is verified here; a replica by its receiver, on arrival
+        try:
+            data = torch.from_file(own["path"], shared=False, size=own["size"], dtype=torch.uint8)
+            if checksum_buffer(data.numpy(), own["algorithm"]) == own["checksum"]:
+                own_buf = data
+            else:
+                log.error("memory tier: the copy of rank %d step %d in %s fails its checksum", tier.rank, step,
+                          own["path"])
+        except (OSError, RuntimeError) as exc:
+            log.error("memory tier: the copy of rank %d step %d is unreadable: %s", tier.rank, step, exc)
+    verify_s = time.perf_counter() - t1
+    own_intact = tier.peers.gather(own_buf is not None)
+    sources: Dict[int, Optional[int]] = {}
+    for r in range(tier.world_size):
+        others = sorted(c["holder"] for c in at_step if c["owner"] == r and c["holder"] != r)
+        sources[r] = r if own_intact[r] else (others[0] if others else None)
+    missing = [r for r, h in sources.items() if h is None]
+    if missing:
+        if tier.rank == 0:
+            log.warning("memory tier: step %d has no intact copy for rank(s) %s", step, missing)
+        return None
+    t2 = time.perf_counter()
+    buf, problem, manifest_json = None, None, None
+    for r in range(tier.world_size):  # one transfer at a time, in rank order: every rank agrees on it
+        h = sources[r]
+        if h == r:
+            if r == tier.rank:
+                buf, manifest_json = own_buf, own.get("manifest")
+        elif tier.rank == h:
+            tier.peers.send_copy(next(x for x in mine if x["owner"] == r), r)
+        elif tier.rank == r:
+            buf, manifest_json, problem = tier.peers.receive_copy(h)
+    read_s = time.perf_counter() - t2
+    manifest, apply_s, check_s = None, 0.0, 0.0
+    if problem is None:
+        try:
+            t3 = time.perf_counter()
+            manifest = Manifest.from_json(json.dumps(manifest_json))
+            apply_snapshot(state, buf)
+            t4 = time.perf_counter()
+            check_applied(state, buf)  # instead of the probe's forward (snapshot.py says why)
+            apply_s, check_s = t4 - t3, time.perf_counter() - t4
+        except Exception as exc:  # noqa: BLE001 - a copy that does not apply is a problem to agree on
+            problem = f"rank {tier.rank}: {type(exc).__name__}: {exc}"
+    names = {r: "local" if h == r else "peer" for r, h in sources.items()}
+    timings = {"verify_s": round(verify_s, 3), "read_s": round(read_s, 3), "apply_s": round(apply_s, 3),
+               "check_s": round(check_s, 3), "total_s": round(time.perf_counter() - t0, 3)}
+    return Restored(step, manifest, names, problem, timings)
