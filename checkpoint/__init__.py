@@ -1,7 +1,7 @@
 """Checkpointing: the full training state, saved durably and in memory, loaded at any layout.
 
 Five parts, one folder each (docs/checkpoint-format.md has the format and the protocol):
-  state/     what a checkpoint holds: TrainingState, RNG, the config fingerprint, host staging
+  state/     what a checkpoint holds: TrainingState, RNG, the config fingerprint
   storage/   where it is stored, behind one small interface: a file system, S3
   durable/   the durable tier: DCP saves (sync, async), raw-bytes data files, the commit
              protocol, the attempt lease, save errors, manifest, pre-flight, retention,

@@ -2,7 +2,7 @@
 
 sync:  the training thread writes, acknowledges and (coordinator) commits.
 async: the training thread waits for the previous save, then stages a host copy
-       (``dcp.async_save`` with checkpoint/state/staging.py) and returns; DCP writes from its
+       (``dcp.async_save`` with HostStager, below) and returns; DCP writes from its
        thread and ours acknowledges and commits. At most one save is in flight.
 async_process: as async, but DCP plans and writes in a writer process of each rank (started at the
        first save and kept), so the planning of a large state and the writing never hold the training
@@ -27,11 +27,14 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from checkpoint.config import ASYNC_MODES
@@ -41,7 +44,6 @@ from checkpoint.durable.lease import StaleWriter, check_lease, newer_owner
 from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest, checksum_file
 from checkpoint.durable.raw import RawFileWriter  # unit: raw
 from checkpoint.durable.writer import StockFileWriter, _StoreWriter
-from checkpoint.state.staging import HostStager
 from checkpoint.storage import Loc, location
 from parallel import collectives
 
@@ -142,6 +144,50 @@ def _bytes(n: Optional[int]) -> str:
     if n is None:
         return "unknown"
     return f"{n:,} bytes ({n / 2**30:.2f} GiB)" if n >= 2**30 else f"{n:,} bytes ({n / 2**20:.1f} MiB)"
+
+
+def _signature(obj: Any):
+    """Structure, shapes and dtypes: when it changes, the buffers are rebuilt."""
+    if isinstance(obj, torch.Tensor):
+        local = obj.to_local() if hasattr(obj, "to_local") else obj
+        return ("T", type(obj).__name__, tuple(obj.shape), tuple(local.shape), obj.dtype)
+    if isinstance(obj, dict):
+        return tuple((k, _signature(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return tuple(_signature(v) for v in obj)
+    return type(obj).__name__
+
+
+class HostStager(AsyncStager):
+    """An async save's copy of the state into host buffers reused from save to save: pinned on CUDA, so the
+    device-to-host copy runs at full PCIe speed; reused, since page-faulting fresh memory at every save
+    measured ~2x slower. The background writer reads only these buffers, never live tensors; the next save
+    waits for the previous one before overwriting them."""
+
+    _synchronize_after_execute = False
+
+    def __init__(self, pin_memory: bool):
+        self.pin_memory = pin_memory
+        self._buffers: Optional[Dict[str, Any]] = None
+        self._signature = None
+        self.rebuilds = 0  # how often buffers were (re)allocated: 1 in a steady run
+
+    def stage(self, state_dict: Dict[str, Any], **kwargs) -> Dict[str, Any]:
+        sig = _signature(state_dict)
+        if self._buffers is None or sig != self._signature:
+            self._buffers = _create_cpu_state_dict(state_dict, pin_memory=self.pin_memory)
+            self._signature = sig
+            self.rebuilds += 1
+        staged = _copy_state_dict(state_dict, self._buffers, non_blocking=self.pin_memory, type_check=False)
+        if self.pin_memory:
+            torch.cuda.synchronize()
+        return staged
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._buffers = None
 
 
 @dataclass

@@ -142,7 +142,7 @@ def test_a_resave_of_a_committed_step_goes_beside_it_and_replaces_it(tmp_path):
 
 
 def test_host_stager_reuses_buffers_and_never_aliases_live_tensors():
-    from checkpoint.state.staging import HostStager
+    from checkpoint.durable.saver import HostStager
 
     live = {"model": {"w": torch.randn(4, 3)}, "optim": {"step": torch.tensor(3.0)}, "blob": b"abc"}
     stager = HostStager(pin_memory=False)
