@@ -1,7 +1,7 @@
 """checkpoint.dir: its names, the checkpoints it holds, the resume choice, marks, retention, leftovers.
 
     step_00000100/       a save of step 100; committed once its manifest.json exists (checkpoint/durable/
-                         commit.py). Without one: a save in progress, or one a crash interrupted: never
+                         saver.py). Without one: a save in progress, or one a crash interrupted: never
                          loaded, cleaned at start-up
     step_00000100.r1/    a later save of step 100 (after a rollback, or a resume from an older step):
                          a save never writes into, moves or copies a folder that exists

@@ -1,6 +1,6 @@
 """The manifest of a committed checkpoint, the checksums of its files, and a checkpoint's errors.
 
-``manifest.json`` is created last, only if absent: that creation is the commit (checkpoint/durable/commit.py).
+``manifest.json`` is created last, only if absent: that creation is the commit (checkpoint/durable/saver.py).
 It lists every file with its size and checksum, and what recovery needs without loading a tensor: step,
 losses, config hash, layout. Checksums are xxh3-64 when ``xxhash`` is importable, else CRC-32; the
 manifest names which, so a checkpoint is verified with the algorithm that wrote it.

@@ -22,9 +22,9 @@ import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
-from checkpoint.durable.commit import commit_checkpoint
 from checkpoint.durable.manifest import FileEntry, checksum_file, verify_checkpoint
 from checkpoint.durable.reader import RawFileReader
+from checkpoint.durable.saver import commit_checkpoint
 from checkpoint.durable.writer import RAW
 from checkpoint.storage import location
 from checkpoint.storage.dcp import write_metadata

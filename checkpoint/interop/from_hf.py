@@ -40,8 +40,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from checkpoint.durable.commit import commit_checkpoint
 from checkpoint.durable.manifest import FileEntry, Manifest, checksum_file, default_algorithm
+from checkpoint.durable.saver import commit_checkpoint
 from checkpoint.durable.writer import RAW, tensor_bytes
 from checkpoint.interop.init_from import source_hash
 from checkpoint.interop.weight_source import SourceError, open_source

@@ -1,22 +1,14 @@
 """One rank's training state as one file of bytes: the memory tier's unit (checkpoint/memory/tier.py).
 
-The memory tier restores at the layout it was taken at, so no resharding is needed and DCP's
-planning is left out: a snapshot is this rank's local shards (a DTensor contributes its local
-tensor) and pickled values, back to back, with an index in front:
+A snapshot restores at the layout it was taken at, so DCP's planning is left out: it is this rank's
+local shards and pickled values, back to back, behind an index (docs/checkpoint-format.md, "Files"):
 
     MAGIC (8 bytes) | index length (8, little endian) | index (pickle) | data ...
 
-The index lists every leaf of the state dict in order: its key path, kind (tensor, bytes or a
-small Python value kept in the index itself), dtype, local shape, offset and length. The data
-holds the pickled components' bytes first, then every tensor back to back (FlatStager: one
-reused host buffer that is written and sent as it is). A restore
-walks the live state dict that ``TrainingState.state_dict()`` builds now, copies each tensor's
-bytes into the live local tensor and hands the dict to ``TrainingState.load_state_dict``, the
-same path a durable load ends in. Any difference in keys, shapes or dtypes is a SnapshotError:
-the snapshot belongs to another layout or another model.
-
-The whole file is checksummed while it is written (xxh3-64 or CRC-32, checkpoint/durable/manifest.py);
-the checksum lives in the copy's manifest beside it, so a copy is verified before it is applied.
+A restore copies each tensor's bytes into the live local tensor of the state dict
+``TrainingState.state_dict()`` builds now, then hands the dict to ``load_state_dict``, the path a durable
+load ends in; other keys, shapes or dtypes are a SnapshotError (another layout or model). The file is
+checksummed while it is written; the checksum lives in the copy's manifest beside it.
 
 After the apply, every tensor the state holds is compared byte for byte with the snapshot
 (``check_applied``): that, not the probe's forward, proves the weights. A snapshot is restored only at the
@@ -70,10 +62,6 @@ class Staged:
     def __init__(self, prefix: bytes, region: torch.Tensor):
         self.prefix, self.region = prefix, region
 
-    @property
-    def size(self) -> int:
-        return len(self.prefix) + self.region.numel()
-
 
 def _layout(sd: Dict[str, Any]):
     """(path, leaf, local tensor or None) of every leaf, and the signature of the tensor layout."""
@@ -97,7 +85,6 @@ class FlatStager:
         self.pin_memory = pin_memory
         self._region: Optional[torch.Tensor] = None
         self._signature = None
-        self.rebuilds = 0  # how often the buffer was (re)allocated: 1 in a steady run
 
     def stage(self, sd: Dict[str, Any]) -> Staged:
         leaves, sig = _layout(sd)
@@ -106,7 +93,6 @@ class FlatStager:
             self._region = None  # free the old one first
             self._region = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin_memory)
             self._signature = sig
-            self.rebuilds += 1
         region = self._region
         entries: List[dict] = []
         extra: List[bytes] = []  # the pickled components' bytes, in the prefix after the index

@@ -1,21 +1,7 @@
-"""The config hash: which settings a resume must keep, and which it may change.
-
-Hashed (a resume that changes them is refused unless ``checkpoint.allow_config_change``):
-the model, the seed, the data and its order, the global batch, precision, EMA, the optimizer's
-betas and eps. Free to change on resume (RESUME_MUTABLE):
-- the schedule (RESUME_SCHEDULE: ``training.steps``, ``optim.lr``, ``optim.lr_min``,
-  ``optim.warmup_steps``, ``optim.schedule``, ``optim.weight_decay``, ``training.grad_clip``):
-  applied from this run's config at the resumed step (training/schedule.py:apply_config);
-- ``model.init_from``: a resumed run keeps its checkpoint's weights and ignores it;
-- the world layout (``parallel.*``) and ``training.micro_batch_size`` (grad accumulation is
-  recomputed, the global batch is fixed);
-- data loading knobs and the data's location (``data.num_workers``, ``data.prefetch_factor``,
-  ``data.prepare_if_missing``, ``data.path``; what the data is, the data state's fingerprint
-  checks);
-- what is evaluated and when (``eval.*``, ``data.validation``, ``data.validation_fraction``):
-  evaluation draws no random numbers and leaves the weights alone;
-- ``checkpoint.*``, ``logging.*``, ``recovery.*``, and the run's name and paths.
-The manifest stores the whole resolved config; the hash covers the hashed part only.
+"""The config hash: which settings a resume must keep, and which it may change (RESUME_MUTABLE; the list
+and the reasons are in docs/checkpoint-format.md, "Config hash"). The schedule (RESUME_SCHEDULE) is applied
+from this run's config at the resumed step (training/schedule.py). The manifest stores the whole resolved
+config; the hash covers the hashed part only.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Where checkpoints live, behind one small interface (base.py: ``Store``, and ``Loc``, the path-like
-name of a file or folder written once over any store).
+"""Where checkpoints live, behind one small interface.
 
-  base.py    the interface a backend implements, and Loc
+  base.py    the interface a backend implements (``Store``), and ``Loc``, the path-like name of a file
   posix.py   a local or shared file system (fsync, rename, hard link)
   s3.py      S3 and S3-compatible object stores (boto3: conditional PUT, multipart, ranged GETs)
   dcp.py     torch.distributed.checkpoint's file-system interface over any store

@@ -1,13 +1,11 @@
-"""The storage interface: what a backend implements (``Store``), and the path-like ``Loc`` the
-checkpoint code names its files with, written once over any store.
+"""The storage interface: what a backend implements (``Store``), and ``Loc``, the path-like name the
+checkpoint code gives its files on any store.
 
-A store holds files under string keys with ``/`` separators; a "folder" is a key prefix. The
-commit protocol (checkpoint/durable/commit.py) needs exactly this of it: list a folder, read a
-byte range, write a file that becomes visible and durable only when closed, replace a small file
-atomically, create one only if absent (the commit itself), delete. No rename: a store without one
-(an object store) commits the same way as a disk. Every operation is durable when it returns.
-Failures are OSErrors: FileNotFoundError for a missing file, FileExistsError for a refused create,
-PermissionError for a refused access, other OSErrors for the storage failing (retried by callers).
+A store holds files under ``/``-separated keys; a folder is a key prefix. The commit protocol needs
+exactly the methods below, and no rename, so an object store commits the same way as a disk. Every
+operation is durable when it returns. Failures are OSErrors: FileNotFoundError for a missing file,
+FileExistsError for a refused create, PermissionError for a refused access, others for the storage
+failing (retried by callers).
 """
 
 from __future__ import annotations

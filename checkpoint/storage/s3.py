@@ -1,22 +1,12 @@
-"""S3 and S3-compatible object stores (``checkpoint.dir=s3://bucket/prefix``) as a store.
+"""S3 and S3-compatible object stores (``checkpoint.dir=s3://bucket/prefix``) as a store, through boto3
+(docs/checkpoint-format.md says why, and which settings and environment variables apply).
 
-boto3 because it is the reference SDK: synchronous (the saver and loader already run their I/O on
-threads, and botocore releases the GIL while it waits on the network), thread-safe clients, and
-every call the interface needs: conditional PUT (``If-None-Match: *``, the create-if-absent the
-commit is), multipart uploads, ranged GETs, listing the uploads a killed writer left open.
-
-A folder is a key prefix: it exists while an object lies under it. A file is written as a
-multipart upload (``LLM_S3_PART_BYTES``, default 64 MiB; S3 wants at least 5 MiB but for the
-last part), up to IN_FLIGHT parts at once, and becomes visible only when the upload completes; an
-upload that fails is aborted, and one a killed writer left open is aborted by ``abort_unfinished``
-at the next start. An object is durable once its PUT returns; a PUT replaces atomically.
-
-Where the store is: ``checkpoint.s3.endpoint_url`` / ``region`` / ``addressing_style`` (``configure``),
-else boto3's own settings (``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, ``AWS_REGION``).
-``configure`` puts the config's values in this process's environment (``LLM_S3_ENDPOINT_URL``,
-``LLM_S3_REGION``, ``LLM_S3_ADDRESSING_STYLE``), so DCP's writer processes (``async_process``,
-started by spawn: they inherit the environment, not this module's state) use the same store.
-Credentials stay boto3's (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, or a profile).
+A folder is a key prefix: it exists while an object lies under it. A file is a multipart upload (S3
+wants parts of at least 5 MiB but for the last), up to IN_FLIGHT parts at once, visible only when it
+completes; an upload that fails is aborted, and one a killed writer left open is aborted by
+``abort_unfinished`` at the next start. ``configure`` puts checkpoint.s3's values in this process's
+environment, so DCP's writer processes (``async_process``, started by spawn: they inherit the
+environment, not this module's state) use the same store.
 """
 
 from __future__ import annotations
@@ -73,8 +63,8 @@ class S3Config:
 
 def configure(endpoint_url: Optional[str] = None, region: Optional[str] = None,
               addressing_style: str = "auto") -> None:
-    """Use these settings for every S3 call of this process and of the processes it starts (see the
-    module docstring); None leaves boto3's own (``AWS_ENDPOINT_URL_S3``, ``AWS_REGION``) in charge."""
+    """Use these settings for every S3 call of this process and of the processes it starts; None leaves
+    boto3's own (``AWS_ENDPOINT_URL_S3``, ``AWS_REGION``) in charge."""
     for var, value in ((ENDPOINT_VAR, endpoint_url), (REGION_VAR, region),
                        (ADDRESSING_VAR, None if addressing_style == "auto" else addressing_style)):
         if value:

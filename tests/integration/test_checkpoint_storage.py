@@ -9,10 +9,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
 from checkpoint.durable import reader as reader_module
-from checkpoint.durable.commit import acknowledge
 from checkpoint.durable.manifest import CheckpointError, FileEntry, checksum_file
 from checkpoint.durable.raw import RawFileWriter
 from checkpoint.durable.reader import RawFileReader
+from checkpoint.durable.saver import acknowledge
 from support.launch import run, torchrun, worker
 
 

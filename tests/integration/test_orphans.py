@@ -174,8 +174,8 @@ def test_a_writer_whose_files_a_newer_attempt_removed_stops_as_a_stale_writer(tm
 
 
 def test_the_coordinator_refuses_an_acknowledgement_of_another_attempt(tmp_path):
-    from checkpoint.durable.commit import acknowledge, collect_acknowledgements
     from checkpoint.durable.manifest import CheckpointError
+    from checkpoint.durable.saver import acknowledge, collect_acknowledgements
 
     d = checkpoint_dir(tmp_path, 4)
     d.mkdir()

@@ -18,7 +18,6 @@ import pytest
 import torch
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from checkpoint.durable.commit import commit_checkpoint
 from checkpoint.durable.discovery import (
     BAD_MARKER,
     committed_dir,
@@ -28,6 +27,7 @@ from checkpoint.durable.discovery import (
     read_latest_pointer,
 )
 from checkpoint.durable.manifest import CheckpointError, read_manifest, verify_checkpoint
+from checkpoint.durable.saver import commit_checkpoint
 from checkpoint.storage import Loc, location
 from checkpoint.storage import s3 as s3_client
 from checkpoint.storage.s3 import MultipartWriter, RangedReader

@@ -248,8 +248,8 @@ def free_seen(monkeypatch, root) -> list:
 def test_preflight_counts_the_checkpoints_to_come(tmp_path, monkeypatch, other_writers):
     """keep_last + 1 checkpoints while a save is written, minus those already committed; the size
     from the newest manifest; leftovers of interrupted saves count as free."""
-    from checkpoint.durable.commit import commit_checkpoint
     from checkpoint.durable.manifest import FileEntry
+    from checkpoint.durable.saver import commit_checkpoint
 
     root = tmp_path / "ckpt"
     room = room_for(root.parent, estimate_bytes=1000, keep_last=2)

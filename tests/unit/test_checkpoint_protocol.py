@@ -8,13 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint.durable.commit import (
-    CommitTimeout,
-    acknowledge,
-    collect_acknowledgements,
-    commit_checkpoint,
-    update_latest,
-)
 from checkpoint.durable.discovery import (
     checkpoint_dir,
     clean_uncommitted,
@@ -28,6 +21,13 @@ from checkpoint.durable.discovery import (
     resolve_resume,
 )
 from checkpoint.durable.manifest import CheckpointError, FileEntry, Manifest, verify_checkpoint
+from checkpoint.durable.saver import (
+    CommitTimeout,
+    acknowledge,
+    collect_acknowledgements,
+    commit_checkpoint,
+    update_latest,
+)
 from support.launch import load_script
 
 
