@@ -107,10 +107,9 @@ class CheckpointManager:
 
     # -- before step 1 -------------------------------------------------------------------
     def preflight(self, attempt: int) -> None:
-        """Before resume, with this attempt's lease on checkpoint.dir taken (trainer/preflight.py
-        claim_lease, before anything was built): check the directory has room for the saves to come
-        (checkpoint/durable/preflight.py), and the memory tier's root. Each rank checks, and all
-        agree: one rank short of room stops (or disables the tier on) all."""
+        """Before resume, with this attempt's lease taken (trainer/preflight.py): room for the saves to come
+        (checkpoint/durable/preflight.py) and in the memory tier's root. Each rank checks, and all agree: one
+        rank short of room stops (or turns the tier off on) all."""
         self.saver.attempt = attempt  # a writer of an older attempt stops before it commits
         log.info("checkpoint.dir %s: this is attempt %d", self.root, attempt)
         estimate = expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None)
@@ -189,10 +188,9 @@ class CheckpointManager:
 
     def after_step(self, step: int, loss: float,
                    verified_gate: Optional[Callable[[], Optional[str]]] = None) -> List[SaveRecord]:
-        """Call after every optimizer step (1-based ``step``): saves when due; returns the records
-        of the saves that finished since the last call. ``verified_gate()``, asked only when a
-        save happens, gives the reason this save must not be marked verified (or None). A save
-        the storage refused does not raise here (see the module docstring)."""
+        """Call after every optimizer step (1-based ``step``): saves when due; returns the records of the
+        saves finished since the last call. ``verified_gate()``, asked only when a save happens, gives the
+        reason it must not be marked verified (or None). A save the storage refused does not raise here."""
         if self.due(step):
             self._storage_guard(self.saver.wait)  # the previous save's outcome first
             if self.save_failure is None:  # with on_save_error=stop the run ends at this step: no new save

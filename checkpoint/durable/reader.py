@@ -34,14 +34,10 @@ GAP_LIMIT = 64 << 20  # gap bytes per file that parallel streams may hold until 
 
 
 class RawFileReader(FileSystemReader):
-    """Reads raw-bytes tensors into their destinations with ``threads`` read streams per file;
-    verifies the files in ``verify`` (name -> expected size and checksum, all with
-    ``algorithm``) while reading them.
-
-    What goes wrong is sorted as inspect_files sorts it (checkpoint/durable/manifest.py):
-    ``problems`` is proven damage (a file missing twice, cut short, hashing wrong on a second
-    read); ``unreadable`` is the storage failing (an I/O error, a hash right on the second read).
-    ``fault(path)``, called before each file is opened, is the fault injector's read point."""
+    """Reads raw-bytes tensors into their destinations with ``threads`` read streams per file, and
+    verifies the files in ``verify`` (name -> size and checksum with ``algorithm``) while reading them.
+    As inspect_files sorts them (manifest.py): ``problems`` is proven damage, ``unreadable`` the storage
+    failing. ``fault(path)``, called before each file is opened, is the fault injector's read point."""
 
     def __init__(self, path, verify: Optional[Dict[str, FileEntry]] = None, algorithm: Optional[str] = None,
                  threads: int = 2, fault: Optional[Callable[[Path], None]] = None):

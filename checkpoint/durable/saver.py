@@ -469,10 +469,9 @@ class CheckpointSaver:
             raise RankFailures(phase, failures) from error
 
     def _failed(self, exc: BaseException, step: int, staging: Optional[Loc]) -> BaseException:
-        """What a failed save raises. A newer attempt owns the directory: StaleWriter, whatever the failure (its
-        start-up clean-up may have removed this save's files: ENOENT), and nothing is touched. A storage failure
-        (every rank knows by now): the coordinator removes the uncommitted directory; CheckpointSaveError with
-        the numbers. Anything else (a bug, an injected exception) is raised as it is."""
+        """What a failed save raises: StaleWriter when a newer attempt owns the directory, whatever the failure
+        (its start-up clean-up may have removed this save's files), and nothing is touched; a storage failure's
+        CheckpointSaveError (``_refused``); anything else (a bug, an injected exception) as it is."""
         if not isinstance(exc, StaleWriter):
             stale = self._newer_attempt(exc)
             if stale is not None:

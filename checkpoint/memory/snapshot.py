@@ -55,9 +55,8 @@ def state_leaves(obj: Any, path: Tuple = ()) -> List[Tuple[Tuple, Any]]:
 
 class Staged:
     """One snapshot, staged: the file is ``prefix`` (magic, index length, index, the pickled components'
-    bytes) followed by ``region`` (every tensor's bytes, back to back, in one reused host buffer). The
-    region is written to tmpfs and sent to the peer as it is: one large contiguous buffer, no
-    per-tensor messages, never read back from the file."""
+    bytes) then ``region`` (every tensor's bytes in one reused host buffer, written to tmpfs and sent to
+    the peer as it is: one contiguous buffer, never read back from the file)."""
 
     def __init__(self, prefix: bytes, region: torch.Tensor):
         self.prefix, self.region = prefix, region

@@ -91,11 +91,6 @@ class Restored:
     timings: Dict[str, float] = field(default_factory=dict)
 
 
-def default_root(run_name: str) -> Path:
-    """Node-local shared memory, one directory per user and run."""
-    return Path("/dev/shm") / getpass.getuser() / run_name
-
-
 class MemoryTier:
     @classmethod
     def of(cls, mcfg: MemoryTierConfig, ckpt, run_name: str) -> Optional["MemoryTier"]:
@@ -120,7 +115,7 @@ class MemoryTier:
         self.log_event = log_event or (lambda step, **fields: None)  # the manager's: metrics.jsonl
         self.auto = str(mcfg.interval).strip().lower() == "auto"
         self.records: List[SnapshotRecord] = []  # the newest finished snapshots (checkpoint.memory.interval=auto)
-        root = Path(mcfg.root) if mcfg.root else default_root(run_name)
+        root = Path(mcfg.root) if mcfg.root else Path("/dev/shm") / getpass.getuser() / run_name  # node-local
         self.dir = root / f"node-{mcfg.node}" if mcfg.node is not None else root
         self.rank, self.world_size = rank, world_size
         self.local_world_size = max(1, local_world_size)
@@ -188,8 +183,7 @@ class MemoryTier:
     def snapshot(self, step: int, state_dict: Dict[str, Any], manifest: Manifest,
                  started: Optional[float] = None) -> None:
         """Stage ``state_dict`` (the training thread's only cost) and write and replicate it in the
-        background. ``started``: when the snapshot began (before its manifest was built), for its stall.
-        The manifest has no probe loss: the restore compares the applied bytes (snapshot.py)."""
+        background. ``started``: when the snapshot began (before its manifest was built), for its stall."""
         t0 = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - t0
@@ -362,11 +356,9 @@ def held_copies(directory: Path) -> List[dict]:
 
 
 def restore(tier, state, newer_than: int = 0, allow_config_change: bool = False) -> Optional[Restored]:
-    """Restore ``state`` from the newest step every rank can get an intact copy of (and newer
-    than ``newer_than``, the newest durable checkpoint). None: nothing usable, nothing touched.
-    A snapshot taken with another config is refused as a durable resume refuses it
-    (ConfigMismatch), unless ``allow_config_change``; every rank sees the same copies, so every
-    rank decides the same."""
+    """Restore ``state`` from the newest step newer than ``newer_than`` (the newest durable checkpoint) that
+    every rank can get an intact copy of; None: nothing usable, nothing touched. A snapshot taken with another
+    config is refused as a durable resume refuses it (ConfigMismatch), unless ``allow_config_change``."""
     t0 = time.perf_counter()
     held = held_copies(tier.dir)
     everyone = tier.peers.gather([{k: v for k, v in h.items() if k != "manifest"} | {"holder": tier.rank}

@@ -81,15 +81,10 @@ def rng_key(rank: int) -> str:
 
 
 class TrainingState(Stateful):
-    """Everything that changes the trajectory; ``state_dict`` is what a checkpoint holds.
-
-    ``optim_config`` (cfg.optim): after a load, the optimizer's hyperparameters and the LR at the
-    restored step come from it (training/schedule.py:apply_config), so a resume may change
-    the schedule. ``data`` is any object with ``state_dict()``/``load_state_dict()`` (the data pipeline);
-    so is ``guards`` (recovery/guards: whether a later step is skipped depends on their
-    running statistics); ``scaler`` is the fp16 GradScaler or None; ``ema`` is training.ema.EMA
-    or None.
-    """
+    """Everything that changes the trajectory; ``state_dict`` is what a checkpoint holds. ``data`` and
+    ``guards`` are any objects with ``state_dict``/``load_state_dict``; ``scaler`` (fp16) and ``ema`` may be
+    None. ``optim_config`` (cfg.optim): after a load the optimizer's hyperparameters and the LR at the
+    restored step come from it (training/schedule.py:apply_config), so a resume may change the schedule."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler,
                  scaler=None, data=None, ema=None, guards=None, *, optim_config=None, rank: int = 0,
