@@ -24,31 +24,25 @@ T = TypeVar("T")
 READ_RETRIES, READ_RETRY_BACKOFF_S = 3, 2.0  # recovery.read_retries and read_retry_backoff_s's defaults
 
 
-def retried(read: Callable[[], T], what: str, retries: int = READ_RETRIES,
-            backoff_s: float = READ_RETRY_BACKOFF_S) -> T:
-    """``read()``; after a storage failure, again ``retries`` times (backoff doubling), then
-    CheckpointUnreadable naming ``what``. Other exceptions propagate at once."""
-    tries = 0
-    while True:
-        try:
-            return read()
-        except Exception as exc:
-            failure = storage_failure(exc)
-            if failure is None:
-                raise
-            if tries >= retries:
-                raise CheckpointUnreadable(f"{what} could not be read after {retries} retries: {failure}") from exc
-            wait = backoff_s * 2 ** tries
-            tries += 1
-            log.warning("%s: the storage did not deliver (%s); reading again in %.1f s (retry %d of %d)",
-                        what, failure, wait, tries, retries)
-            time.sleep(wait)
-
-
 def read_on_rank0(read: Callable[[], T], what: str, retries: int = READ_RETRIES,
                   backoff_s: float = READ_RETRY_BACKOFF_S, errors: Tuple[Type[Exception], ...] = ()) -> T:
-    """``read()`` on rank 0, retried (``retried``), its answer on every rank. CheckpointUnreadable, the
-    ``errors`` types and a lasting OSError it raises are raised on every rank alike (a collective:
-    every rank calls it)."""
-    return collectives.decided_on_rank0(lambda: retried(read, what, retries, backoff_s),
-                                        errors=(CheckpointUnreadable, *errors, OSError))
+    """``read()`` on rank 0; after a storage failure, again ``retries`` times (the wait doubling from
+    ``backoff_s``), then CheckpointUnreadable naming ``what``. Its answer on every rank: CheckpointUnreadable,
+    the ``errors`` types and a lasting OSError it raises are raised on every rank alike (a collective: every
+    rank calls it); any other exception is not retried."""
+    def on_rank0() -> T:
+        for tries in range(retries + 1):
+            try:
+                return read()
+            except Exception as exc:
+                failure = storage_failure(exc)
+                if failure is None:
+                    raise
+                if tries == retries:
+                    raise CheckpointUnreadable(f"{what} could not be read after {retries} retries: {failure}") from exc
+                wait = backoff_s * 2 ** tries
+                log.warning("%s: the storage did not deliver (%s); reading again in %.1f s (retry %d of %d)",
+                            what, failure, wait, tries + 1, retries)
+                time.sleep(wait)
+
+    return collectives.decided_on_rank0(on_rank0, errors=(CheckpointUnreadable, *errors, OSError))
