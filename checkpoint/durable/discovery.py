@@ -1,16 +1,10 @@
 """checkpoint.dir: its names, the checkpoints it holds, the resume choice, marks, retention, leftovers.
 
-    step_00000100/       a save of step 100; committed once its manifest.json exists (checkpoint/durable/
-                         saver.py). Without one: a save in progress, or one a crash interrupted: never
-                         loaded, cleaned at start-up
-    step_00000100.r1/    a later save of step 100 (after a rollback, or a resume from an older step):
-                         a save never writes into, moves or copies a folder that exists
-    latest               text: the checkpoint_id of the newest commit (for people and tools)
-    attempts/            the attempt lease (checkpoint/durable/lease.py)
-
-Of several committed saves of one step the newest is the checkpoint of that step; the older ones, like BAD
-and superseded ones, are forensics, kept for people until retention's ``keep_forensic`` drops them. The
-``latest`` pointer is informational: the listing is the source of truth.
+A checkpoint is a folder ``step_<N>`` (or ``step_<N>.r<k>``, a later save of the same step: a save never
+writes into a folder that exists), committed once its manifest.json exists (docs/checkpoint-format.md,
+"On disk"). Of several committed saves of one step the newest is the checkpoint of that step; the older
+ones, like BAD and superseded ones, are forensics, kept for people until retention's ``keep_forensic``
+drops them. The ``latest`` pointer is informational: the listing is the source of truth.
 """
 
 from __future__ import annotations

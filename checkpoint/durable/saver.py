@@ -1,27 +1,15 @@
-"""A durable save: DCP writes the data files, then the commit protocol (contract 3, docs/checkpoint-format.md).
+"""A durable save: DCP writes the data files, then the commit protocol (docs/checkpoint-format.md, "Saving
+and the commit protocol": the modes, the phases and why DCP has a gloo group of its own).
 
-sync:  the training thread writes, acknowledges and (coordinator) commits.
-async: the training thread waits for the previous save, then stages a host copy
-       (``dcp.async_save`` with HostStager, below) and returns; DCP writes from its
-       thread and ours acknowledges and commits. At most one save is in flight.
-async_process: as async, but DCP plans and writes in a writer process of each rank (started at the
-       first save and kept), so the planning of a large state and the writing never hold the training
-       process's GIL. The writer's checksums stay in that process, so the acknowledgement reads each
-       file back to checksum it.
-
-The commit protocol's phases are separate functions, so faults can be injected between them
-(``fault_hook(phase, step, path)``): every rank acknowledges the files it wrote into the save's fresh
-folder; the coordinator collects the acknowledgements and creates ``manifest.json`` only if absent (the
-commit: from that instant the checkpoint is committed, and a second writer of the folder is refused), then
-moves ``latest``. A crash before the commit leaves a folder without a manifest, which discovery ignores and
-the next start removes.
-
-DCP's collectives run on a dedicated gloo group (docs/checkpoint-format.md says why). A failure in a
-phase is agreed on that group (DCP agrees on its own), so every rank ends the same save the same way.
-When the storage refused it (disk full, read-only, over quota) the coordinator removes the uncommitted
-folder and every rank raises ``CheckpointSaveError``, whose message has the numbers and what to do; the
-manager decides whether the run stops. Committed checkpoints are never touched. ``attempt`` is this
-attempt's lease (checkpoint/durable/lease.py): checked before acknowledging and before committing.
+In sync mode the training thread does it all; in async modes it waits for the previous save, stages a host
+copy (HostStager) and returns, and the rest runs on the saver's thread (DCP writes from its own thread, or
+from a writer process of each rank with ``async_process``). The commit protocol's phases (acknowledge,
+collect, create the manifest only if absent, move ``latest``) are separate functions, with fault hooks
+between them, and each phase's outcome is agreed on the checkpoint group, so every rank ends a save the
+same way. A save the storage refused (disk full, read-only, over quota): the coordinator removes the
+uncommitted folder and every rank raises ``CheckpointSaveError`` with the numbers and what to do; committed
+checkpoints are never touched. ``attempt`` is this attempt's lease (checkpoint/durable/lease.py), checked
+before acknowledging and before committing.
 """
 
 from __future__ import annotations

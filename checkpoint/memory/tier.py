@@ -6,24 +6,19 @@ interval of work plus a reload from storage. The memory tier keeps a snapshot ev
 same bytes to the same local rank on the next node (a ring over nodes). A worker crash restores from its
 own node's copy, a lost node from its peer's replica; neither reads storage.
 
-This module is the tier's schedule, its pre-flight, the two halves of a snapshot and the restore. The
-training thread waits for the previous snapshot (at most one in flight), copies the state into one reused
-flat host buffer (snapshot.py's FlatStager) and returns to training. The background half (``persist``), each
-phase agreed over the tier's group so a rank that failed never leaves its peer waiting:
-  1. write ``step_S/rankR.snap``, checksummed as it is written;
-  2. send the staged bytes to the peer (not read back from the file), receive the source rank's and write
-     them to ``step_S/rankQ.snap``, checksummed as they are written;
-  3. every rank holds both copies: write each copy's manifest ``rankR.json`` (the commit: a copy without
-     one is ignored);
-  4. every rank committed: delete the older steps.
-A kill at any moment leaves the previous complete step on every node until the new one is complete
-everywhere. On a machine that plays several nodes (tests) ``checkpoint.memory.node`` gives each its
-own ``root/node-<id>``.
+This module is the tier's schedule, its pre-flight, the two halves of a snapshot and the restore
+(docs/checkpoint-format.md, "The memory tier", has their steps). The training thread waits for the previous
+snapshot (at most one in flight), copies the state into one reused flat host buffer and returns to training.
+The background half (``persist``) writes, replicates and commits in two rounds, each phase agreed over the
+tier's group so a rank that failed never leaves its peer waiting: a kill at any moment leaves the previous
+complete step on every node until the new one is complete everywhere. The restore runs on every rank
+together: the newest step with an intact copy of every rank, local or streamed from a peer; any problem
+on any rank is agreed on, and the caller goes to the durable tier.
 
-The restore, on every rank together: all ranks gather the committed copies their nodes hold and take the
-newest step that has a copy of every rank at this world size and layout; each rank takes its own node's
-copy if its checksum holds (local), else a peer streams its replica (peer). Any problem on any rank is
-agreed on, and the caller goes to the durable tier.
+The tier's group (``PeerGroup``) is its own gloo group: its collectives run on the background thread,
+apart from training's. Each rank sends its snapshot to ``peer`` (the rank ``local_world_size`` away: the
+same local rank on the next node) and receives ``source``'s; every transfer is tagged, and every agreement
+is a collective over the group.
 """
 
 from __future__ import annotations
@@ -54,12 +49,19 @@ from checkpoint.memory.snapshot import (
     apply_snapshot,
     check_applied,
     checksum_buffer,
+    write_parts,
     write_snapshot,
 )
-from checkpoint.memory.transport import PeerGroup, size_text
 from checkpoint.storage import location
+from parallel import collectives
 
 log = logging.getLogger("trainer")
+
+_TAG_HEADER, _TAG_INFO, _TAG_DATA, _TAG_PREFIX = 11, 12, 13, 14  # the tier's transfers (PeerGroup)
+
+
+def size_text(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
 @dataclass
@@ -339,6 +341,121 @@ def drop_steps(directory: Path, drop: Callable[[int], bool]) -> None:
     for d in directory.glob("step_*"):
         if d.name[len("step_"):].isdigit() and drop(int(d.name[len("step_"):])):
             shutil.rmtree(d, ignore_errors=True)
+
+
+# -- the tier's group: agreements, the replica exchange, copies streamed to a peer -----------------
+class PeerGroup:
+    def __init__(self, rank: int, world_size: int, local_world_size: int, replicas: int, timeout_s: float):
+        self.rank, self.world_size, self.local_world_size = rank, world_size, max(1, local_world_size)
+        self.peer: Optional[int] = None  # who receives this rank's replica
+        self.source: Optional[int] = None  # whose replica this rank holds
+        if replicas > 0:
+            if world_size > self.local_world_size:
+                self.peer = (rank + self.local_world_size) % world_size
+                self.source = (rank - self.local_world_size) % world_size
+            elif rank == 0:
+                log.warning("checkpoint.memory.replicas=1 needs more than one node (world %d, %d ranks per node): "
+                            "snapshots stay on their own node only", world_size, self.local_world_size)
+        self.group = None
+        self._recv: Optional[torch.Tensor] = None  # the replica's receive buffer, reused (exchange)
+        self.transfer_s = 0.0  # the last exchange's time on the wire
+        if collectives.distributed() and world_size > 1:
+            self.group = collectives.new_gloo_group(timeout_s)
+
+    def all_ok(self, ok: bool) -> bool:
+        """True on every rank iff ``ok`` on every rank (over the tier's group)."""
+        if self.group is None:
+            return ok
+        return not collectives.any_rank(not ok, self.group)
+
+    def gather(self, obj) -> list:
+        if self.group is None:
+            return [obj]
+        return collectives.all_gather_object(obj, self.group)
+
+    def agree(self, problem: Optional[str]) -> Optional[str]:
+        """Every rank's problems, joined (naming the ranks that met each, unless all did), if any
+        rank has one (else None); the same on every rank."""
+        return problem if self.group is None else collectives.agree_on_problems(problem, self.group)
+
+    def exchange(self, staged: Staged, info: dict, d: Path) -> dict:
+        """Send this rank's staged snapshot to the peer and receive the source's, then write it to
+        ``d`` and check its checksum in that same pass. The bytes go from the staging buffer itself
+        (one large contiguous send, not read back from the file) into a receive buffer this group
+        keeps from one snapshot to the next: receiving straight into a fresh mapping of the tmpfs
+        file took page faults inside the socket copy and measured 3-4x slower than into touched
+        memory. A full tmpfs fails the write after the bytes arrived, so the sender is never left
+        hanging; the failure is raised then."""
+        info_out = torch.frombuffer(bytearray(json.dumps(info).encode()), dtype=torch.uint8)
+        prefix_out = torch.frombuffer(bytearray(staged.prefix), dtype=torch.uint8)
+        header_out = torch.tensor([info_out.numel(), prefix_out.numel(), staged.region.numel()], dtype=torch.int64)
+        header_in = torch.empty(3, dtype=torch.int64)
+        collectives.exchange([(header_out, self.peer, _TAG_HEADER)], [(header_in, self.source, _TAG_HEADER)],
+                             self.group)
+        info_len, prefix_len, region_len = (int(x) for x in header_in)
+        info_in = torch.empty(info_len, dtype=torch.uint8)
+        prefix_in = torch.empty(prefix_len, dtype=torch.uint8)
+        if self._recv is None or self._recv.numel() != region_len:
+            self._recv = None
+            self._recv = torch.empty(region_len, dtype=torch.uint8)
+        region_in = self._recv
+        sends = [(info_out, self.peer, _TAG_INFO), (prefix_out, self.peer, _TAG_PREFIX)]
+        recvs = [(info_in, self.source, _TAG_INFO), (prefix_in, self.source, _TAG_PREFIX)]
+        if staged.region.numel():
+            sends.append((staged.region, self.peer, _TAG_DATA))
+        if region_len:
+            recvs.append((region_in, self.source, _TAG_DATA))
+        t0 = time.perf_counter()
+        collectives.exchange(sends, recvs, self.group)
+        self.transfer_s = time.perf_counter() - t0
+        received = json.loads(info_in.numpy().tobytes())
+        size_in = prefix_len + region_len
+        replica_tmp = d / f"replica-from-{self.source:05d}"
+        try:
+            _, got = write_parts(replica_tmp, [prefix_in, region_in], received["algorithm"])
+        except OSError as exc:
+            raise SnapshotError(f"no room for the replica of rank {received['owner']} ({size_text(size_in)}) "
+                                f"in {d}: {exc}") from exc
+        if got != received["checksum"] or received["size"] != size_in:
+            replica_tmp.unlink(missing_ok=True)
+            raise SnapshotError(f"replica of rank {received['owner']} step {received['step']} arrived damaged "
+                                f"(checksum {got} != {received['checksum']})")
+        os.replace(replica_tmp, d / f"rank{received['owner']:05d}.snap")
+        return received
+
+    def close(self) -> None:
+        self._recv = None
+
+    def send_copy(self, copy: dict, to: int) -> None:
+        """Stream one held copy to rank ``to``: header (size, manifest length), manifest, bytes. A copy
+        that cannot be read is announced with size -1 so the receiver does not wait for it."""
+        try:
+            data = torch.from_file(copy["path"], shared=False, size=copy["size"], dtype=torch.uint8)
+            meta = torch.frombuffer(bytearray(json.dumps(copy).encode()), dtype=torch.uint8)
+        except (OSError, RuntimeError) as exc:
+            log.error("memory tier: cannot read the copy of rank %d for sending: %s", to, exc)
+            collectives.send(torch.tensor([-1, 0], dtype=torch.int64), to, self.group, tag=_TAG_HEADER)
+            return
+        collectives.send(torch.tensor([copy["size"], meta.numel()], dtype=torch.int64), to, self.group,
+                         tag=_TAG_HEADER)
+        collectives.send(meta, to, self.group, tag=_TAG_INFO)
+        collectives.send(data, to, self.group, tag=_TAG_DATA)
+
+    def receive_copy(self, holder: int):
+        """(bytes, its manifest, problem) of this rank's copy streamed from ``holder``."""
+        header = torch.empty(2, dtype=torch.int64)
+        collectives.recv(header, holder, self.group, tag=_TAG_HEADER)
+        size, meta_len = int(header[0]), int(header[1])
+        if size < 0:
+            return None, None, f"rank {self.rank}: the peer rank {holder} could not read its replica"
+        meta = torch.empty(meta_len, dtype=torch.uint8)
+        collectives.recv(meta, holder, self.group, tag=_TAG_INFO)
+        buf = torch.empty(size, dtype=torch.uint8)
+        collectives.recv(buf, holder, self.group, tag=_TAG_DATA)
+        copy = json.loads(meta.numpy().tobytes())
+        if checksum_buffer(buf.numpy(), copy["algorithm"]) != copy["checksum"]:
+            return None, None, f"rank {self.rank}: the replica streamed from rank {holder} arrived damaged"
+        return buf, copy.get("manifest"), None
 
 
 # -- the restore: on every rank together -------------------------------------------------------------
