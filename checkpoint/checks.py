@@ -48,7 +48,7 @@ def file_problems(cfg) -> List[str]:
     the run will resume: then its checkpoint's weights win and the source may even be gone)."""
     out: List[str] = []
     resume = str(cfg.checkpoint.resume).strip()
-    if resume not in RESUME_WORDS and not resume.isdigit() and not (location(resume) / "manifest.json").is_file():
+    if resume not in RESUME_WORDS and not resume.isdigit() and not (location(resume) / MANIFEST).is_file():
         out.append(f"checkpoint.resume={resume!r}: use one of {list(RESUME_WORDS)}, a step number, or the "
                    "path of a committed checkpoint directory (one holding manifest.json)")
     if cfg.model.init_from and not cfg.dry_run:  # unit: interop
