@@ -38,9 +38,9 @@ from checkpoint.durable.lease import LiveOwner, take_lease
 from checkpoint.durable.manifest import CheckpointError, CheckpointUnreadable
 from checkpoint.durable.preflight import PreflightError
 from checkpoint.durable.reads import read_on_rank0
-from checkpoint.interop.model_shape import fill_model_shape  # unit: interop
 from checkpoint.storage import location
 from configs.keys import ConfigError, problems
+from model.config import SHAPE_KEYS
 from parallel import collectives
 from parallel.collectives import agreed
 from trainer.config import Config, World, typed, value_problems, warnings
@@ -98,7 +98,9 @@ def fill_from_files(cfg: DictConfig) -> None:
     """The config changes the weights make: a weights-only checkpoint.resume becomes model.init_from, then
     model=hf takes its shape from the weights (both read files; under torchrun rank 0 makes them)."""
     checkpoint.checks.weights_only_resume(cfg)  # unit: interop
-    fill_model_shape(cfg)  # unit: interop
+    if any(OmegaConf.is_missing(cfg.model, k) for k in SHAPE_KEYS):  # unit: interop (model=hf: its code only then)
+        from checkpoint.interop.model_shape import fill_model_shape
+        fill_model_shape(cfg)
 
 
 # -- the files -------------------------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ from checkpoint import storage
 from checkpoint.durable.discovery import step_of
 from checkpoint.durable.lease import Heartbeat
 from checkpoint.durable.manifest import set_manifest_read_fault
-from checkpoint.interop.init_from import apply_init_from  # unit: interop
 from checkpoint.manager import CheckpointManager
 from checkpoint.state.training_state import TrainingState
 from checkpoint.storage import location
@@ -172,8 +171,10 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     ckpt.preflight(attempt)  # room for the saves to come, on every rank
     metrics.attempt = attempt  # metrics.jsonl rows name it from now on (metrics/records.py)
     resumed = rt.resume(state, probe, dims, plan)  # verified, with bounded fallback
-    resumed = apply_init_from(mcfg.init_from, state, ckpt, resumed, world.device,  # unit: interop (step 0 only)
-                              (rc.read_retries, rc.read_retry_backoff_s))
+    if mcfg.init_from:  # unit: interop (pretrained weights at step 0; its code is loaded only for them)
+        from checkpoint.interop.init_from import apply_init_from
+        resumed = apply_init_from(mcfg.init_from, state, ckpt, resumed, world.device,
+                                  (rc.read_retries, rc.read_retry_backoff_s))
     if world.is_main:  # the launch is accepted (the resume included): now it may say what it runs
         write_run_config(run_dir, resolved, overrides)
     start_step = state.step

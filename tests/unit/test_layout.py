@@ -222,3 +222,29 @@ def test_each_bound_is_declared_with_its_key():
             if isinstance(node, ast.Name) and node.id in vocabulary:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.id}")
     assert not found, "bounds declared away from their keys:\n" + "\n".join(found)
+
+
+def test_no_project_import_inside_a_function_but_where_a_unit_plugs_in():
+    """An import of the project's own code sits at the top of its module, where the layer rules see it and no
+    cycle can hide. The exceptions are named: an optional unit's code, imported inside the statement that turns
+    it on (marked ``# unit: NAME``), so that a run which does not use it does not load it; and the planner,
+    which train.py's dry run alone prints."""
+    found = []
+    for path in _product_files():
+        text = path.read_text()
+        lines = text.splitlines()
+        tree = ast.parse(text)
+        marked = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and "# unit: " in lines[n.lineno - 1]]
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                ours = [n for n in names if n.split(".")[0] in PACKAGES]
+                in_unit = any(m.lineno <= node.lineno <= m.end_lineno for m in marked)
+                planner = path.name == "train.py" and fn.name == "dry_run" and ours == ["planner.plan"]
+                if ours and not (in_unit or planner):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {fn.name} imports {ours}")
+    assert not found, "imports of the project inside functions:\n" + "\n".join(found)
