@@ -137,29 +137,16 @@ def _known_gone(path: Path) -> bool:
     return bool(run_id) and record.get("run_id") == run_id
 
 
-def newer_owner(root: Path, attempt: Optional[int], coordinator: Optional[bool] = None,
-                group=None) -> Optional[StaleWriter]:
-    """StaleWriter if an attempt newer than ``attempt`` owns ``root`` (after a failed save; a lease that
-    cannot be read proves nothing). ``coordinator`` None: this rank reads alone. True/False: every rank
-    of ``group`` calls it and takes the coordinator's answer, since ranks judging alone could end the
-    same failed save differently (StaleWriter here, a CheckpointSaveError that on_save_error=continue
-    trains past there) and then wait in different collectives."""
-    def look() -> Optional[str]:
-        try:
-            check_lease(root, attempt)
-        except StaleWriter as stale:
-            return str(stale)
-        except Exception:  # noqa: BLE001 - the storage that failed the save may not answer either
-            pass
-        return None
-
-    if coordinator is None:
-        found = look()
-    else:
-        from parallel import collectives  # here: the config checks read leases without importing torch
-
-        found = collectives.broadcast_object(look() if coordinator else None, group=group)
-    return StaleWriter(found) if found is not None else None
+def newer_owner(root: Path, attempt: Optional[int]) -> Optional[str]:
+    """The message of the StaleWriter to raise if an attempt newer than ``attempt`` owns ``root`` (after a
+    failed save); None if not, or if the lease cannot be read (that proves nothing)."""
+    try:
+        check_lease(root, attempt)
+    except StaleWriter as stale:
+        return str(stale)
+    except Exception:  # noqa: BLE001 - the storage that failed the save may not answer either
+        pass
+    return None
 
 
 def take_lease(root: Path, timeout_s: Optional[float] = None, take_over: bool = False) -> int:

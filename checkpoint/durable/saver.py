@@ -517,6 +517,13 @@ class CheckpointSaver:
 
     def _newer_attempt(self, exc: BaseException) -> Optional[StaleWriter]:
         """StaleWriter if a newer attempt owns the directory; a failure every rank met (an agreed phase,
-        DCP's gathered errors) is judged once, by the coordinator (lease.newer_owner)."""
+        DCP's gathered errors) is judged once, by the coordinator: ranks judging alone could end the same
+        failed save differently (StaleWriter here, a CheckpointSaveError that on_save_error=continue
+        trains past there) and then wait in different collectives."""
         every_rank = isinstance(exc, (RankFailures, CheckpointException)) and not _no_dist() and self.world_size > 1
-        return newer_owner(self.root, self.attempt, self.is_coordinator if every_rank else None, self.process_group)
+        if every_rank:
+            found = collectives.broadcast_object(newer_owner(self.root, self.attempt) if self.is_coordinator
+                                                 else None, group=self.process_group)
+        else:
+            found = newer_owner(self.root, self.attempt)
+        return StaleWriter(found) if found is not None else None
