@@ -15,7 +15,6 @@ from checkpoint.config import RESUME_WORDS
 from checkpoint.durable.discovery import resolve_resume
 from checkpoint.durable.lease import live_owner
 from checkpoint.durable.manifest import MANIFEST, CheckpointError, read_manifest
-from checkpoint.interop.weight_source import source_problems  # unit: interop
 from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config
 from checkpoint.storage import location
 from configs.keys import ConfigError
@@ -103,4 +102,6 @@ def _init_from_problems(cfg) -> List[str]:  # unit: interop
             return []
     except CheckpointError:  # the resume itself reports it
         return []
+    from checkpoint.interop.weight_source import source_problems  # unit: interop (loaded only for init_from)
+
     return source_problems(cfg.model, cfg.model.init_from)

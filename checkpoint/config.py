@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import List
 
 from checkpoint.memory.config import MemoryTierConfig  # unit: memory
-from checkpoint.storage import S3Config  # unit: s3
+from checkpoint.storage.s3.config import S3Config  # unit: s3
 from configs.keys import AT_LEAST_1, MAX_SECONDS, NON_NEGATIVE, SECONDS, Bound, key, section, step_count_or_auto
 
 ASYNC_MODES = ("sync", "async", "async_process")

@@ -38,7 +38,6 @@ from checkpoint.durable.manifest import (
 )
 from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes, held_once, preflight_checkpoint_dir
 from checkpoint.durable.saver import CheckpointSaveError, CheckpointSaver, FaultHook, SaveRecord
-from checkpoint.memory.tier import MemoryTier  # unit: memory
 from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config, schedule_changes
 from checkpoint.state.training_state import TrainingState
 from checkpoint.storage import location
@@ -87,7 +86,9 @@ class CheckpointManager:
             commit_timeout_s=c.commit_timeout_s, pin_memory=device.type == "cuda",
             after_commit=self._after_commit, fault_hook=fault_hook, storage_format=c.format)
         self.memory = None  # the memory tier (checkpoint/memory/), when checkpoint.memory turns it on
-        self.memory = MemoryTier.of(c.memory, self, run_name)  # unit: memory
+        if c.memory.enabled:  # unit: memory (its code is loaded only by a run that turns it on)
+            from checkpoint.memory.tier import MemoryTier
+            self.memory = MemoryTier.of(c.memory, self, run_name)
         self.last_saved_step: Optional[int] = None
         self.save_failure: Optional[CheckpointSaveError] = None  # on_save_error=stop: raised once agreed
 

@@ -95,11 +95,9 @@ class Restored:
 
 class MemoryTier:
     @classmethod
-    def of(cls, mcfg: MemoryTierConfig, ckpt, run_name: str) -> Optional["MemoryTier"]:
-        """The tier of a checkpoint manager (checkpoint/manager.py) when checkpoint.memory turns it on, else None:
-        it shares the manager's rank, layout, config hash, fault hook and events."""
-        if not mcfg.enabled:
-            return None
+    def of(cls, mcfg: MemoryTierConfig, ckpt, run_name: str) -> "MemoryTier":
+        """The tier of a checkpoint manager (checkpoint/manager.py), when checkpoint.memory turns it on: it
+        shares the manager's rank, layout, config hash, fault hook and events."""
         tier = cls(mcfg, run_name=run_name, rank=ckpt.rank, world_size=ckpt.world_size,
                    local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", ckpt.world_size)), layout=ckpt.layout,
                    config_hash=ckpt.config_hash, algorithm=default_algorithm(),

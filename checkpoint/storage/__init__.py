@@ -2,24 +2,38 @@
 
   base.py    the interface a backend implements (``Store``), and ``Loc``, the path-like name of a file
   posix.py   a local or shared file system (fsync, rename, hard link)
-  s3.py      S3 and S3-compatible object stores (boto3: conditional PUT, multipart, ranged GETs)
+  s3/        S3 and S3-compatible object stores (boto3: conditional PUT, multipart, ranged GETs)
   dcp.py     torch.distributed.checkpoint's file-system interface over any store
 
-A new backend is one file: a ``Store`` subclass with a ``parse(url) -> (store, key)`` class
-method, and a line in STORES below. Nothing outside this package asks which kind of store it has.
+A new backend is one module: a ``Store`` subclass with a ``parse(url) -> (store, key)`` class
+method, and a line in STORES below; it is imported at the first URL of its scheme, so a run on a
+disk loads no object-store client. Nothing outside this package asks which kind of store it has.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Dict, Type
 
 from checkpoint.storage.base import Entry, Loc, Store
 from checkpoint.storage.posix import PosixStore
-from checkpoint.storage.s3 import S3Config, S3Store  # noqa: F401 (S3Config: checkpoint.s3)  # unit: s3
 
-STORES: Dict[str, Type[Store]] = {}  # URL scheme -> backend; anything else is a local path
-STORES["s3://"] = S3Store  # unit: s3
+STORES: Dict[str, str] = {}  # URL scheme -> "module:Class" of its backend; anything else is a local path
+STORES["s3://"] = "checkpoint.storage.s3.store:S3Store"  # unit: s3
 _POSIX = PosixStore()
+_loaded: Dict[str, Type[Store]] = {}
+_settings = None  # the checkpoint section, once configure() has seen it
+
+
+def backend(scheme: str) -> Type[Store]:
+    """The backend class of a URL scheme, imported (and handed the settings) at its first use."""
+    if scheme not in _loaded:
+        module, _, name = STORES[scheme].partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        if _settings is not None:
+            cls.configure(_settings)
+        _loaded[scheme] = cls
+    return _loaded[scheme]
 
 
 def location(where) -> Loc:
@@ -27,16 +41,19 @@ def location(where) -> Loc:
     if isinstance(where, Loc):
         return where
     text = str(where)
-    for scheme, store in STORES.items():
+    for scheme in STORES:
         if text.startswith(scheme):
-            return Loc(*store.parse(text))
+            return Loc(*backend(scheme).parse(text))
     return Loc(_POSIX, text)
 
 
 def configure(settings) -> None:
-    """Every backend takes its settings from the checkpoint section (``checkpoint.s3.*``), before any call."""
-    for store in STORES.values():
+    """Every backend takes its settings from the checkpoint section (``checkpoint.s3.*``) before its first
+    call: those imported already now, the others when they are."""
+    global _settings
+    _settings = settings
+    for store in _loaded.values():
         store.configure(settings)
 
 
-__all__ = ["Entry", "Loc", "Store", "STORES", "location", "configure"]
+__all__ = ["Entry", "Loc", "Store", "STORES", "backend", "location", "configure"]

@@ -37,7 +37,7 @@ class Entry:
 
 
 class Store(ABC):
-    """A backend: a disk (checkpoint/storage/posix.py), an object store (checkpoint/storage/s3.py)."""
+    """A backend: a disk (checkpoint/storage/posix.py), an object store (checkpoint/storage/s3/)."""
 
     @abstractmethod
     def url(self, key: str) -> str:

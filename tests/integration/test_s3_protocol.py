@@ -29,8 +29,9 @@ from checkpoint.durable.discovery import (
 from checkpoint.durable.manifest import CheckpointError, read_manifest, verify_checkpoint
 from checkpoint.durable.saver import commit_checkpoint
 from checkpoint.storage import Loc, location
-from checkpoint.storage import s3 as s3_client
-from checkpoint.storage.s3 import MultipartWriter, RangedReader
+from checkpoint.storage.s3 import config as s3_settings
+from checkpoint.storage.s3 import store as s3_client
+from checkpoint.storage.s3.store import MultipartWriter, RangedReader
 from configs.keys import problems
 from rehearsal.s3_server import BUCKET, PART_BYTES
 from support.s3 import (
@@ -115,7 +116,7 @@ def test_a_file_is_uploaded_in_parts_read_back_by_exact_ranges_and_an_abandoned_
 
 
 def test_the_server_refuses_a_second_conditional_put_of_a_manifest(s3):
-    """The commit is the manifest PUT with If-None-Match: * (checkpoint/storage/s3.py create). A second
+    """The commit is the manifest PUT with If-None-Match: * (checkpoint/storage/s3/store.py create). A second
     commit of the same step (another writer, a replayed request) must be refused by the server and
     leave the first manifest as it was; a store that ignored the header would let it through."""
     root = in_bucket("conditional")
@@ -289,19 +290,19 @@ def test_the_endpoint_comes_from_checkpoint_s3_before_the_environment(s3, monkey
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")  # nothing listens there
     sent = []
     try:
-        s3_client.configure(s3.url, "eu-west-1", "path")
+        s3_settings.configure(s3.url, "eu-west-1", "path")
         c = s3_client.client()
         c.meta.events.register("before-send.s3", lambda request, **kw: sent.append(request.url), unique_id="u")
         assert in_bucket("").is_dir()
         assert (c.meta.endpoint_url, c.meta.region_name, c.meta.config.s3) == (
             s3.url, "eu-west-1", {"addressing_style": "path"})
         assert sent and all(u.startswith(f"{s3.url}/{BUCKET}") for u in sent), sent
-        s3_client.configure(None)  # back to the environment's endpoint, where nothing answers
+        s3_settings.configure(None)  # back to the environment's endpoint, where nothing answers
         with pytest.raises(OSError, match="S3 endpoint unreachable"):
             in_bucket("").walk()
     finally:
-        s3_client.configure(None)
-    bad = s3_client.S3Config("minio:9000", "", "sideways")
+        s3_settings.configure(None)
+    bad = s3_settings.S3Config("minio:9000", "", "sideways")
     assert problems(bad, "checkpoint.s3") == [
         "checkpoint.s3.addressing_style='sideways': choose one of ['auto', 'path', 'virtual']",
         "checkpoint.s3.endpoint_url='minio:9000': give the store's URL with its scheme, e.g. "

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.distributed  # starts train.py processes
 # unit -> (its files, a key of the unit's that the config then refuses, the message)
 UNITS = {
     "memory": (["checkpoint/memory"], "checkpoint.memory.interval=2", "checkpoint.memory"),
-    "s3": (["checkpoint/storage/s3.py"], "checkpoint.s3.region=us-east-1", "checkpoint.s3"),
+    "s3": (["checkpoint/storage/s3"], "checkpoint.s3.region=us-east-1", "checkpoint.s3"),
     "raw": (["checkpoint/durable/raw.py"], "checkpoint.format=raw", "checkpoint.format='raw': choose one of ['dcp']"),
     "interop": (["checkpoint/interop", "model/hf.py"], "model.init_from=/weights", "model.init_from"),
     "guards": (["recovery/guards"], "recovery.guards.enabled=false", "recovery.guards"),

@@ -27,9 +27,10 @@ LAYERS = {
 }
 PACKAGES = ("configs", "model", "data", "parallel", "training", "metrics", "checkpoint", "recovery", "trainer",
             "planner", "rehearsal")
-# Inside checkpoint/ the same rule, one level down: what a checkpoint holds and where it is stored, then
-# the durable tier, then the memory tier and the weights in and out, then the facade and the modules beside it.
-CHECKPOINT_LAYERS = {"checkpoint.state": 0, "checkpoint.storage": 0, "checkpoint.config": 1,
+# Inside checkpoint/ the same rule, one level down: the keys (every sub-package's config module), then what
+# a checkpoint holds and where it is stored, then the durable tier, then the memory tier and the weights in
+# and out, then the facade and the modules beside it.
+CHECKPOINT_LAYERS = {"checkpoint.config": 0, "checkpoint.state": 1, "checkpoint.storage": 1,
                      "checkpoint.durable": 2, "checkpoint.memory": 3, "checkpoint.interop": 3,
                      "checkpoint": 4}
 # Inside data/: the error and the prepare command, and the tokenizers a run reads; the formats (the shard
@@ -156,14 +157,14 @@ def _strings(tree: ast.AST):
 
 def test_no_code_outside_the_storage_package_asks_which_store_it_has():
     """Storage is one interface (checkpoint/storage/): nothing else imports a backend's module (but for the
-    sub-section of its settings, re-exported by the package), tests an object against a store class, or asks
+    sub-section of its settings), tests an object against a store class, or asks
     whether it is on an object store; a new backend is one file there."""
     import checkpoint.storage as storage
     from checkpoint.storage.base import Store
 
-    backends = {cls.__name__ for cls in [*storage.STORES.values(), type(storage.location("/x").store)]}
-    modules = {cls.__module__ for cls in [*storage.STORES.values(), type(storage.location("/x").store)]}
-    assert issubclass(storage.STORES["s3://"], Store) and "PosixStore" in backends
+    classes = [*map(storage.backend, storage.STORES), type(storage.location("/x").store)]
+    backends, modules = {cls.__name__ for cls in classes}, {cls.__module__ for cls in classes}
+    assert issubclass(storage.backend("s3://"), Store) and "PosixStore" in backends
     found = []
     for path in _product_files(outside="checkpoint/storage"):
         tree = ast.parse(path.read_text())

@@ -26,7 +26,7 @@ def die() -> None:
 def die_after_call(method: str, key_suffix: str, nth: int) -> None:
     """Wrap one method of this process's S3 client: SIGKILL right after its ``nth`` call on a key
     ending with ``key_suffix`` returned (from whichever thread made it)."""
-    from checkpoint.storage.s3 import client
+    from checkpoint.storage.s3.store import client
 
     c = client()
     original, seen = getattr(c, method), [0]

@@ -16,18 +16,15 @@ import io
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, TypeVar
 
 from checkpoint.storage.base import Entry, Store
-from configs.keys import key
+from checkpoint.storage.s3.config import ADDRESSING_VAR, ENDPOINT_VAR, REGION_VAR, configure
 
 T = TypeVar("T")
 SCHEME = "s3://"
 DEFAULT_PART_BYTES = 64 << 20
 IN_FLIGHT = 4  # parts uploading at once per file (each its own connection)
-ADDRESSING_STYLES = ("auto", "path", "virtual")  # botocore's s3.addressing_style
-ENDPOINT_VAR, REGION_VAR, ADDRESSING_VAR = "LLM_S3_ENDPOINT_URL", "LLM_S3_REGION", "LLM_S3_ADDRESSING_STYLE"
 
 # S3 error codes -> errno: a missing object is FileNotFoundError, a refused conditional write
 # FileExistsError, a refusal of access PermissionError; the rest is the storage failing (EIO)
@@ -38,39 +35,6 @@ _CODES = {
     "AccessDenied": errno.EACCES, "403": errno.EACCES, "InvalidAccessKeyId": errno.EACCES,
     "SignatureDoesNotMatch": errno.EACCES, "QuotaExceeded": errno.EDQUOT,
 }
-
-
-# -- where the store is ------------------------------------------------------------------------------
-@dataclass
-class S3Config:
-    """checkpoint.s3: where an ``s3://`` checkpoint.dir (or model.init_from) lives. null: boto3's own settings
-    (AWS_ENDPOINT_URL_S3, AWS_REGION); credentials are always boto3's."""
-
-    endpoint_url: Optional[str] = key(None, "an S3-compatible store: http://minio.internal:9000")
-    region: Optional[str] = key(None, "us-east-1")
-    addressing_style: str = key("auto", "auto | path (http://host/bucket/key, which most S3-compatible stores want) "
-                                "| virtual (http://bucket.host/key)", choices=ADDRESSING_STYLES)
-
-    def check(self) -> List[str]:
-        out = []
-        if self.endpoint_url and not str(self.endpoint_url).startswith(("http://", "https://")):
-            out.append(f"checkpoint.s3.endpoint_url={self.endpoint_url!r}: give the store's URL with its scheme, e.g. "
-                       "http://minio.internal:9000 or https://s3.us-east-1.amazonaws.com (null: boto3's own settings)")
-        if self.region is not None and not str(self.region).strip():
-            out.append("checkpoint.s3.region='': give a region name (us-east-1) or null")
-        return out
-
-
-def configure(endpoint_url: Optional[str] = None, region: Optional[str] = None,
-              addressing_style: str = "auto") -> None:
-    """Use these settings for every S3 call of this process and of the processes it starts; None leaves
-    boto3's own (``AWS_ENDPOINT_URL_S3``, ``AWS_REGION``) in charge."""
-    for var, value in ((ENDPOINT_VAR, endpoint_url), (REGION_VAR, region),
-                       (ADDRESSING_VAR, None if addressing_style == "auto" else addressing_style)):
-        if value:
-            os.environ[var] = str(value)
-        else:
-            os.environ.pop(var, None)
 
 
 _lock = threading.Lock()
