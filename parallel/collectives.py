@@ -224,19 +224,32 @@ def agreed(exc: E) -> E:
     return exc
 
 
+class RankZeroFailed(RuntimeError):
+    """What the other ranks raise when rank 0, deciding for every rank, met an error its caller did not list."""
+
+
 def decided_on_rank0(decide: Callable[[], T], errors: Tuple[Type[Exception], ...] = ()) -> T:
     """Run ``decide`` on rank 0 only and give every rank its (picklable) answer. An exception of one
     of the ``errors`` types that it raises is raised on every rank, with the same type and message
-    (marked ``agreed``); any other exception propagates on rank 0 alone, as it would without this helper."""
-    outcome: list = [None, None]  # (answer, (index into errors, message) of what decide raised)
+    (marked ``agreed``). Any other exception is raised as it is on rank 0 and as RankZeroFailed, naming
+    it, on every other rank: raised on rank 0 alone, a caller that goes on would leave its peers here."""
+    outcome: list = [None, None]  # (answer, (index into errors or None, message) of what decide raised)
+    unlisted: Optional[BaseException] = None
     if not distributed() or dist.get_rank() == 0:
         try:
             outcome[0] = decide()
         except errors as exc:
             outcome[1] = (next(i for i, e in enumerate(errors) if isinstance(exc, e)), str(exc))
+        except Exception as exc:  # noqa: BLE001 - every rank must learn of it
+            unlisted, outcome[1] = exc, (None, f"{type(exc).__name__}: {exc}")
     outcome = broadcast_object(outcome)
+    if unlisted is not None:
+        raise unlisted
     if outcome[1] is not None:
-        raise agreed(errors[outcome[1][0]](outcome[1][1]))
+        index, message = outcome[1]
+        if index is None:
+            raise RankZeroFailed(f"rank 0 failed deciding for every rank: {message} (its traceback is rank 0's)")
+        raise agreed(errors[index](message))
     return outcome[0]
 
 

@@ -13,7 +13,7 @@ from checkpoint.config import AUTO_MEASURE_STEPS
 from recovery.interval import choose_interval_steps
 from rehearsal.chains import faults_override
 from rehearsal.runs import tiny_overrides
-from support.launch import run_train
+from support.launch import run, run_train, torchrun, worker
 
 pytestmark = pytest.mark.distributed
 
@@ -75,3 +75,16 @@ def test_a_shadow_alarm_on_one_replica_rolls_every_rank_back_together(tmp_path, 
     rows = _rows(run_dir)
     assert [r["to_step"] for r in rows if r.get("kind") == "rollback"] == [4]
     assert max(r["step"] for r in rows if "loss" in r) == 12
+
+
+def test_an_error_rank_0_meets_deciding_for_every_rank_reaches_every_rank():
+    """Rank 0 decides for all (collectives.decided_on_rank0) and meets an error type the caller did not
+    list: every rank must raise (rank 1 an error naming rank 0's), so that a caller that goes on finds its
+    peers in the same next collective. Rank 0 raising alone left rank 1 in the decision's broadcast while
+    rank 0 entered the barrier."""
+    proc = run(torchrun(2, worker("rank0_raises")), timeout=120)
+    out = proc.stdout
+    assert "RAISED 0 ValueError: rank 0's read met bytes it did not expect" in out, out + proc.stderr[-3000:]
+    assert re.search(r"RAISED 1 RankZeroFailed: .*ValueError: rank 0's read met bytes it did not expect", out), \
+        out + proc.stderr[-3000:]
+    assert "BARRIER 0" in out and "BARRIER 1" in out and proc.returncode == 0, out + proc.stderr[-3000:]
