@@ -76,11 +76,10 @@ def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
                 else f"fresh start (no committed checkpoint in {ckpt.root})")
     manifest, path, skipped = loaded
     if spec not in ("auto", "must"):  # an explicit step or path: newer checkpoints are another trajectory now
-        if ckpt.rank == 0:  # so the next resume=auto continues from here
-            mark_superseded(ckpt.root, manifest.step, f"checkpoint.resume={spec} went back to step {manifest.step}")
+        # so the next resume=auto continues from here; marked before anyone trains on (and saves) past it
+        supersede(ckpt, manifest.step, f"checkpoint.resume={spec} went back to step {manifest.step}")
         if ckpt.memory is not None:
             ckpt.memory.forget_newer(manifest.step)  # every node its own snapshots
-        collectives.barrier()  # marked before anyone trains on (and saves) past it
     ckpt.log_event(manifest.step, kind="resume", checkpoint_id=manifest.checkpoint_id, path=str(path),
                    load_s=round(time.perf_counter() - t0, 3), skipped=skipped, source="storage",
                    sources={str(r): "storage" for r in range(ckpt.world_size)},
@@ -119,8 +118,8 @@ def load_with_fallback(ckpt: CheckpointManager, first: Callable[[], Optional[Pat
         except CheckpointError as exc:
             if not fallback:
                 raise
-            if ckpt.rank == 0:
-                mark_bad(path, str(exc))
+            reason = str(exc)
+            collectives.decided_on_rank0(lambda: _try_mark_bad(path, reason))  # every rank waits for it
             skipped.append(path.name)
             problem = exc
         failed = path
@@ -128,6 +127,21 @@ def load_with_fallback(ckpt: CheckpointManager, first: Callable[[], Optional[Pat
         if path is None:
             raise CheckpointError(f"no usable checkpoint left in {ckpt.root} after {skipped}: {problem}") from problem
         log.warning("falling back from %s to %s: %s", failed.name, path.name, problem)
+
+
+def _try_mark_bad(path: Path, reason: str) -> None:
+    """Mark a checkpoint whose damage was proven; a mark that cannot be written is a warning: this attempt
+    skips the checkpoint all the same, and the next start proves the damage again."""
+    try:
+        mark_bad(path, reason)
+    except OSError as exc:
+        log.warning("could not mark %s bad (the next start will check it again): %s", path.name, exc)
+
+
+def supersede(ckpt: CheckpointManager, step: int, reason: str) -> None:
+    """Mark the committed checkpoints after ``step`` superseded (rank 0 writes, every rank waits): a mark
+    rank 0 cannot write stops every rank alike, since a restart would resume the abandoned trajectory."""
+    collectives.decided_on_rank0(lambda: mark_superseded(ckpt.root, step, reason), errors=(OSError,))
 
 
 def _load_trusting_only_proof(ckpt: CheckpointManager, path: Path, verify: Optional[VerifyHook], retries: int,

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from checkpoint.durable.discovery import list_committed, mark_superseded, parse
+from checkpoint.durable.discovery import list_committed, parse
 from checkpoint.storage import location
-from recovery.resume import load_with_fallback
+from recovery.resume import load_with_fallback, supersede
 
 log = logging.getLogger("trainer")
 
@@ -85,9 +85,9 @@ def roll_back(request: RollbackRequested, guards, ckpt, data) -> int:
             + ". Restart from a known-good checkpoint with checkpoint.resume=<path>.")
     manifest = loaded[0]
     ckpt.discard_memory()  # the memory tier's snapshots hold the trajectory just abandoned
-    if ckpt.rank == 0:  # so do the committed checkpoints after the target: a crash must not resume them
-        mark_superseded(ckpt.root, manifest.step, f"abandoned by the rollback from step {request.step} to step "
-                                                  f"{manifest.step} ({request.reason})")
+    # so do the committed checkpoints after the target: a crash must not resume them
+    supersede(ckpt, manifest.step, f"abandoned by the rollback from step {request.step} to step {manifest.step} "
+                                   f"({request.reason})")
     skipped = (request.step - manifest.step) * ckpt.global_batch_size
     data.skip_samples(skipped)
     guards.after_rollback()

@@ -89,3 +89,27 @@ def test_a_checkpoint_that_never_reads_is_skipped_for_this_attempt_only(runs, py
     assert read_metrics(run_dir, "resume")[-1]["checkpoint_id"] == f"step_{SAVED:08d}"
     losses, reference = step_losses(run_dir), runs[1]
     assert [losses[s] for s in range(SAVED + 1, STEPS + 1)] == [reference[s] for s in range(SAVED + 1, STEPS + 1)]
+
+
+def test_a_bad_mark_that_cannot_be_written_does_not_stop_the_fallback(runs, pydoc_data):
+    """Step 8's bytes are damaged (proven: the resume marks it BAD), but rank 0 cannot write the mark (a
+    folder stands where the file goes). Rank 0 alone raised it and the run died, at every restart; now it
+    is a warning on rank 0 and every rank falls back to step 4 together and trains on, exactly. The next
+    start proves the damage again."""
+    run_dir, nproc = _copy(runs, "mark-fails"), runs[2]
+    step = run_dir / "checkpoints" / f"step_{SAVED:08d}"
+    data = max((p for p in step.rglob("*") if p.is_file() and p.suffix not in (".json", ".yaml")),
+               key=lambda p: p.stat().st_size)
+    with open(data, "r+b") as f:  # one bit of the largest data file
+        f.seek(data.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x10]))
+    (step / BAD_MARKER).mkdir()
+    proc = run_train(_overrides(run_dir, pydoc_data, nproc), nproc=nproc, timeout=BOUND_S, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"could not mark step_{SAVED:08d} bad" in proc.stderr, proc.stderr[-4000:]
+    [fell_back] = read_metrics(run_dir, "resume")
+    assert fell_back["checkpoint_id"] == "step_00000004" and fell_back["skipped"] == [f"step_{SAVED:08d}"]
+    losses, reference = step_losses(run_dir), runs[1]
+    assert [losses[s] for s in range(5, STEPS + 1)] == [reference[s] for s in range(5, STEPS + 1)]
