@@ -1,0 +1,67 @@
+"""A replacement node joins a running multi-node job launched by scripts/launch_multi_node.sh.
+
+Two launcher agents on localhost act as two nodes (--nnodes 2, one rank each, c10d rendezvous on
+127.0.0.1). Node 1 is lost after the save of step 6 (its agent and its worker SIGKILLed): the
+survivor's worker fails and its agent restarts it with TORCHELASTIC_RESTART_COUNT 1, while the
+replacement agent started for node 1 counts from 0. Keyed by the restart count, the two workers
+looked for each other under different store prefixes until the collective timeout, on every try.
+The job must re-form at world 2 with the replacement, resume from the newest checkpoint and finish."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from metrics.records import read_metrics, step_losses
+from rehearsal.chains import faults_override
+from rehearsal.processes import free_port
+from rehearsal.runs import tiny_overrides
+from support.launch import RDZV_KEEP_ALIVE, ROOT
+from support.processes import start, stop
+
+pytestmark = pytest.mark.distributed
+
+STEPS, INTERVAL, LOSS_STEP = 10, 2, 7
+TIMEOUT_S = 60  # parallel.collective_timeout_s: a worker waiting for a peer that never comes fails after this
+
+
+def _node(tmp_path, overrides, port: int, node: int, launch: int):
+    """One node: scripts/launch_multi_node.sh as an operator runs it (node 0 hosts the rendezvous)."""
+    env = {"RDZV_HOST": "127.0.0.1", "RDZV_PORT": str(port), "NNODES": "2", "NPROC": "1", "RUN_ID": "replace-test",
+           "RDZV_IS_HOST": "true" if node == 0 else "false", "MAX_RESTARTS": "1", "JOIN_TIMEOUT_S": "120",
+           "RDZV_CONF_EXTRA": RDZV_KEEP_ALIVE, "PYTHON": sys.executable}
+    log = open(tmp_path / f"node{node}-{launch}.log", "w")
+    try:
+        return start(["bash", str(ROOT / "scripts" / "launch_multi_node.sh"), *overrides], log, extra_env=env,
+                     start_new_session=True)
+    finally:
+        log.close()
+
+
+def _logs(tmp_path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted(tmp_path.glob("node*.log")))
+
+
+def test_a_replacement_node_joins_the_survivors_and_the_job_finishes(tmp_path, pydoc_data):
+    run_dir = tmp_path / "run"
+    loss = faults_override([{"kind": "node_loss", "phase": "data_wait", "step": LOSS_STEP, "rank": 1}])
+    overrides = tiny_overrides(run_dir, pydoc_data, STEPS, INTERVAL,
+                               extra=[loss, f"parallel.collective_timeout_s={TIMEOUT_S}"])
+    port = free_port()
+    agents = []
+    try:
+        agents.append(_node(tmp_path, overrides, port, 0, 1))
+        time.sleep(1.0)  # node 0 hosts the rendezvous store
+        agents.append(_node(tmp_path, overrides, port, 1, 1))
+        assert agents[1].wait(timeout=400) != 0, _logs(tmp_path)  # node 1 went down at step 7
+        agents.append(_node(tmp_path, overrides, port, 1, 2))  # its replacement, restart count 0
+        codes = [agents[0].wait(timeout=400), agents[2].wait(timeout=400)]
+    finally:
+        for agent in agents:
+            stop(agent)
+    assert codes == [0, 0], _logs(tmp_path)
+    resumes = read_metrics(run_dir, "resume")
+    assert resumes and resumes[-1]["step"] == LOSS_STEP - 1 and resumes[-1]["saved_world_size"] == 2, resumes
+    assert sorted(step_losses(run_dir)) == list(range(1, STEPS + 1))
