@@ -14,6 +14,11 @@
 # MAX_RESTARTS (default 3): group restarts after a failure before torchrun gives up; every
 # restart resumes from the newest committed checkpoint. RDZV_PORT defaults to 29400.
 # RDZV_IS_HOST=false on every node when the store runs elsewhere (scripts/rendezvous_store.py).
+# RDZV_CONF_EXTRA: more --rdzv-conf keys, e.g. keep_alive_interval=5,keep_alive_max_attempt=3
+# (how long a lost node's heartbeat is waited for).
+# Multi-node environment (docs/recovery-runbook.md, "Multi-node jobs"): the agent sets
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a replacement node joins only with it); export
+# GLOO_SOCKET_IFNAME=<interface> on every node, the one the nodes reach each other on.
 # Preemption: SIGTERM or SIGUSR1 to this script's process (the agent,
 # scripts/torchrun_preemptible.py) reaches every local rank; all ranks save at one step and
 # exit 0. TORCH_ELASTIC_SHUTDOWN_TIMEOUT = recovery.preemption_grace_s + 30 s.
@@ -25,6 +30,7 @@ source scripts/preemption_env.sh "$@"
 NPROC="${NPROC:-8}"
 RDZV_CONF="join_timeout=${JOIN_TIMEOUT_S:-600}"
 [[ -n "${RDZV_IS_HOST:-}" ]] && RDZV_CONF="$RDZV_CONF,is_host=$RDZV_IS_HOST"
+[[ -n "${RDZV_CONF_EXTRA:-}" ]] && RDZV_CONF="$RDZV_CONF,$RDZV_CONF_EXTRA"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec "${PYTHON:-python}" scripts/torchrun_preemptible.py \
   --nnodes "$NNODES" --nproc-per-node "$NPROC" \
