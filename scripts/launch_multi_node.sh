@@ -6,9 +6,11 @@
 # the range. dp_shard=-1 then fills the new world size and train.py recomputes grad
 # accumulation so the global batch stays the same, where it splits over that many data-parallel
 # ranks: the config check (scripts/torchrun_preemptible.py) refuses a range whose largest world
-# size cannot run the layout and warns of the smaller ones that cannot.
+# size cannot run the layout and warns of the smaller ones that cannot, naming those that work.
+# The 70b recipe runs at 64, 32 or 16 nodes only (its 512 sequences split over 64, 32 or 16
+# data-parallel ranks), so its node count is fixed (min = max); a lost node's replacement rejoins:
 #
-#   RDZV_HOST=node0 NNODES=60:64 NPROC=8 RUN_ID=llama3-70b \
+#   RDZV_HOST=node0 NNODES=64 NPROC=8 RUN_ID=llama3-70b \
 #     scripts/launch_multi_node.sh +experiment=70b
 #
 # MAX_RESTARTS (default 3): group restarts after a failure before torchrun gives up; every

@@ -94,7 +94,7 @@ def test_the_70b_recipe_names_the_world_sizes_it_runs_at():
     cfg = compose_cfg("+experiment=70b")
     [warning] = validate_config(cfg, tuple(n * GPUS_PER_NODE for n in range(61, 65)))
     assert "world sizes [488, 496, 504] of the elastic range 488 to 512 cannot run this layout" in warning
-    assert "of the range only world size [512] works: --nnodes 64 (min = max)" in warning, warning
+    assert "the range's world sizes that work: [512]; launch with --nnodes 64 (min = max)" in warning, warning
     for nodes in (61, 62, 63):
         with pytest.raises(ConfigError) as err:
             validate_config(cfg, nodes * GPUS_PER_NODE)
