@@ -18,7 +18,7 @@
 # RDZV_IS_HOST=false on every node when the store runs elsewhere (scripts/rendezvous_store.py).
 # RDZV_CONF_EXTRA: more --rdzv-conf keys, e.g. keep_alive_interval=5,keep_alive_max_attempt=3
 # (how long a lost node's heartbeat is waited for).
-# Multi-node environment (docs/recovery-runbook.md, "Multi-node jobs"): the agent sets
+# Multi-node environment (docs/recovery-runbook.md, "Multi-node jobs: what to set"): the agent sets
 # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a replacement node joins only with it); export
 # GLOO_SOCKET_IFNAME=<interface> on every node, the one the nodes reach each other on.
 # Preemption: SIGTERM or SIGUSR1 to this script's process (the agent,

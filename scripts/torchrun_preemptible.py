@@ -208,7 +208,7 @@ def multi_node_env(argv: List[str], environ=os.environ) -> Optional[str]:
         return None
     return ("[torchrun_preemptible] GLOO_SOCKET_IFNAME is not set: the gloo groups (control values, checkpoint "
             "agreement, memory tier) use the interface this host's name resolves to; set it on every node to the "
-            "interface the nodes reach each other on (docs/recovery-runbook.md, Multi-node jobs)")
+            "interface the nodes reach each other on (docs/recovery-runbook.md, \"Multi-node jobs: what to set\")")
 
 
 def main() -> None:
