@@ -111,8 +111,8 @@ def _restart_store(rank: int, world_size: int, timeout: datetime.timedelta,
     Multi-node launches (scripts/torchrun_preemptible.py sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1):
     each rendezvous round's rank-0 agent picks MASTER_ADDR:MASTER_PORT and every agent of the round
     reads it from the round's keys; rank 0 hosts a fresh store there, so one fixed prefix serves.
-    The restart count would not: agents count their own failures only (a replacement starts at 0,
-    an agent restarted by another's failure or by a joining node does not count it).
+    The restart count would not: agents count their own workers' failures only (a replacement starts
+    at 0; an agent whose workers were healthy restarts them for a joining node without counting).
     torch's shared store (the default, one agent: --standalone, one node) outlives attempts: this
     attempt's keys go under its restart count, which the one agent gives all its workers.
 
