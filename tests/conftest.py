@@ -36,6 +36,13 @@ SLOWEST_FIRST = (
     "test_recovery_elastic.py",  # 35 s
     "test_async_process.py",  # 33 s: writer processes start an interpreter per rank
     "test_data_engines.py",  # datatrove's executor, megatron-core's writer
+    # then the fast loop's longest (-m "not distributed", seconds of one worker, 2026-12-05)
+    "test_bad_inputs.py",  # 20 s: every numeric key through the whole pre-flight
+    "test_layout.py",  # 12 s: every module's imports; a fresh interpreter imports a run
+    "test_plan_activations.py",  # 12 s
+    "test_meta_70b.py",  # 10 s: 70B under its 512-rank plan on the meta device
+    "test_docs.py",  # 9 s
+    "test_watchdog.py",  # 8 s
 )
 
 

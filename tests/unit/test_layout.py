@@ -5,6 +5,7 @@ rehearsal tooling nor the offline data preparation."""
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -57,10 +58,20 @@ def _checkpoint_unit(module: str) -> str:
     return unit if unit in CHECKPOINT_LAYERS else "checkpoint"
 
 
-def _project_imports(path: Path):
+@functools.lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for all the tests of this file (they read every module)."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _project_imports(path: Path) -> tuple:
     """(line, imported project module) for every import in ``path``, nested ones included."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    for node in ast.walk(tree):
+    return tuple(_imports_of(path))
+
+
+def _imports_of(path: Path):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -167,7 +178,7 @@ def test_no_code_outside_the_storage_package_asks_which_store_it_has():
     assert issubclass(storage.backend("s3://"), Store) and "PosixStore" in backends
     found = []
     for path in _product_files(outside="checkpoint/storage"):
-        tree = ast.parse(path.read_text())
+        tree = _tree(path)
         where = path.relative_to(ROOT)
         for line, name in _project_imports(path):
             if name in modules or name.startswith(tuple(m + "." for m in modules)):
@@ -188,7 +199,7 @@ def test_the_mesh_axes_are_named_in_parallel_only():
     from parallel.dims import MESH_DIM_NAMES
 
     found = [f"{p.relative_to(ROOT)}:{line}: {value!r}" for p in _product_files(outside="parallel")
-             for line, value in _strings(ast.parse(p.read_text())) if value in MESH_DIM_NAMES]
+             for line, value in _strings(_tree(p)) if value in MESH_DIM_NAMES]
     assert not found, "mesh axes spelled outside parallel/ (use parallel.dims):\n" + "\n".join(found)
 
 
@@ -219,7 +230,7 @@ def test_each_bound_is_declared_with_its_key():
     for path in _product_files():
         if path.name == "config.py" or path == ROOT / "configs" / "keys.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.Name) and node.id in vocabulary:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.id}")
     assert not found, "bounds declared away from their keys:\n" + "\n".join(found)
@@ -232,9 +243,8 @@ def test_no_project_import_inside_a_function_but_where_a_unit_plugs_in():
     which train.py's dry run alone prints."""
     found = []
     for path in _product_files():
-        text = path.read_text()
-        lines = text.splitlines()
-        tree = ast.parse(text)
+        lines = path.read_text().splitlines()
+        tree = _tree(path)
         marked = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and "# unit: " in lines[n.lineno - 1]]
         for fn in ast.walk(tree):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
