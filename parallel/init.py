@@ -105,11 +105,16 @@ def init_distributed(device_choice: str, timeout_s: float, group_of_one: bool = 
 
 def _restart_store(rank: int, world_size: int, timeout: datetime.timedelta,
                    connect_timeout_s: float = STORE_CONNECT_TIMEOUT_S) -> dict:
-    """After a torchrun restart (``--max-restarts``) the agent's store still holds the previous
-    attempt's keys, and gloo ranks would read their peers' old addresses from it. Key this
-    attempt's process group under its restart count so every attempt starts clean. (A replacement
-    node's agent starts counting at 0, so jobs that replace nodes run with
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: each attempt then gets a fresh store, hosted by rank 0.)
+    """The store this attempt's process group starts from, clean of earlier attempts' keys (gloo
+    ranks would read their peers' old addresses from them).
+
+    Multi-node launches (scripts/torchrun_preemptible.py sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1):
+    each rendezvous round's rank-0 agent picks MASTER_ADDR:MASTER_PORT and every agent of the round
+    reads it from the round's keys; rank 0 hosts a fresh store there, so one fixed prefix serves.
+    The restart count would not: agents count their own workers' failures only (a replacement starts
+    at 0; an agent whose workers were healthy restarts them for a joining node without counting).
+    torch's shared store (the default, one agent: --standalone, one node) outlives attempts: this
+    attempt's keys go under its restart count, which the one agent gives all its workers.
 
     The agent's store is up before any worker starts: connecting to it gets
     ``connect_timeout_s``; waits on it afterwards (peers joining) get ``timeout``."""
@@ -129,8 +134,7 @@ def _restart_store(rank: int, world_size: int, timeout: datetime.timedelta,
         prefix = f"/trainer/attempt_{restart}"
     else:  # rank 0 hosts a new store for this attempt; the others wait for it as long as for any peer
         store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
-        # Nothing stale to avoid, and a replacement node's agent counts its restarts from 0 while
-        # the survivors' do not: the restart count would split one attempt in two.
+        # A new store per round: nothing stale to avoid, and restart counts differ between agents.
         prefix = "/trainer/attempt"
     return {"store": dist.PrefixStore(prefix, store), "rank": rank, "world_size": world_size}
 

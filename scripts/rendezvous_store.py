@@ -6,10 +6,11 @@ groups bootstrap from) lives inside the torchrun agent whose host matches
 ends (tests/integration/test_rendezvous_store.py measures both). Run this on a host that trains nothing
 (a login or service node, a small CPU pod), point every agent's ``--rdzv-endpoint`` at it and
 give them ``--rdzv-conf is_host=false``: then any training node may die and the survivors
-re-form the group (``--nnodes MIN:MAX``).
+re-form the group (with its replacement, or smaller within an elastic ``--nnodes MIN:MAX`` whose
+every size runs the layout).
 
   python scripts/rendezvous_store.py --port 29400            # on the store host; runs until SIGTERM
-  RDZV_HOST=store-host RDZV_IS_HOST=false NNODES=2:4 scripts/launch_multi_node.sh +experiment=70b
+  RDZV_HOST=store-host RDZV_IS_HOST=false NNODES=64 scripts/launch_multi_node.sh +experiment=70b
 """
 
 from __future__ import annotations

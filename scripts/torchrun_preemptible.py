@@ -20,6 +20,10 @@ torchrun's own handling.
 Before it starts any worker it runs train.py's checks once (``check_only=true``, with the world size
 the arguments give): a refused config or launch prints its one block and exits 2, with no agent
 traceback (stock torchrun would print its ChildFailedError summary and exit 1).
+
+A launch that may span nodes (not --standalone, --nnodes above 1) runs with
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (``multi_node_env``): in torch 2.13's shared store a replacement
+node's agent never completes a rendezvous (tests/integration/test_replacement_node.py).
 """
 
 from __future__ import annotations
@@ -182,10 +186,38 @@ def check_config(argv: List[str]) -> int:
     return status
 
 
+def multi_node_env(argv: List[str], environ=os.environ) -> Optional[str]:
+    """Set what a launch that may span nodes needs in ``environ`` (the agent's, which its workers inherit);
+    a notice for the operator when GLOO_SOCKET_IFNAME is unset, else None.
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: each rendezvous round's rank-0 agent then picks the address
+    of the workers' store (a free port on its host), which every agent of the round reads from the
+    round's keys, and worker rank 0 hosts a fresh store there (parallel/init.py). With the store torch
+    2.13 shares by default, an agent that joins a running job (a replacement node) waits for an
+    address the survivors never publish again, and they for it: both exit after 60 s, on every try.
+    Forced, not defaulted: without it no node of the job can ever be replaced."""
+    args = parse_args(argv)
+    try:
+        _, max_nodes = parse_min_max_nnodes(args.nnodes)
+    except (ValueError, RuntimeError):
+        return None  # torchrun reports it
+    if args.standalone or max_nodes == 1:
+        return None
+    environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    if environ.get("GLOO_SOCKET_IFNAME") or not _prints_the_check(args):
+        return None
+    return ("[torchrun_preemptible] GLOO_SOCKET_IFNAME is not set: the gloo groups (control values, checkpoint "
+            "agreement, memory tier) use the interface this host's name resolves to; set it on every node to the "
+            "interface the nodes reach each other on (docs/recovery-runbook.md, \"Multi-node jobs: what to set\")")
+
+
 def main() -> None:
     status = check_config(sys.argv[1:])
     if status != 0:
         sys.exit(status)
+    notice = multi_node_env(sys.argv[1:])
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
     os.environ[CONFIG_CHECKED_ENV] = "1"
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(DEFAULT_SHUTDOWN_S))
     shutdown = os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"].strip()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import math
 import re
 import typing
@@ -179,13 +180,35 @@ def layout_at(config: Config, world_size: int) -> List[str]:
     return found
 
 
+NEAREST_TRIED = 4096  # candidate world sizes tried each way for a refusal's nearest that work
+
+
+def nearest_working(config: Config, world_size: int) -> List[int]:
+    """The world sizes nearest ``world_size``, below and above it, that run this layout (none, one or two).
+    Every mesh is a multiple of dp_replicate x tp ranks: only those are tried, at most NEAREST_TRIED each way
+    and up to twice ``world_size``."""
+    unit = config.parallel.dp_replicate * config.parallel.tp
+    below = range((world_size - 1) // unit * unit, 0, -unit)
+    above = range((world_size // unit + 1) * unit, 2 * world_size + 1, unit)
+    return [n for side in (below, above)
+            for n in itertools.islice((m for m in side[:NEAREST_TRIED] if not layout_at(config, m)), 1)]
+
+
 def layout_problems(config: Config, world: World) -> List[str]:
     """The layout once the world size is known; for an elastic range at its largest world size, the group
-    torchrun forms once every node joined."""
+    torchrun forms once every node joined. A refused world size names the nearest that work: a group torchrun
+    re-formed at it (an elastic range after a node was lost) is refused again on every restart."""
     if world is None:
         return []
     if not isinstance(world, tuple):
-        return layout_at(config, world)
+        found = layout_at(config, world)
+        near = nearest_working(config, world) if found else []
+        if near:
+            found.append(f"world size {world} cannot run this layout; the nearest that can: "
+                         f"{' and '.join(map(str, near))} ranks. Launch a node count that gives one of them: a "
+                         "torchrun --nnodes range must hold only such counts, or a group re-formed at another "
+                         "stops here (exit 2) on every restart")
+        return found
     largest = world[-1]
     found = layout_at(config, largest)
     if not found:
@@ -211,9 +234,17 @@ def warnings(config: Config, world: World) -> List[str]:
     if isinstance(world, tuple) and not layout_at(config, world[-1]):
         failing = [(n, found) for n in world[:-1] for found in [layout_at(config, n)] if found]
         if failing:
-            out.append(f"world sizes {[n for n, _ in failing]} of the elastic range {world[0]} to {world[-1]} cannot "
-                       f"run this layout, so a group re-formed at one of them (after a node is lost) stops with exit "
-                       f"2 (at {failing[0][0]}: {failing[0][1][0]}); narrow --nnodes, or choose "
-                       "training.global_batch_size and training.micro_batch_size that every data-parallel size of "
-                       "the range divides")
+            bad = [n for n, _ in failing]
+            works = [n for n in world if n not in bad]
+            per_node = world[1] - world[0]  # the launcher's sizes: each node count of the range x its processes
+            low = world[-1]
+            while low - per_node in works:
+                low -= per_node
+            nnodes = (f"{world[-1] // per_node} (min = max)" if low == world[-1] else
+                      f"{low // per_node}:{world[-1] // per_node}")
+            out.append(f"world sizes {bad} of the elastic range {world[0]} to {world[-1]} cannot run this layout, so "
+                       f"a group re-formed at one of them (after a node is lost) stops with exit 2 on every restart "
+                       f"(at {failing[0][0]}: {failing[0][1][0]}); the range's world sizes that work: {works}; "
+                       f"launch with --nnodes {nnodes}, or choose training.global_batch_size and "
+                       "training.micro_batch_size that every data-parallel size of the range divides")
     return out

@@ -399,7 +399,9 @@ def test_an_elastic_range_is_checked_at_every_world_size_it_may_form(monkeypatch
     one_by_one = ["check_only=true", "training.global_batch_size=12", "training.micro_batch_size=1"]
     [warning] = validate_config(_compose(*one_by_one), (1, 2, 3, 4, 5, 6))
     assert warning.startswith("world sizes [5] of the elastic range 1 to 6 cannot run this layout, so a group "
-                              "re-formed at one of them (after a node is lost) stops with exit 2 (at 5: "), warning
+                              "re-formed at one of them (after a node is lost) stops with exit 2 on every restart (at "
+                              "5: "), warning
+    assert "the range's world sizes that work: [1, 2, 3, 4, 6]; launch with --nnodes 6 (min = max)" in warning
     assert validate_config(_compose(*one_by_one), (1, 2, 3)) == []
     assert world_size_of(_compose()) == 1  # a worker (not check_only) runs at its WORLD_SIZE
 

@@ -1,5 +1,6 @@
 """Config composition: every experiment composes, typos and wrong types fail, bad values are named."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,44 @@ def test_all_problems_are_reported_together():
     with pytest.raises(ConfigError) as err:
         validate_config(cfg)
     assert "n_heads=5" in str(err.value) and "warmup_steps=500" in str(err.value)
+
+
+GPUS_PER_NODE = 8  # the 70b recipe's nodes: tp 8 inside each
+
+
+def test_the_70b_recipe_names_the_world_sizes_it_runs_at():
+    """Its global batch of 512 sequences in micro-batches of 1 splits over 64 data-parallel ranks (64 nodes
+    at tp 8), 32 or 16, not over 61 to 63: the launcher's check of --nnodes 61:64 (world sizes 488 to 512,
+    checked here as numbers, no process started) and each rank's start-up check at a group re-formed with
+    61, 62 or 63 nodes must say which world sizes work and what to launch."""
+    cfg = compose_cfg("+experiment=70b")
+    [warning] = validate_config(cfg, tuple(n * GPUS_PER_NODE for n in range(61, 65)))
+    assert "world sizes [488, 496, 504] of the elastic range 488 to 512 cannot run this layout" in warning
+    assert "the range's world sizes that work: [512]; launch with --nnodes 64 (min = max)" in warning, warning
+    for nodes in (61, 62, 63):
+        with pytest.raises(ConfigError) as err:
+            validate_config(cfg, nodes * GPUS_PER_NODE)
+        assert (f"world size {nodes * GPUS_PER_NODE} cannot run this layout; the nearest that can: 256 and 512 "
+                "ranks") in str(err.value), str(err.value)
+        assert "--nnodes" in str(err.value)
+    assert validate_config(cfg, 64 * GPUS_PER_NODE) == []
+
+
+def _advertised_70b_launches():
+    """Every ``NNODES=... [NPROC=...] ... +experiment=70b`` line of the launchers' and the docs' examples."""
+    for path in ("scripts/launch_multi_node.sh", "scripts/rendezvous_store.py", "docs/parallelism.md",
+                 "docs/recovery-runbook.md", "README.md"):
+        text = (ROOT / path).read_text().replace("\\\n#", " ")
+        for line in text.splitlines():
+            nnodes = re.search(r"\bNNODES=(\d+)(?::(\d+))?", line)
+            if nnodes and "+experiment=70b" in line:
+                nproc = re.search(r"\bNPROC=(\d+)", line)
+                yield path, int(nnodes[1]), int(nnodes[2] or nnodes[1]), int(nproc[1]) if nproc else 8
+
+
+def test_the_launchers_advertise_only_node_counts_the_70b_recipe_runs_at():
+    launches = list(_advertised_70b_launches())
+    assert any(path == "scripts/launch_multi_node.sh" for path, *_ in launches)
+    cfg = compose_cfg("+experiment=70b")
+    for path, low, high, nproc in launches:
+        assert validate_config(cfg, tuple(n * nproc for n in range(low, high + 1))) == [], (path, low, high)
