@@ -22,6 +22,7 @@ SLOWEST_FIRST = (
     "test_s3_checkpoints.py",  # 105 s: 2-rank runs against a local S3 server
     "test_preemption_torchrun.py",  # 89 s
     "test_train_run.py",  # 82 s: the 300-step debug experiment
+    "test_replacement_node.py",  # 80 s: two launcher agents, one lost and replaced
     "test_export_memory.py",  # 74 s
     "test_init_memory.py",  # 71 s
     "test_rendezvous_store.py",  # 63 s
