@@ -249,6 +249,55 @@ def test_a_damaged_object_is_found_and_the_resume_falls_back(s3, base, damage):
     assert aside.checkpoint_id == "step_00000004" and (aside.path / BAD_MARKER).read_text() == bad  # kept
 
 
+@pytest.mark.distributed  # the manager's saves and loads
+def test_a_resave_of_a_committed_step_copies_nothing_and_leaves_the_old_save_committed(s3, base):
+    """checkpoint.resume=2 while step 4 is committed (a rollback and a fallback go back the same way), then step 4
+    is saved again, on a store whose server-side copy is slow (10 s an object here; at 70B about 850 GB of
+    copies, and S3 copies nothing over 5 GB in one request). The re-save copies nothing and deletes nothing of
+    the old save, which stays committed throughout: it goes under a new prefix (step_00000004.r1) and commits by
+    its manifest in less than the commit timeout, the bound of the agreement every other rank waits in; a
+    resume then loads it bit for bit, and the old save is kept for people."""
+    import time
+
+    from recovery.resume import resume
+
+    root, _ = _copy(base, "resave")
+    calls = []
+
+    def record(model, params, **kw):
+        deleted = [o["Key"] for o in params.get("Delete", {}).get("Objects", [])]
+        calls.append((model.name, [params.get("Key", ""), *deleted]))
+
+    c = s3_client.client()
+    state = tiny_state(0, trajectory=9)
+    s3.delay_copies(10)
+    try:
+        with manager(protocol_config(str(root), resume=2, commit_timeout_s=10), state) as mgr:
+            resume(mgr)
+            assert state.step == 2
+            adopt(state, tiny_state(4, trajectory=1))  # trained on from step 2: another step 4
+            c.meta.events.register("before-parameter-build.s3", record, unique_id="resave")
+            t0 = time.monotonic()
+            mgr.after_step(4, 1.0)
+            took = time.monotonic() - t0
+            c.meta.events.unregister("before-parameter-build.s3", unique_id="resave")
+    finally:
+        c.meta.events.unregister("before-parameter-build.s3", unique_id="resave")
+        s3.delay_copies(0)
+    assert ("PutObject", [f"{root.key}/step_00000004.r1/manifest.json"]) in calls  # the commit, recorded
+    assert not [op for op, _ in calls if "Copy" in op], calls
+    old = f"{root.key}/step_00000004/"
+    assert not [(op, k) for op, ks in calls if op.startswith("Delete") for k in ks if k.startswith(old)], calls
+    assert took < 10, took
+    assert committed_dir(root, 4).name == "step_00000004.r1" and _trusted(root) == [4, 2]
+    assert verify_checkpoint(root / "step_00000004").step == 4  # the old save: committed, intact, superseded
+    resumed = tiny_state(0, trajectory=8)
+    with manager(protocol_config(str(root)), resumed) as mgr:
+        resume(mgr)
+    assert resumed.step == 4 and _same(tensors_of(resumed), tensors_of(tiny_state(4, trajectory=1)))
+    root.rmtree()
+
+
 # -- what each rank fetches -------------------------------------------------------------------
 class _RowBlockPlanner(DefaultLoadPlanner):
     """DCP's load planner for a destination that is one rank's block of rows: a DTensor's shard is
