@@ -6,10 +6,13 @@ multipart parts so that a debug checkpoint's files are uploaded in several parts
 
 ``delay_parts(seconds)`` makes the server hold every part upload that long before it answers (moto's
 own app behind a small WSGI wrapper, this file run as a program): a test that must act while a
-file is half uploaded gets a window it can see, instead of the milliseconds a local upload takes."""
+file is half uploaded gets a window it can see, instead of the milliseconds a local upload takes.
+``delay_copies(seconds)`` does the same to every server-side copy (a PUT with ``x-amz-copy-source``),
+which on a real store takes time in proportion to the object's size."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -38,7 +41,7 @@ class S3Server:
 
     def start(self, timeout_s: float = 60) -> "S3Server":
         env = {**os.environ, "S3_UPLOAD_PART_MIN_SIZE": str(PART_BYTES), "MOTO_ALLOW_NONEXISTENT_REGION": "true"}
-        fd, self.delay_file = tempfile.mkstemp(prefix="s3-part-delay-")
+        fd, self.delay_file = tempfile.mkstemp(prefix="s3-delays-")
         os.close(fd)
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(self.port), self.delay_file],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
@@ -64,8 +67,17 @@ class S3Server:
 
     def delay_parts(self, seconds: float) -> None:
         """From now on the server holds each part upload ``seconds`` before it answers (0: at once)."""
+        self._delay("part", seconds)
+
+    def delay_copies(self, seconds: float) -> None:
+        """From now on the server holds each server-side copy ``seconds`` before it answers (0: at once)."""
+        self._delay("copy", seconds)
+
+    def _delay(self, kind: str, seconds: float) -> None:
+        with open(self.delay_file) as f:
+            delays = json.loads(f.read() or "{}")
         with open(self.delay_file, "w") as f:
-            f.write(f"{seconds}")
+            f.write(json.dumps({**delays, kind: seconds}))
 
     def client(self):
         import boto3
@@ -79,8 +91,8 @@ class S3Server:
 
 
 def _serve(port: int, delay_file: str) -> None:
-    """moto's S3 app on 127.0.0.1:``port``; a part upload (PUT ...?partNumber=N&uploadId=...) waits the
-    seconds written in ``delay_file`` first."""
+    """moto's S3 app on 127.0.0.1:``port``; a part upload (PUT ...?partNumber=N&uploadId=...) and a copy
+    (PUT with x-amz-copy-source) wait the seconds ``delay_file`` gives for their kind first."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import run_simple
 
@@ -88,10 +100,12 @@ def _serve(port: int, delay_file: str) -> None:
     app = DomainDispatcherApplication(create_backend_app)
 
     def held(environ, start_response):
-        if environ.get("REQUEST_METHOD") == "PUT" and "partNumber=" in environ.get("QUERY_STRING", ""):
+        kind = ("copy" if "HTTP_X_AMZ_COPY_SOURCE" in environ
+                else "part" if "partNumber=" in environ.get("QUERY_STRING", "") else None)
+        if environ.get("REQUEST_METHOD") == "PUT" and kind is not None:
             try:
                 with open(delay_file) as f:
-                    time.sleep(float(f.read().strip() or 0))
+                    time.sleep(float(json.loads(f.read() or "{}").get(kind, 0)))
             except (OSError, ValueError):
                 pass
         return app(environ, start_response)

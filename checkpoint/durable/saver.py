@@ -460,21 +460,24 @@ class CheckpointSaver:
         """What a failed save raises: StaleWriter when a newer attempt owns the directory, whatever the failure
         (its start-up clean-up may have removed this save's files), and nothing is touched; a storage failure's
         CheckpointSaveError (``_refused``); anything else (a bug, an injected exception) as it is."""
-        if not isinstance(exc, StaleWriter):
-            stale = self._newer_attempt(exc)
-            if stale is not None:
-                stale.__cause__ = exc
-                return stale
+        if isinstance(exc, StaleWriter):
+            return exc
+        newer, kept = self._judged(exc)
+        if newer is not None:
+            stale = StaleWriter(newer)
+            stale.__cause__ = exc
+            return stale
         code = storage_errno(exc)
         if code is None:
             return exc
-        return self._refused(exc, code, step, staging)
+        return self._refused(exc, code, step, staging, kept)
 
-    def _refused(self, exc: BaseException, code: int, step: int, staging: Optional[Loc]) -> CheckpointSaveError:
+    def _refused(self, exc: BaseException, code: int, step: int, staging: Optional[Loc],
+                 kept: str) -> CheckpointSaveError:
         """The CheckpointSaveError of a save the storage refused (``code``, from ``exc``), on every rank: the
-        coordinator removes the uncommitted folder first; each rank lists the newest committed checkpoint for
-        the message (nothing else depends on it). The message: which save, where, why (per rank), free bytes,
-        one checkpoint's size, what to do."""
+        coordinator removes the uncommitted folder (after the judgement, so no rank waits for it); ``kept``
+        says what is committed (``_judged``). The message: which save, where, why (per rank), free bytes, one
+        checkpoint's size, what to do."""
         removed = None  # the coordinator's job
         if staging is None:  # failed before a folder was chosen: nothing to remove
             removed, staging = "never", self.root
@@ -486,12 +489,6 @@ class CheckpointSaver:
                 removed = True
             except OSError:
                 removed = False  # removed at the next start
-        try:
-            newest = latest_committed(self.root)
-            kept = (f"the newest committed checkpoint, {newest.checkpoint_id}, is intact" if newest
-                    else "there is no committed checkpoint yet")
-        except (OSError, CheckpointError):  # the storage that failed the save may not answer a listing either
-            kept = "the committed checkpoints could not be listed, the storage did not answer; none was written to"
         try:
             free: Optional[int] = self.root.free_bytes()
         except OSError:
@@ -515,15 +512,28 @@ class CheckpointSaver:
         err.__cause__ = exc
         return err
 
-    def _newer_attempt(self, exc: BaseException) -> Optional[StaleWriter]:
-        """StaleWriter if a newer attempt owns the directory; a failure every rank met (an agreed phase,
-        DCP's gathered errors) is judged once, by the coordinator: ranks judging alone could end the same
-        failed save differently (StaleWriter here, a CheckpointSaveError that on_save_error=continue
-        trains past there) and then wait in different collectives."""
+    def _judged(self, exc: BaseException) -> Tuple[Optional[str], Optional[str]]:
+        """(the StaleWriter message if a newer attempt owns the directory, the committed checkpoints in words for
+        a storage failure's message). A failure every rank met (an agreed phase, DCP's gathered errors) is judged
+        once, by the coordinator, and every rank takes its answer: ranks judging alone could end the same failed
+        save differently (StaleWriter here, a CheckpointSaveError that on_save_error=continue trains past there)
+        and then wait in different collectives; and 512 ranks would list the directory and read every manifest
+        only to word one message."""
         every_rank = isinstance(exc, (RankFailures, CheckpointException)) and not _no_dist() and self.world_size > 1
-        if every_rank:
-            found = collectives.broadcast_object(newer_owner(self.root, self.attempt) if self.is_coordinator
-                                                 else None, group=self.process_group)
-        else:
-            found = newer_owner(self.root, self.attempt)
-        return StaleWriter(found) if found is not None else None
+        if not every_rank:
+            return self._judge(exc)
+        return collectives.broadcast_object(self._judge(exc) if self.is_coordinator else None,
+                                            group=self.process_group)
+
+    def _judge(self, exc: BaseException) -> Tuple[Optional[str], Optional[str]]:
+        """``_judged``'s answer, read here; it never raises (the broadcast that follows must be reached)."""
+        newer = newer_owner(self.root, self.attempt)
+        if newer is not None or storage_errno(exc) is None:
+            return newer, None
+        try:
+            newest = latest_committed(self.root)
+            return None, (f"the newest committed checkpoint, {newest.checkpoint_id}, is intact" if newest
+                          else "there is no committed checkpoint yet")
+        except Exception:  # noqa: BLE001 - the storage that failed the save may not answer a listing either
+            return None, ("the committed checkpoints could not be listed, the storage did not answer; none was "
+                          "written to")

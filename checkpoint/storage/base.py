@@ -85,7 +85,9 @@ class Store(ABC):
 
     @abstractmethod
     def create(self, key: str, data: bytes) -> None:
-        """Create file ``key`` holding ``data``, atomically, only if it does not exist (FileExistsError)."""
+        """Create file ``key`` holding ``data``, atomically, only if it does not exist (FileExistsError). Idempotent
+        under the store's own retries: a retried create that finds these bytes there succeeded (the callers'
+        data is unique to its writer)."""
 
     @abstractmethod
     def delete(self, key: str) -> None:

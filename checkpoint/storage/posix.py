@@ -3,9 +3,10 @@
 Durable means fsynced: a file is fsynced when its writer closes, and so is its folder, since a
 new name is durable only once the folder is. An atomic replace writes a temporary file and
 renames it over the name; a create-if-absent hard-links the temporary file to the name, which
-fails when the name exists, so a reader sees the whole file or none. Where a file system has no
-hard links, the create falls back to ``O_EXCL`` and a write: a crash then leaves a torn file, which
-a reader of a manifest treats as no manifest (checkpoint/durable/manifest.py).
+fails when the name exists (unless the name is that file: an NFS client's retransmitted link whose
+first answer was lost), so a reader sees the whole file or none. Where a file system has no hard
+links, the create falls back to ``O_EXCL`` and a write: a crash then leaves a torn file, which a
+reader of a manifest treats as no manifest (checkpoint/durable/manifest.py).
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ class PosixStore(Store):
         try:
             os.link(tmp, key)
         except FileExistsError:
-            raise
+            if not os.path.samefile(tmp, key):  # else an NFS client's retransmitted link, made by the first try
+                raise
         except OSError as exc:
             if exc.errno not in NO_LINKS:
                 raise

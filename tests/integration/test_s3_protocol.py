@@ -37,6 +37,7 @@ from rehearsal.s3_server import BUCKET, PART_BYTES
 from support.s3 import (
     KILL_POINTS,
     adopt,
+    answer_lost,
     copy_tree,
     in_bucket,
     keys,
@@ -132,6 +133,63 @@ def test_the_server_refuses_a_second_conditional_put_of_a_manifest(s3):
     assert read_manifest(final).loss == first.loss == 1.5
 
 
+def test_a_conditional_create_whose_answer_was_lost_is_this_writers_own(s3):
+    """The first conditional PUT landed, its answer was lost, botocore's retry met the object it had just
+    created (412): the create succeeded. Bytes another writer put there before the retry are still refused."""
+    root = in_bucket("lost-answer")
+    with answer_lost("/mine") as dropped:
+        (root / "mine").create_bytes(b"this writer's record")
+    assert dropped == [f"{s3.url}/{BUCKET}/lost-answer/mine"]
+    assert (root / "mine").read_bytes() == b"this writer's record"
+
+    def another_writer() -> None:
+        s3.client().put_object(Bucket=BUCKET, Key=f"{root.key}/theirs", Body=b"another writer's record")
+    with answer_lost("/theirs", meanwhile=another_writer) as dropped:
+        with pytest.raises(FileExistsError, match="PreconditionFailed"):
+            (root / "theirs").create_bytes(b"this writer's record")
+    assert dropped and (root / "theirs").read_bytes() == b"another writer's record"
+    root.rmtree()
+
+
+@pytest.mark.distributed  # the manager's saves and loads
+def test_a_lost_answer_to_the_manifest_put_leaves_the_step_committed_and_the_run_going(s3):
+    """The answer to step 2's manifest PUT is lost and the retry gets 412: step 2 is committed, intact and this
+    run's own; the run goes on (the next save commits, ``latest`` moves) and resumes from step 4 bitwise."""
+    from recovery.resume import resume
+
+    root = in_bucket("lost-manifest-answer")
+    cfg = protocol_config(str(root), on_save_error="continue")
+    state = tiny_state(2)
+    with manager(cfg, state) as mgr:
+        with answer_lost("/step_00000002/manifest.json") as dropped:
+            mgr.after_step(2, 1.0)
+        assert dropped
+        adopt(state, tiny_state(4))
+        mgr.after_step(4, 1.0)
+    assert _trusted(root) == [4, 2] and read_latest_pointer(root) == "step_00000004"
+    assert [verify_checkpoint(c.path).step for c in list_checkpoints(root)] == [4, 2]  # no second save of a step
+    resumed = tiny_state(0, trajectory=9)
+    with manager(cfg, resumed) as mgr:
+        resume(mgr)
+    assert resumed.step == 4 and _same(tensors_of(resumed), tensors_of(tiny_state(4)))
+    root.rmtree()
+
+
+@pytest.mark.distributed  # the manager's pre-flight
+def test_a_lost_answer_to_the_lease_put_leaves_the_lease_this_launchs(s3):
+    """The answer to the PUT of attempts/attempt_000001 is lost and the retry gets 412: the launch holds attempt
+    1 (it does not refuse itself as a live run, nor take attempt 2) and saves under it."""
+    root = in_bucket("lost-lease-answer")
+    cfg = protocol_config(str(root))
+    with answer_lost("/attempts/attempt_000001") as dropped:
+        with manager(cfg, tiny_state(2)) as mgr:
+            assert mgr.saver.attempt == 1
+            mgr.after_step(2, 1.0)
+    assert dropped and _trusted(root) == [2]
+    assert keys(root / "attempts") == ["attempt_000001", "attempt_000001.released"]
+    root.rmtree()
+
+
 def read_manifest_like(step: int):
     from checkpoint.durable.manifest import FileEntry, Manifest
 
@@ -189,6 +247,55 @@ def test_a_damaged_object_is_found_and_the_resume_falls_back(s3, base, damage):
     assert verify_checkpoint(committed_dir(root, 4)).step == 4
     [aside] = [c for c in list_checkpoints(root) if c.replaced]
     assert aside.checkpoint_id == "step_00000004" and (aside.path / BAD_MARKER).read_text() == bad  # kept
+
+
+@pytest.mark.distributed  # the manager's saves and loads
+def test_a_resave_of_a_committed_step_copies_nothing_and_leaves_the_old_save_committed(s3, base):
+    """checkpoint.resume=2 while step 4 is committed (a rollback and a fallback go back the same way), then step 4
+    is saved again, on a store whose server-side copy is slow (10 s an object here; at 70B about 850 GB of
+    copies, and S3 copies nothing over 5 GB in one request). The re-save copies nothing and deletes nothing of
+    the old save, which stays committed throughout: it goes under a new prefix (step_00000004.r1) and commits by
+    its manifest in less than the commit timeout, the bound of the agreement every other rank waits in; a
+    resume then loads it bit for bit, and the old save is kept for people."""
+    import time
+
+    from recovery.resume import resume
+
+    root, _ = _copy(base, "resave")
+    calls = []
+
+    def record(model, params, **kw):
+        deleted = [o["Key"] for o in params.get("Delete", {}).get("Objects", [])]
+        calls.append((model.name, [params.get("Key", ""), *deleted]))
+
+    c = s3_client.client()
+    state = tiny_state(0, trajectory=9)
+    s3.delay_copies(10)
+    try:
+        with manager(protocol_config(str(root), resume=2, commit_timeout_s=10), state) as mgr:
+            resume(mgr)
+            assert state.step == 2
+            adopt(state, tiny_state(4, trajectory=1))  # trained on from step 2: another step 4
+            c.meta.events.register("before-parameter-build.s3", record, unique_id="resave")
+            t0 = time.monotonic()
+            mgr.after_step(4, 1.0)
+            took = time.monotonic() - t0
+            c.meta.events.unregister("before-parameter-build.s3", unique_id="resave")
+    finally:
+        c.meta.events.unregister("before-parameter-build.s3", unique_id="resave")
+        s3.delay_copies(0)
+    assert ("PutObject", [f"{root.key}/step_00000004.r1/manifest.json"]) in calls  # the commit, recorded
+    assert not [op for op, _ in calls if "Copy" in op], calls
+    old = f"{root.key}/step_00000004/"
+    assert not [(op, k) for op, ks in calls if op.startswith("Delete") for k in ks if k.startswith(old)], calls
+    assert took < 10, took
+    assert committed_dir(root, 4).name == "step_00000004.r1" and _trusted(root) == [4, 2]
+    assert verify_checkpoint(root / "step_00000004").step == 4  # the old save: committed, intact, superseded
+    resumed = tiny_state(0, trajectory=8)
+    with manager(protocol_config(str(root)), resumed) as mgr:
+        resume(mgr)
+    assert resumed.step == 4 and _same(tensors_of(resumed), tensors_of(tiny_state(4, trajectory=1)))
+    root.rmtree()
 
 
 # -- what each rank fetches -------------------------------------------------------------------

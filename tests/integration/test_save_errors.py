@@ -315,9 +315,10 @@ def test_whether_a_newer_attempt_owns_the_directory_is_the_coordinators_answer(t
     saver = CheckpointSaver(tmp_path, "sync", rank=1, world_size=2, checksum_algorithm="crc32")
     saver.attempt = mine if not coordinator_saw_newer else newer  # what rank 1 alone would conclude: the opposite
     answer = f"{tmp_path} is owned by attempt {newer}" if coordinator_saw_newer else None
+    words = None if coordinator_saw_newer else "there is no committed checkpoint yet"
     sent = []
     monkeypatch.setattr(saver_module, "_no_dist", lambda: False)
-    monkeypatch.setattr(collectives, "broadcast_object", lambda obj, *a, **k: sent.append(obj) or answer)
+    monkeypatch.setattr(collectives, "broadcast_object", lambda obj, *a, **k: sent.append(obj) or (answer, words))
     failed = RankFailures("acknowledging the checkpoint files", {0: OSError(errno.ENOSPC, "No space left")})
     raised = saver._failed(failed, 4, checkpoint_dir(tmp_path, 4))
     assert sent == [None]  # rank 1 sends nothing of its own
@@ -325,3 +326,37 @@ def test_whether_a_newer_attempt_owns_the_directory_is_the_coordinators_answer(t
         assert isinstance(raised, StaleWriter) and str(raised) == answer and raised.__cause__ is failed
     else:
         assert isinstance(raised, CheckpointSaveError) and raised.errno == errno.ENOSPC
+
+
+def test_only_rank_0_lists_the_checkpoints_for_a_failed_saves_message(tmp_path, monkeypatch):
+    """A save phase failed on every rank (ENOSPC on rank 0): the message names the newest committed checkpoint,
+    which rank 0 alone lists (at 512 ranks: 512 listings and reads of every manifest, only for words); rank 1
+    takes rank 0's words. Rank 0 runs first here and what it broadcasts is what rank 1 receives, in order."""
+    from types import SimpleNamespace
+
+    from checkpoint.durable import saver as saver_module
+    from checkpoint.durable.saver import RankFailures
+    from parallel import collectives
+
+    failed = RankFailures("acknowledging the checkpoint files", {0: OSError(errno.ENOSPC, "No space left")})
+    monkeypatch.setattr(saver_module, "_no_dist", lambda: False)
+    sent, listed = [], []
+    monkeypatch.setattr(collectives, "broadcast_object", lambda obj, *a, **k: sent.append(obj) or obj)
+    monkeypatch.setattr(saver_module, "latest_committed",
+                        lambda root: listed.append(root) or SimpleNamespace(checkpoint_id="step_00000010"))
+    saver = CheckpointSaver(tmp_path, "sync", rank=0, world_size=2, checksum_algorithm="crc32")
+    on_rank0 = saver._failed(failed, 20, checkpoint_dir(tmp_path, 20))
+    assert len(listed) == 1
+
+    received = list(sent)
+    monkeypatch.setattr(collectives, "broadcast_object", lambda obj, *a, **k: received.pop(0))
+
+    def must_not_list(*args, **kwargs):
+        raise AssertionError("rank 1 listed the checkpoint directory")
+    monkeypatch.setattr(saver_module, "latest_committed", must_not_list)
+    saver = CheckpointSaver(tmp_path, "sync", rank=1, world_size=2, checksum_algorithm="crc32")
+    raised = saver._failed(failed, 20, checkpoint_dir(tmp_path, 20))
+    assert not received  # as many broadcasts as rank 0's
+    for err in (on_rank0, raised):
+        assert isinstance(err, CheckpointSaveError) and err.errno == errno.ENOSPC
+        assert "nothing committed was touched: the newest committed checkpoint, step_00000010, is intact" in str(err)

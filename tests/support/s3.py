@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Iterator, List
+from typing import Callable, Iterator, List, Optional
 
 from checkpoint.storage import Loc, location
 from rehearsal.s3_server import BUCKET, S3Server
@@ -146,3 +146,32 @@ KILL_POINTS = {
     "committed, retention not begun": ("hook", "checkpoint_committed"),
     "retention: the manifest deleted, the objects not": ("hook", "checkpoint_retention"),
 }
+
+
+@contextmanager
+def answer_lost(key_suffix: str, meanwhile: Optional[Callable[[], None]] = None) -> Iterator[List[str]]:
+    """The answer to the first conditional PUT (If-None-Match) of a key ending in ``key_suffix`` that the
+    server accepted is lost on its way back: botocore retries the PUT as it does after a dropped connection or
+    a read timeout, and the retry meets the object the first request created. ``meanwhile`` runs before the
+    retry (another writer's PUT). Yields the URLs so dropped."""
+    from checkpoint.storage.s3 import store
+
+    dropped: List[str] = []
+
+    def drop(response, request_dict, **kw):
+        http = response[0] if response else None
+        url = request_dict["url"].split("?")[0]
+        if (not dropped and http is not None and http.status_code == 200 and url.endswith(key_suffix)
+                and "If-None-Match" in request_dict["headers"]):
+            dropped.append(url)
+            if meanwhile is not None:
+                meanwhile()
+            return 0  # retry at once, as botocore does after a lost answer
+        return None
+
+    events = store.client().meta.events
+    events.register_first("needs-retry.s3.PutObject", drop, unique_id="answer-lost")
+    try:
+        yield dropped
+    finally:
+        events.unregister("needs-retry.s3.PutObject", unique_id="answer-lost")

@@ -141,6 +141,30 @@ def test_a_resave_of_a_committed_step_goes_beside_it_and_replaces_it(tmp_path):
     assert resolve_resume(tmp_path, "10") == second and committed_dir(tmp_path, 10) == second
 
 
+def test_a_create_whose_link_was_made_but_answered_eexist_is_this_writers_own(tmp_path, monkeypatch):
+    """An NFS client retransmits a LINK whose answer was lost and the server answers the retransmission
+    EEXIST, though the first made the link: the name is this writer's file (the same inode), the create
+    succeeded. A name another writer created stays refused."""
+    import errno
+
+    from checkpoint.storage import location
+
+    real_link = os.link
+
+    def link_then_eexist(src, dst):
+        real_link(src, dst)
+        raise FileExistsError(errno.EEXIST, "File exists", dst)
+
+    record = location(str(tmp_path / "attempt_000001"))
+    monkeypatch.setattr(os, "link", link_then_eexist)
+    record.create_bytes(b"this writer's record")
+    monkeypatch.undo()
+    assert record.read_bytes() == b"this writer's record" and os.listdir(tmp_path) == ["attempt_000001"]
+    with pytest.raises(FileExistsError):
+        record.create_bytes(b"another writer's record")
+    assert record.read_bytes() == b"this writer's record" and os.listdir(tmp_path) == ["attempt_000001"]
+
+
 def test_host_stager_reuses_buffers_and_never_aliases_live_tensors():
     from checkpoint.durable.saver import HostStager
 

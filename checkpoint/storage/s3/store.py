@@ -323,7 +323,15 @@ class S3Store(Store):
         call(self.url(key), client().put_object, Bucket=self.bucket, Key=key, Body=data)
 
     def create(self, key: str, data: bytes) -> None:
-        call(self.url(key), client().put_object, Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
+        """A conditional PUT (If-None-Match). The client retries a PUT whose answer it lost (a dropped connection,
+        a read timeout), and the retry meets the object the first try created: a refusal after a retry is this
+        writer's own create when the object holds ``data`` (a manifest, a lease record: unique to its writer)."""
+        try:
+            call(self.url(key), client().put_object, Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
+        except FileExistsError as exc:
+            retried = getattr(exc.__cause__, "response", {}).get("ResponseMetadata", {}).get("RetryAttempts", 0)
+            if not retried or self.open_read(key).readall() != data:
+                raise
 
     def delete(self, key: str) -> None:
         call(self.url(key), client().delete_object, Bucket=self.bucket, Key=key)
