@@ -20,6 +20,7 @@ import faulthandler
 import json
 import logging
 import os
+import resource
 import socket
 import threading
 import time
@@ -50,8 +51,11 @@ class Expiry:
 
 
 def _abort(expiry: Expiry) -> None:
-    """SIGABRT: the launcher sees a failed worker and restarts the group."""
+    """SIGABRT: the launcher sees a failed worker and restarts the group. Without a core dump, whatever
+    ``ulimit -c`` allows: the stacks are on disk already, and a core is the process's whole mapping (a
+    GPU's memory included), written for minutes while the launcher waits for the process to end."""
     faulthandler.disable()  # the stacks are already on disk; do not dump them again to stderr
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     os.abort()
 
 

@@ -102,6 +102,9 @@ def test_hung_process_aborts_with_diagnostics_within_bound(tmp_path):
     assert record["phase"] == "step" and record["step"] == 4
     assert record["detected_at"] - beat_wall <= 1.0 + SLACK_S
     assert "aborting so the launcher restarts" in proc.stderr
+    # no core dump though the job allows them: at scale one is a process's whole mapping (GPU memory
+    # included), written for minutes to a shared disk while the launcher waits
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["watchdog"]
 
 
 def test_gil_holding_hang_is_caught_by_the_c_guard(tmp_path):

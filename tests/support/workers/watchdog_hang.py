@@ -2,14 +2,18 @@
 
   python tests/support/workers/watchdog_hang.py RUN_DIR sleep|gil HARD_MARGIN_S
 
-Beats once at step 4 (step timeout 1 s), prints the wall time of that beat, then hangs:
+Allows core dumps as a cluster job may (``ulimit -c unlimited``: the hard limit) and works in RUN_DIR,
+where a core would be written. Beats once at step 4 (step timeout 1 s), prints the wall time of that beat,
+then hangs:
 "sleep" releases the GIL (the Python watchdog thread fires), "gil" holds it for ages (only
 the C guard, faulthandler, can fire).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import resource
 import sys
 import time
 
@@ -18,6 +22,9 @@ from recovery.watchdog import Watchdog
 
 def main() -> None:
     run_dir, how, hard_margin_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
+    os.chdir(run_dir)
     wd = Watchdog(run_dir, rank=0, timeouts={"step": 1.0}, hard_margin_s=hard_margin_s).start()
     wd.beat("step", 4)
     print(time.time(), flush=True)
