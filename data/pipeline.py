@@ -19,6 +19,7 @@ Checkpoint contract (torch.distributed.checkpoint ``Stateful``):
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import warnings
 from typing import Collection, Dict, Iterator, List, Tuple
 
@@ -51,6 +52,16 @@ class RankSampler:
 
 def _as_is(item):
     return item
+
+
+def _workers_context():
+    """Loader workers are forked from a server process started once (torch and this module imported there
+    already), not from the training process: they start at the first step and again after a rollback or a
+    resume, while its threads (the watchdog, the lease's heartbeat, an async save's writer) may hold a lock
+    that a fork would copy, held, into the worker."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", __name__])
+    return context
 
 
 class DataPipeline:
@@ -129,6 +140,7 @@ class DataPipeline:
             self.dataset, batch_size=None, sampler=RankSampler(self.plan, self.dp_rank, start),
             collate_fn=_as_is, num_workers=self.num_workers, pin_memory=self.pin_memory,
             prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None, generator=generator,
+            multiprocessing_context=_workers_context() if self.num_workers > 0 else None,
         )
 
     # -- the checkpoint's side (Stateful) -----------------------------------------------

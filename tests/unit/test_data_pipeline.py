@@ -1,6 +1,7 @@
 """The per-rank pipeline: dp-independent global batches, O(1) exact resume, refusals."""
 
 import logging
+import os
 import pickle
 
 import numpy as np
@@ -232,3 +233,22 @@ def test_skipping_samples_after_a_rollback_is_part_of_the_state(pydoc_data, refe
     with pytest.raises(ValueError,
                        match=r"skip_samples\(12\): must be a non-negative multiple of the global batch \(8\)"):
         pipe.skip_samples(12)
+
+
+def test_loader_workers_are_not_forked_from_the_training_process(pydoc_data):
+    """Workers start at the first step and again after a rollback or a resume, while the training process
+    runs threads (the watchdog, the lease's heartbeat, an async save's writer); a fork copies whatever lock
+    one of them holds at that moment into a worker that can then never take it. So the workers come from a
+    server process started once, and the batches are the same as loading in the training process."""
+    pipe = pipeline(data_config(pydoc_data, num_workers=2), dp=2, rank=0)
+    try:
+        batches = [pipe.next_micro_batches(step) for step in range(2)]
+        workers = [w.pid for w in pipe._batches._workers]  # the multi-process iterator's own list
+        parents = [int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]) for pid in workers]
+        assert len(workers) == 2 and os.getpid() not in parents, (os.getpid(), parents)
+    finally:
+        pipe.close()
+    inline = pipeline(data_config(pydoc_data), dp=2, rank=0)
+    for step, micro_batches in enumerate(batches):
+        for (x, y), (x_inline, y_inline) in zip(micro_batches, inline.next_micro_batches(step), strict=True):
+            assert torch.equal(x, x_inline) and torch.equal(y, y_inline), step
