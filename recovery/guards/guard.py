@@ -28,6 +28,7 @@ from typing import Callable, Deque, Dict, List, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from parallel import collectives
 from parallel.dims import REPLICATE
@@ -122,7 +123,12 @@ class RobustSpike:
 # -- cross-replica consistency (dp_replicate > 1: every replica must hold identical weights) ---
 
 def param_fingerprint(model: nn.Module, device: torch.device) -> torch.Tensor:
-    """The int64 sum of each parameter's raw words on this rank: any single bit flip changes it."""
+    """The int64 sum of each parameter's raw words on this rank: any single bit flip changes it. Of the
+    sharded fp32 masters: after a no-grad forward (an evaluation, the probe) FSDP2 keeps the gathered
+    copies of a module that does not reshard after forward registered, and a bf16 copy rounds low bits away."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()  # no-op where sharded already; the next forward gathers again
     total = torch.zeros((), dtype=torch.int64, device=device)
     for p in model.parameters():
         data = (p.to_local() if hasattr(p, "to_local") else p).detach().contiguous()

@@ -90,3 +90,25 @@ def test_one_process_stays_unwrapped_without_the_option():
     pcfg = OmegaConf.structured(ParallelConfig(dp_shard=1, device="cpu", param_dtype="bf16"))
     parallel = parallelize_model(model, resolve_parallel_dims(1, 1, 1, 1), pcfg, CPU, seq_len=32)
     assert parallel.mesh is None and not isinstance(model, FSDPModule) and not dist.is_initialized()
+
+
+def test_the_replica_fingerprint_reads_the_fp32_shards_after_a_no_grad_forward():
+    """The guards compare replicas by a fingerprint of the weights (recovery/guards/guard.py). After a
+    no-grad forward (an evaluation, the probe) FSDP2's root keeps its gathered bf16 copies registered: a
+    fingerprint of those misses a flip of a low bit of the fp32 masters, which the bf16 copy rounds away."""
+    from recovery.guards.guard import param_fingerprint
+
+    with group_of_one("cpu"):
+        model = build_model(ModelConfig(), materialize=False)
+        pcfg = OmegaConf.structured(ParallelConfig(dp_shard=1, device="cpu", force_fsdp=True, param_dtype="bf16"))
+        parallel = parallelize_model(model, resolve_parallel_dims(1, 1, 1, 1, True), pcfg, CPU, seq_len=32)
+        materialize_parallel_model(model, parallel, CPU, seed=0)
+        before = int(param_fingerprint(model, CPU))
+        with torch.no_grad():
+            model(_batches(0)[0][0])
+        assert int(param_fingerprint(model, CPU)) == before  # no weight changed
+        master = model.norm.weight.to_local()  # the root's own parameter, fp32, sharded
+        master.view(torch.int32)[0] ^= 1  # the lowest mantissa bit: bf16 rounds it away
+        with torch.no_grad():
+            model(_batches(0)[0][0])
+        assert int(param_fingerprint(model, CPU)) != before
