@@ -318,6 +318,7 @@ def persist(tier, step: int, staged: Staged, info: dict, stall: float, waited: f
         t1 = time.perf_counter()
         try:
             replica_info = tier.peers.exchange(staged, info, d)
+            tier.fault_hook("memory_replica", step, path=d)  # the replica is in place (the tests)
             replica_bytes, ok = replica_info["size"], True
         except SnapshotError as exc:  # the transfer itself completed on both sides
             log.error("memory snapshot of step %d on rank %d: %s", step, tier.rank, exc)
@@ -325,6 +326,7 @@ def persist(tier, step: int, staged: Staged, info: dict, stall: float, waited: f
         replica_s, transfer_s = time.perf_counter() - t1, tier.peers.transfer_s
         if not tier.peers.all_ok(ok):
             return failed()
+    tier.fault_hook("memory_commit", step, path=d)  # e.g. a full tmpfs (the tests)
     location(d / f"rank{tier.rank:05d}.json").write_text(json.dumps(info))
     if replica_info is not None:
         location(d / f"rank{replica_info['owner']:05d}.json").write_text(json.dumps(replica_info))
