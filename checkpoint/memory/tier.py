@@ -60,6 +60,10 @@ log = logging.getLogger("trainer")
 _TAG_HEADER, _TAG_INFO, _TAG_DATA, _TAG_PREFIX = 11, 12, 13, 14  # the tier's transfers (PeerGroup)
 
 
+class GroupError(RuntimeError):
+    """A collective of the tier's group failed on this rank (PeerGroup._collective)."""
+
+
 def size_text(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
@@ -196,6 +200,22 @@ class MemoryTier:
                 "manifest": json.loads(manifest.to_json())}
         self._in_flight = self._executor.submit(persist, self, step, staged, info, stall, waited)
 
+    @property
+    def group_failed(self) -> bool:
+        """The tier's group failed on this rank (GroupError): a flag of the step's agreement, which
+        calls ``turn_off`` on every rank (recovery/runtime.py)."""
+        return self.enabled and self.peers.failure is not None
+
+    def turn_off(self, step: int) -> None:
+        """Agreed at the end of ``step``: the tier's group failed on some rank, so its ranks may be at
+        different points of the protocol. Every rank stops snapshotting at this same step, for the rest
+        of this attempt (a restart makes a new group); the durable tier goes on."""
+        self.enabled = False
+        why = self.peers.failure or "the memory tier's group failed on another rank"
+        log.error("%s: memory snapshots are off from step %d for the rest of this attempt (the durable tier "
+                  "goes on; a restart makes a new group)", why, step)
+        self.log_event(step, kind="alarm", check="memory_tier_group", action="memory_tier_off", message=why[:2000])
+
     def poll(self) -> None:
         if self._in_flight is not None and self._in_flight.done():
             self.wait()
@@ -291,49 +311,64 @@ class MemoryTier:
 
 # -- a snapshot's background half --------------------------------------------------------------------
 def persist(tier, step: int, staged: Staged, info: dict, stall: float, waited: float) -> SnapshotRecord:
-    """Write, exchange, commit; each phase agreed over the group, so a rank that failed (a full
-    tmpfs) never leaves its peer waiting in a transfer that will not come."""
+    """Write, exchange, commit; each phase agreed over the group. Whatever fails on a rank inside a phase
+    (a full tmpfs, a failed rename, a bad replica) is that rank's "not ok" at the phase's agreement, so
+    every rank leaves the snapshot at the same point and the group stays in step for the next one. A failed
+    collective (GroupError) ends the snapshot here; the step's agreement then turns the tier off."""
     t0 = time.perf_counter()
     d = tier.dir / STEP_DIR.format(step)
-    replica_bytes, replica_s, transfer_s, replica_info, size = 0, 0.0, 0.0, None, 0
+    got: Dict[str, Any] = {"size": 0, "replica": None, "replica_s": 0.0}
 
-    def failed() -> SnapshotRecord:
-        return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, replica_s, size, replica_bytes, False)
+    def record(committed: bool) -> SnapshotRecord:
+        replica = got["replica"]
+        return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, got["replica_s"], got["size"],
+                              replica["size"] if replica is not None else 0, committed,
+                              tier.peers.transfer_s if replica is not None else 0.0)
 
-    try:
+    def phase(what: str, work: Callable[[], None]) -> bool:
+        """``work`` on this rank, then agreed: True on every rank iff it succeeded on every rank."""
+        try:
+            work()
+            ok = True
+        except GroupError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure is this rank's "not ok", never a skipped agreement
+            log.error("memory snapshot of step %d failed: %s on rank %d: %s: %s", step, what, tier.rank,
+                      type(exc).__name__, exc)
+            ok = False
+        return tier.peers.all_ok(ok)
+
+    def write() -> None:
         d.mkdir(parents=True, exist_ok=True)
         for owner in {tier.rank, tier.peers.source if tier.peers.source is not None else tier.rank}:
             (d / f"rank{owner:05d}.json").unlink(missing_ok=True)  # a commit of an earlier try of this step
-        own = d / f"rank{tier.rank:05d}.snap"
-        size, checksum = write_snapshot(own, staged, tier.algorithm)
-        info.update(size=size, checksum=checksum)
-        ok = True
-    except Exception as exc:
-        log.error("memory snapshot of step %d: writing on rank %d failed: %s: %s", step, tier.rank,
-                  type(exc).__name__, exc)
-        ok = False
-    if not tier.peers.all_ok(ok):
-        return failed()
-    if tier.peers.peer is not None:
+        got["size"], checksum = write_snapshot(d / f"rank{tier.rank:05d}.snap", staged, tier.algorithm)
+        info.update(size=got["size"], checksum=checksum)
+
+    def exchange() -> None:
         t1 = time.perf_counter()
         try:
-            replica_info = tier.peers.exchange(staged, info, d)
+            got["replica"] = tier.peers.exchange(staged, info, d)
             tier.fault_hook("memory_replica", step, path=d)  # the replica is in place (the tests)
-            replica_bytes, ok = replica_info["size"], True
-        except SnapshotError as exc:  # the transfer itself completed on both sides
-            log.error("memory snapshot of step %d on rank %d: %s", step, tier.rank, exc)
-            ok = False
-        replica_s, transfer_s = time.perf_counter() - t1, tier.peers.transfer_s
-        if not tier.peers.all_ok(ok):
-            return failed()
-    tier.fault_hook("memory_commit", step, path=d)  # e.g. a full tmpfs (the tests)
-    location(d / f"rank{tier.rank:05d}.json").write_text(json.dumps(info))
-    if replica_info is not None:
-        location(d / f"rank{replica_info['owner']:05d}.json").write_text(json.dumps(replica_info))
-    if tier.peers.all_ok(True):  # every rank committed step: the older ones can go
-        drop_steps(tier.dir, lambda s: s < step)
-    return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, replica_s, size, replica_bytes, True,
-                          transfer_s)
+        finally:
+            got["replica_s"] = time.perf_counter() - t1
+
+    def commit() -> None:  # the .json files: a copy without one is ignored
+        tier.fault_hook("memory_commit", step, path=d)  # e.g. a full tmpfs (the tests)
+        location(d / f"rank{tier.rank:05d}.json").write_text(json.dumps(info))
+        if got["replica"] is not None:
+            location(d / f"rank{got['replica']['owner']:05d}.json").write_text(json.dumps(got["replica"]))
+
+    try:
+        if not (phase("writing", write) and (tier.peers.peer is None or phase("the replica exchange", exchange))
+                and phase("the commit", commit)):
+            shutil.rmtree(d, ignore_errors=True)  # failed on every rank: the older complete step stays
+            return record(False)
+    except GroupError as exc:
+        log.error("memory snapshot of step %d failed on rank %d: %s", step, tier.rank, exc)
+        return record(False)
+    drop_steps(tier.dir, lambda s: s < step)  # every rank committed step: the older ones can go
+    return record(True)
 
 
 def drop_steps(directory: Path, drop: Callable[[int], bool]) -> None:
@@ -357,35 +392,69 @@ class PeerGroup:
                 log.warning("checkpoint.memory.replicas=1 needs more than one node (world %d, %d ranks per node): "
                             "snapshots stay on their own node only", world_size, self.local_world_size)
         self.group = None
+        self.failure: Optional[str] = None  # a collective of the group failed: it is not used again (GroupError)
         self._recv: Optional[torch.Tensor] = None  # the replica's receive buffer, reused (exchange)
         self.transfer_s = 0.0  # the last exchange's time on the wire
         if collectives.distributed() and world_size > 1:
             self.group = collectives.new_gloo_group(timeout_s)
 
+    def _collective(self, run: Callable[[], Any]) -> Any:
+        """``run()``, one collective step of the tier's protocol. If it fails (a timeout, a peer gone, a
+        rank that could not take part), the ranks may be at different points of the protocol now: the
+        group is never used again on this rank (GroupError), and recovery/runtime.py's step agreement
+        turns the tier off on every rank."""
+        if self.failure is not None:
+            raise GroupError(self.failure)
+        try:
+            return run()
+        except Exception as exc:
+            self.failure = f"the memory tier's group failed on rank {self.rank}: {type(exc).__name__}: {exc}"
+            raise GroupError(self.failure) from exc
+
     def all_ok(self, ok: bool) -> bool:
         """True on every rank iff ``ok`` on every rank (over the tier's group)."""
         if self.group is None:
             return ok
-        return not collectives.any_rank(not ok, self.group)
+        return not self._collective(lambda: collectives.any_rank(not ok, self.group))
 
     def gather(self, obj) -> list:
         if self.group is None:
             return [obj]
-        return collectives.all_gather_object(obj, self.group)
+        return self._collective(lambda: collectives.all_gather_object(obj, self.group))
 
     def agree(self, problem: Optional[str]) -> Optional[str]:
         """Every rank's problems, joined (naming the ranks that met each, unless all did), if any
         rank has one (else None); the same on every rank."""
-        return problem if self.group is None else collectives.agree_on_problems(problem, self.group)
+        if self.group is None:
+            return problem
+        return self._collective(lambda: collectives.agree_on_problems(problem, self.group))
 
     def exchange(self, staged: Staged, info: dict, d: Path) -> dict:
-        """Send this rank's staged snapshot to the peer and receive the source's, then write it to
-        ``d`` and check its checksum in that same pass. The bytes go from the staging buffer itself
-        (one large contiguous send, not read back from the file) into a receive buffer this group
-        keeps from one snapshot to the next: receiving straight into a fresh mapping of the tmpfs
-        file took page faults inside the socket copy and measured 3-4x slower than into touched
-        memory. A full tmpfs fails the write after the bytes arrived, so the sender is never left
-        hanging; the failure is raised then."""
+        """Send this rank's staged snapshot to the peer and receive the source's (``transfer``), then
+        write it to ``d`` and check its checksum in that same pass. A full tmpfs fails the write after
+        the bytes arrived, so the sender is never left hanging; the failure is raised then."""
+        info_in, prefix_in, region_in = self._collective(lambda: self._transfer(staged, info))
+        received = json.loads(info_in.numpy().tobytes())
+        size_in = prefix_in.numel() + region_in.numel()
+        replica_tmp = d / f"replica-from-{self.source:05d}"
+        try:
+            _, got = write_parts(replica_tmp, [prefix_in, region_in], received["algorithm"])
+        except OSError as exc:
+            raise SnapshotError(f"no room for the replica of rank {received['owner']} ({size_text(size_in)}) "
+                                f"in {d}: {exc}") from exc
+        if got != received["checksum"] or received["size"] != size_in:
+            replica_tmp.unlink(missing_ok=True)
+            raise SnapshotError(f"replica of rank {received['owner']} step {received['step']} arrived damaged "
+                                f"(checksum {got} != {received['checksum']})")
+        os.replace(replica_tmp, d / f"rank{received['owner']:05d}.snap")
+        return received
+
+    def _transfer(self, staged: Staged, info: dict):
+        """The exchange's bytes on the wire: (info, prefix, region) received from the source. The bytes
+        go from the staging buffer itself (one large contiguous send, not read back from the file) into
+        a receive buffer this group keeps from one snapshot to the next: receiving straight into a fresh
+        mapping of the tmpfs file took page faults inside the socket copy and measured 3-4x slower than
+        into touched memory."""
         info_out = torch.frombuffer(bytearray(json.dumps(info).encode()), dtype=torch.uint8)
         prefix_out = torch.frombuffer(bytearray(staged.prefix), dtype=torch.uint8)
         header_out = torch.tensor([info_out.numel(), prefix_out.numel(), staged.region.numel()], dtype=torch.int64)
@@ -408,20 +477,7 @@ class PeerGroup:
         t0 = time.perf_counter()
         collectives.exchange(sends, recvs, self.group)
         self.transfer_s = time.perf_counter() - t0
-        received = json.loads(info_in.numpy().tobytes())
-        size_in = prefix_len + region_len
-        replica_tmp = d / f"replica-from-{self.source:05d}"
-        try:
-            _, got = write_parts(replica_tmp, [prefix_in, region_in], received["algorithm"])
-        except OSError as exc:
-            raise SnapshotError(f"no room for the replica of rank {received['owner']} ({size_text(size_in)}) "
-                                f"in {d}: {exc}") from exc
-        if got != received["checksum"] or received["size"] != size_in:
-            replica_tmp.unlink(missing_ok=True)
-            raise SnapshotError(f"replica of rank {received['owner']} step {received['step']} arrived damaged "
-                                f"(checksum {got} != {received['checksum']})")
-        os.replace(replica_tmp, d / f"rank{received['owner']:05d}.snap")
-        return received
+        return info_in, prefix_in, region_in
 
     def close(self) -> None:
         self._recv = None

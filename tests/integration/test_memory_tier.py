@@ -516,6 +516,50 @@ def test_shared_memory_filling_up_mid_run_skips_snapshots_and_training_goes_on(t
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("fault", [{"kind": "exception", "phase": "memory_replica"},
+                                   {"kind": "disk_full", "phase": "memory_commit"}], ids=["replica", "commit"])
+def test_one_ranks_failure_in_a_snapshot_fails_it_on_every_rank_and_the_next_ones_complete(tmp_path, pydoc_data,
+                                                                                          fault):
+    """Rank 1 alone fails inside the background half of the snapshot of step 6, past the agreement
+    on the write: after its replica arrived (an exception, as from a failed rename), or at its
+    commit files (ENOSPC). Every rank must count that snapshot as failed at the same agreement and
+    go on in step: every later snapshot complete on both nodes (a rank that left the protocol early
+    would leave its peer waiting out the tier's 20 s timeout, and every later snapshot failing)."""
+    run_dir, steps = tmp_path / "run", 12
+    args = overrides(run_dir, pydoc_data, tmp_path / "shm", [
+        faults_override([{**fault, "step": 6, "rank": 1}]), f"training.steps={steps}", "checkpoint.interval=0",
+        "checkpoint.commit_timeout_s=20"])
+    nodes = Nodes(tmp_path, args, max_restarts=0)
+    codes = nodes.run_both()
+    assert codes == {0: 0, 1: 0}, nodes.text()[-6000:]
+    snapshots = {e["step"]: e["committed"] for e in read_metrics(run_dir, "memory_snapshot")}
+    assert snapshots == {s: s != 6 for s in range(MEMORY_INTERVAL, steps + 1, MEMORY_INTERVAL)}, snapshots
+    assert "memory snapshot of step 6 failed" in (tmp_path / "node1-2.log").read_text(), nodes.text()[-6000:]
+
+
+@pytest.mark.distributed
+def test_a_failed_collective_of_the_tier_turns_it_off_on_every_rank_at_one_step(tmp_path, pydoc_data):
+    """Rank 1 hangs 20 s before its commit of the snapshot of step 6: rank 0's agreement on the
+    commit times out (the tier's timeout is 10 s), and the group can no longer be trusted to be in
+    step. Every rank must turn the tier off at the same step boundary (the step's agreement carries
+    the flag) and train to the end; a rank that kept snapshotting would wait out the timeout again."""
+    run_dir, steps = tmp_path / "run", 12
+    hang = {"kind": "hang", "phase": "memory_commit", "step": 6, "rank": 1, "hang_s": 20.0}
+    args = overrides(run_dir, pydoc_data, tmp_path / "shm", [
+        faults_override([hang]), f"training.steps={steps}", "checkpoint.interval=0", "checkpoint.commit_timeout_s=10"])
+    nodes = Nodes(tmp_path, args, max_restarts=0)
+    codes = nodes.run_both()
+    assert codes == {0: 0, 1: 0}, nodes.text()[-6000:]
+    assert sorted(step_losses(run_dir)) == list(range(1, steps + 1))
+    [alarm] = [e for e in read_metrics(run_dir, "alarm") if e["check"] == "memory_tier_group"] or [None]
+    assert alarm is not None and alarm["action"] == "memory_tier_off", nodes.text()[-6000:]
+    off = f"memory snapshots are off from step {alarm['step']} for the rest of this attempt"
+    assert all(off in (tmp_path / f"node{n}-{n + 1}.log").read_text() for n in (0, 1)), nodes.text()[-6000:]
+    snapshots = {e["step"]: e["committed"] for e in read_metrics(run_dir, "memory_snapshot")}
+    assert snapshots == {s: s < 6 for s in range(MEMORY_INTERVAL, alarm["step"] + 1, MEMORY_INTERVAL)}, snapshots
+
+
+@pytest.mark.distributed
 def test_a_snapshot_taken_with_another_config_is_refused_like_a_durable_checkpoint(tmp_path, pydoc_data):
     """Killed with snapshots in memory and no durable checkpoint yet; restarted with other optimizer
     betas: the memory tier must refuse, as a durable resume would, not restore the old run's state."""
