@@ -30,9 +30,10 @@ import os
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
@@ -398,15 +399,16 @@ class PeerGroup:
         if collectives.distributed() and world_size > 1:
             self.group = collectives.new_gloo_group(timeout_s)
 
-    def _collective(self, run: Callable[[], Any]) -> Any:
-        """``run()``, one collective step of the tier's protocol. If it fails (a timeout, a peer gone, a
-        rank that could not take part), the ranks may be at different points of the protocol now: the
-        group is never used again on this rank (GroupError), and recovery/runtime.py's step agreement
-        turns the tier off on every rank."""
+    @contextmanager
+    def _collective(self) -> Iterator[None]:
+        """Around one collective step of the tier's protocol. If it fails (a timeout, a peer gone, a rank
+        that could not take part), the ranks may be at different points of the protocol now: the group
+        is never used again on this rank (GroupError), and recovery/runtime.py's step agreement turns
+        the tier off on every rank."""
         if self.failure is not None:
             raise GroupError(self.failure)
         try:
-            return run()
+            yield
         except Exception as exc:
             self.failure = f"the memory tier's group failed on rank {self.rank}: {type(exc).__name__}: {exc}"
             raise GroupError(self.failure) from exc
@@ -415,25 +417,29 @@ class PeerGroup:
         """True on every rank iff ``ok`` on every rank (over the tier's group)."""
         if self.group is None:
             return ok
-        return not self._collective(lambda: collectives.any_rank(not ok, self.group))
+        with self._collective():
+            return not collectives.any_rank(not ok, self.group)
 
     def gather(self, obj) -> list:
         if self.group is None:
             return [obj]
-        return self._collective(lambda: collectives.all_gather_object(obj, self.group))
+        with self._collective():
+            return collectives.all_gather_object(obj, self.group)
 
     def agree(self, problem: Optional[str]) -> Optional[str]:
         """Every rank's problems, joined (naming the ranks that met each, unless all did), if any
         rank has one (else None); the same on every rank."""
         if self.group is None:
             return problem
-        return self._collective(lambda: collectives.agree_on_problems(problem, self.group))
+        with self._collective():
+            return collectives.agree_on_problems(problem, self.group)
 
     def exchange(self, staged: Staged, info: dict, d: Path) -> dict:
         """Send this rank's staged snapshot to the peer and receive the source's (``transfer``), then
         write it to ``d`` and check its checksum in that same pass. A full tmpfs fails the write after
         the bytes arrived, so the sender is never left hanging; the failure is raised then."""
-        info_in, prefix_in, region_in = self._collective(lambda: self._transfer(staged, info))
+        with self._collective():
+            info_in, prefix_in, region_in = self._transfer(staged, info)
         received = json.loads(info_in.numpy().tobytes())
         size_in = prefix_in.numel() + region_in.numel()
         replica_tmp = d / f"replica-from-{self.source:05d}"
@@ -483,31 +489,39 @@ class PeerGroup:
         self._recv = None
 
     def send_copy(self, copy: dict, to: int) -> None:
-        """Stream one held copy to rank ``to``: header (size, manifest length), manifest, bytes. A copy
-        that cannot be read is announced with size -1 so the receiver does not wait for it."""
+        """Stream one held copy to rank ``to``: header (size, manifest length), manifest, bytes. The copy
+        is verified here first: one that cannot be read or fails its checksum is announced with size -1,
+        so the receiver does not wait for it and no damaged bytes cross the network."""
         try:
             data = torch.from_file(copy["path"], shared=False, size=copy["size"], dtype=torch.uint8)
+            if checksum_buffer(data.numpy(), copy["algorithm"]) != copy["checksum"]:
+                raise SnapshotError(f"{copy['path']} fails its checksum")
             meta = torch.frombuffer(bytearray(json.dumps(copy).encode()), dtype=torch.uint8)
         except (OSError, RuntimeError) as exc:
-            log.error("memory tier: cannot read the copy of rank %d for sending: %s", to, exc)
-            collectives.send(torch.tensor([-1, 0], dtype=torch.int64), to, self.group, tag=_TAG_HEADER)
+            log.error("memory tier: the copy of rank %d held here cannot be sent: %s", to, exc)
+            with self._collective():
+                collectives.send(torch.tensor([-1, 0], dtype=torch.int64), to, self.group, tag=_TAG_HEADER)
             return
-        collectives.send(torch.tensor([copy["size"], meta.numel()], dtype=torch.int64), to, self.group,
-                         tag=_TAG_HEADER)
-        collectives.send(meta, to, self.group, tag=_TAG_INFO)
-        collectives.send(data, to, self.group, tag=_TAG_DATA)
+        with self._collective():
+            collectives.send(torch.tensor([copy["size"], meta.numel()], dtype=torch.int64), to, self.group,
+                             tag=_TAG_HEADER)
+            collectives.send(meta, to, self.group, tag=_TAG_INFO)
+            collectives.send(data, to, self.group, tag=_TAG_DATA)
 
     def receive_copy(self, holder: int):
         """(bytes, its manifest, problem) of this rank's copy streamed from ``holder``."""
         header = torch.empty(2, dtype=torch.int64)
-        collectives.recv(header, holder, self.group, tag=_TAG_HEADER)
+        with self._collective():
+            collectives.recv(header, holder, self.group, tag=_TAG_HEADER)
         size, meta_len = int(header[0]), int(header[1])
         if size < 0:
-            return None, None, f"rank {self.rank}: the peer rank {holder} could not read its replica"
+            return None, None, (f"rank {self.rank}: the copy held by rank {holder} is unreadable or damaged "
+                                f"(rank {holder}'s log says which)")
         meta = torch.empty(meta_len, dtype=torch.uint8)
-        collectives.recv(meta, holder, self.group, tag=_TAG_INFO)
         buf = torch.empty(size, dtype=torch.uint8)
-        collectives.recv(buf, holder, self.group, tag=_TAG_DATA)
+        with self._collective():
+            collectives.recv(meta, holder, self.group, tag=_TAG_INFO)
+            collectives.recv(buf, holder, self.group, tag=_TAG_DATA)
         copy = json.loads(meta.numpy().tobytes())
         if checksum_buffer(buf.numpy(), copy["algorithm"]) != copy["checksum"]:
             return None, None, f"rank {self.rank}: the replica streamed from rank {holder} arrived damaged"
@@ -579,6 +593,19 @@ def _check_config(tier, newer: List[dict], allow_config_change: bool) -> None:
         log.warning("checkpoint.allow_config_change=true: %s", msg)
 
 
+def _holder(tier, r: int, at_step: List[dict]) -> Optional[int]:
+    """The rank that streams rank ``r``'s copy when ``r``'s own failed its check: one on another node,
+    since a copy's holders are the ranks of the node where it lives (they list one directory) and a
+    rank beside ``r`` would stream the same damaged file. The next node of the ring first (it holds
+    the replica), and there the rank that received it (``r``'s local rank)."""
+    per_node = tier.local_world_size
+    nodes = max(1, -(-tier.world_size // per_node))
+    holders = {c["holder"] for c in at_step if c["owner"] == r and c["holder"] // per_node != r // per_node}
+    if not holders:
+        return None
+    return min(holders, key=lambda h: ((h // per_node - r // per_node) % nodes, h % per_node != r % per_node, h))
+
+
 def _restore_step(tier, state, step: int, at_step: List[dict], mine: List[dict], t0: float) -> Optional[Restored]:
     t1 = time.perf_counter()
     own, own_buf = next((h for h in mine if h["owner"] == tier.rank), None), None
@@ -594,10 +621,7 @@ def _restore_step(tier, state, step: int, at_step: List[dict], mine: List[dict],
             log.error("memory tier: the copy of rank %d step %d is unreadable: %s", tier.rank, step, exc)
     verify_s = time.perf_counter() - t1
     own_intact = tier.peers.gather(own_buf is not None)
-    sources: Dict[int, Optional[int]] = {}
-    for r in range(tier.world_size):
-        others = sorted(c["holder"] for c in at_step if c["owner"] == r and c["holder"] != r)
-        sources[r] = r if own_intact[r] else (others[0] if others else None)
+    sources = {r: r if own_intact[r] else _holder(tier, r, at_step) for r in range(tier.world_size)}
     missing = [r for r, h in sources.items() if h is None]
     if missing:
         if tier.rank == 0:
