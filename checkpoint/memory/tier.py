@@ -497,8 +497,9 @@ class PeerGroup:
             if checksum_buffer(data.numpy(), copy["algorithm"]) != copy["checksum"]:
                 raise SnapshotError(f"{copy['path']} fails its checksum")
             meta = torch.frombuffer(bytearray(json.dumps(copy).encode()), dtype=torch.uint8)
-        except (OSError, RuntimeError) as exc:
-            log.error("memory tier: the copy of rank %d held here cannot be sent: %s", to, exc)
+        except Exception as exc:  # noqa: BLE001 - the receiver waits for a header whatever went wrong
+            log.error("memory tier: the copy of rank %d held here cannot be sent: %s: %s", to, type(exc).__name__,
+                      exc)
             with self._collective():
                 collectives.send(torch.tensor([-1, 0], dtype=torch.int64), to, self.group, tag=_TAG_HEADER)
             return
@@ -522,8 +523,12 @@ class PeerGroup:
         with self._collective():
             collectives.recv(meta, holder, self.group, tag=_TAG_INFO)
             collectives.recv(buf, holder, self.group, tag=_TAG_DATA)
-        copy = json.loads(meta.numpy().tobytes())
-        if checksum_buffer(buf.numpy(), copy["algorithm"]) != copy["checksum"]:
+        try:  # a problem here is agreed on; raised, it would skip this rank's sends later in the restore
+            copy = json.loads(meta.numpy().tobytes())
+            intact = checksum_buffer(buf.numpy(), copy["algorithm"]) == copy["checksum"]
+        except Exception as exc:  # noqa: BLE001
+            return None, None, f"rank {self.rank}: the copy streamed from rank {holder} is unreadable: {exc!r}"
+        if not intact:
             return None, None, f"rank {self.rank}: the replica streamed from rank {holder} arrived damaged"
         return buf, copy.get("manifest"), None
 
@@ -609,7 +614,7 @@ def _holder(tier, r: int, at_step: List[dict]) -> Optional[int]:
 def _restore_step(tier, state, step: int, at_step: List[dict], mine: List[dict], t0: float) -> Optional[Restored]:
     t1 = time.perf_counter()
     own, own_buf = next((h for h in mine if h["owner"] == tier.rank), None), None
-    if own is not None:  # this rank's own copy is verified here; a replica by its receiver, on arrival
+    if own is not None:  # this rank's own copy is verified here; a replica by its sender and its receiver
         try:
             data = torch.from_file(own["path"], shared=False, size=own["size"], dtype=torch.uint8)
             if checksum_buffer(data.numpy(), own["algorithm"]) == own["checksum"]:
@@ -617,8 +622,9 @@ def _restore_step(tier, state, step: int, at_step: List[dict], mine: List[dict],
             else:
                 log.error("memory tier: the copy of rank %d step %d in %s fails its checksum", tier.rank, step,
                           own["path"])
-        except (OSError, RuntimeError) as exc:
-            log.error("memory tier: the copy of rank %d step %d is unreadable: %s", tier.rank, step, exc)
+        except Exception as exc:  # noqa: BLE001 - not intact, agreed on below
+            log.error("memory tier: the copy of rank %d step %d is unreadable: %s: %s", tier.rank, step,
+                      type(exc).__name__, exc)
     verify_s = time.perf_counter() - t1
     own_intact = tier.peers.gather(own_buf is not None)
     sources = {r: r if own_intact[r] else _holder(tier, r, at_step) for r in range(tier.world_size)}
