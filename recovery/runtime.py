@@ -131,10 +131,13 @@ class RecoveryRuntime:
         self._watch_write()
         self.stragglers.record(step, step_s)
         # One all_reduce MAX per step carries every flag a rank's next collectives depend on.
-        preempted, save_failed, *waiting = self.preemption.agree(ckpt.save_failure is not None,
-                                                                 *(auto.waiting for auto in self.autos))
+        memory_failed = ckpt.memory is not None and ckpt.memory.group_failed
+        preempted, save_failed, memory_off, *waiting = self.preemption.agree(
+            ckpt.save_failure is not None, memory_failed, *(auto.waiting for auto in self.autos))
         if save_failed:
             ckpt.raise_save_failure()
+        if memory_off:
+            ckpt.memory.turn_off(step)
         for auto, someone_waits in zip(self.autos, waiting):
             if auto.chosen is None and not someone_waits:  # every rank has its measurements: choose together
                 auto.choose(ckpt, step)

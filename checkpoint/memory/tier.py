@@ -30,9 +30,10 @@ import os
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
@@ -58,6 +59,10 @@ from parallel import collectives
 log = logging.getLogger("trainer")
 
 _TAG_HEADER, _TAG_INFO, _TAG_DATA, _TAG_PREFIX = 11, 12, 13, 14  # the tier's transfers (PeerGroup)
+
+
+class GroupError(RuntimeError):
+    """A collective of the tier's group failed on this rank (PeerGroup._collective)."""
 
 
 def size_text(n: int) -> str:
@@ -196,6 +201,22 @@ class MemoryTier:
                 "manifest": json.loads(manifest.to_json())}
         self._in_flight = self._executor.submit(persist, self, step, staged, info, stall, waited)
 
+    @property
+    def group_failed(self) -> bool:
+        """The tier's group failed on this rank (GroupError): a flag of the step's agreement, which
+        calls ``turn_off`` on every rank (recovery/runtime.py)."""
+        return self.enabled and self.peers.failure is not None
+
+    def turn_off(self, step: int) -> None:
+        """Agreed at the end of ``step``: the tier's group failed on some rank, so its ranks may be at
+        different points of the protocol. Every rank stops snapshotting at this same step, for the rest
+        of this attempt (a restart makes a new group); the durable tier goes on."""
+        self.enabled = False
+        why = self.peers.failure or "the memory tier's group failed on another rank"
+        log.error("%s: memory snapshots are off from step %d for the rest of this attempt (the durable tier "
+                  "goes on; a restart makes a new group)", why, step)
+        self.log_event(step, kind="alarm", check="memory_tier_group", action="memory_tier_off", message=why[:2000])
+
     def poll(self) -> None:
         if self._in_flight is not None and self._in_flight.done():
             self.wait()
@@ -291,47 +312,64 @@ class MemoryTier:
 
 # -- a snapshot's background half --------------------------------------------------------------------
 def persist(tier, step: int, staged: Staged, info: dict, stall: float, waited: float) -> SnapshotRecord:
-    """Write, exchange, commit; each phase agreed over the group, so a rank that failed (a full
-    tmpfs) never leaves its peer waiting in a transfer that will not come."""
+    """Write, exchange, commit; each phase agreed over the group. Whatever fails on a rank inside a phase
+    (a full tmpfs, a failed rename, a bad replica) is that rank's "not ok" at the phase's agreement, so
+    every rank leaves the snapshot at the same point and the group stays in step for the next one. A failed
+    collective (GroupError) ends the snapshot here; the step's agreement then turns the tier off."""
     t0 = time.perf_counter()
     d = tier.dir / STEP_DIR.format(step)
-    replica_bytes, replica_s, transfer_s, replica_info, size = 0, 0.0, 0.0, None, 0
+    got: Dict[str, Any] = {"size": 0, "replica": None, "replica_s": 0.0}
 
-    def failed() -> SnapshotRecord:
-        return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, replica_s, size, replica_bytes, False)
+    def record(committed: bool) -> SnapshotRecord:
+        replica = got["replica"]
+        return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, got["replica_s"], got["size"],
+                              replica["size"] if replica is not None else 0, committed,
+                              tier.peers.transfer_s if replica is not None else 0.0)
 
-    try:
+    def phase(what: str, work: Callable[[], None]) -> bool:
+        """``work`` on this rank, then agreed: True on every rank iff it succeeded on every rank."""
+        try:
+            work()
+            ok = True
+        except GroupError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure is this rank's "not ok", never a skipped agreement
+            log.error("memory snapshot of step %d failed: %s on rank %d: %s: %s", step, what, tier.rank,
+                      type(exc).__name__, exc)
+            ok = False
+        return tier.peers.all_ok(ok)
+
+    def write() -> None:
         d.mkdir(parents=True, exist_ok=True)
         for owner in {tier.rank, tier.peers.source if tier.peers.source is not None else tier.rank}:
             (d / f"rank{owner:05d}.json").unlink(missing_ok=True)  # a commit of an earlier try of this step
-        own = d / f"rank{tier.rank:05d}.snap"
-        size, checksum = write_snapshot(own, staged, tier.algorithm)
-        info.update(size=size, checksum=checksum)
-        ok = True
-    except Exception as exc:
-        log.error("memory snapshot of step %d: writing on rank %d failed: %s: %s", step, tier.rank,
-                  type(exc).__name__, exc)
-        ok = False
-    if not tier.peers.all_ok(ok):
-        return failed()
-    if tier.peers.peer is not None:
+        got["size"], checksum = write_snapshot(d / f"rank{tier.rank:05d}.snap", staged, tier.algorithm)
+        info.update(size=got["size"], checksum=checksum)
+
+    def exchange() -> None:
         t1 = time.perf_counter()
         try:
-            replica_info = tier.peers.exchange(staged, info, d)
-            replica_bytes, ok = replica_info["size"], True
-        except SnapshotError as exc:  # the transfer itself completed on both sides
-            log.error("memory snapshot of step %d on rank %d: %s", step, tier.rank, exc)
-            ok = False
-        replica_s, transfer_s = time.perf_counter() - t1, tier.peers.transfer_s
-        if not tier.peers.all_ok(ok):
-            return failed()
-    location(d / f"rank{tier.rank:05d}.json").write_text(json.dumps(info))
-    if replica_info is not None:
-        location(d / f"rank{replica_info['owner']:05d}.json").write_text(json.dumps(replica_info))
-    if tier.peers.all_ok(True):  # every rank committed step: the older ones can go
-        drop_steps(tier.dir, lambda s: s < step)
-    return SnapshotRecord(step, stall, waited, time.perf_counter() - t0, replica_s, size, replica_bytes, True,
-                          transfer_s)
+            got["replica"] = tier.peers.exchange(staged, info, d)
+            tier.fault_hook("memory_replica", step, path=d)  # the replica is in place (the tests)
+        finally:
+            got["replica_s"] = time.perf_counter() - t1
+
+    def commit() -> None:  # the .json files: a copy without one is ignored
+        tier.fault_hook("memory_commit", step, path=d)  # e.g. a full tmpfs (the tests)
+        location(d / f"rank{tier.rank:05d}.json").write_text(json.dumps(info))
+        if got["replica"] is not None:
+            location(d / f"rank{got['replica']['owner']:05d}.json").write_text(json.dumps(got["replica"]))
+
+    try:
+        if not (phase("writing", write) and (tier.peers.peer is None or phase("the replica exchange", exchange))
+                and phase("the commit", commit)):
+            shutil.rmtree(d, ignore_errors=True)  # failed on every rank: the older complete step stays
+            return record(False)
+    except GroupError as exc:
+        log.error("memory snapshot of step %d failed on rank %d: %s", step, tier.rank, exc)
+        return record(False)
+    drop_steps(tier.dir, lambda s: s < step)  # every rank committed step: the older ones can go
+    return record(True)
 
 
 def drop_steps(directory: Path, drop: Callable[[int], bool]) -> None:
@@ -355,35 +393,74 @@ class PeerGroup:
                 log.warning("checkpoint.memory.replicas=1 needs more than one node (world %d, %d ranks per node): "
                             "snapshots stay on their own node only", world_size, self.local_world_size)
         self.group = None
+        self.failure: Optional[str] = None  # a collective of the group failed: it is not used again (GroupError)
         self._recv: Optional[torch.Tensor] = None  # the replica's receive buffer, reused (exchange)
         self.transfer_s = 0.0  # the last exchange's time on the wire
         if collectives.distributed() and world_size > 1:
             self.group = collectives.new_gloo_group(timeout_s)
 
+    @contextmanager
+    def _collective(self) -> Iterator[None]:
+        """Around one collective step of the tier's protocol. If it fails (a timeout, a peer gone, a rank
+        that could not take part), the ranks may be at different points of the protocol now: the group
+        is never used again on this rank (GroupError), and recovery/runtime.py's step agreement turns
+        the tier off on every rank."""
+        if self.failure is not None:
+            raise GroupError(self.failure)
+        try:
+            yield
+        except Exception as exc:
+            self.failure = f"the memory tier's group failed on rank {self.rank}: {type(exc).__name__}: {exc}"
+            raise GroupError(self.failure) from exc
+
     def all_ok(self, ok: bool) -> bool:
         """True on every rank iff ``ok`` on every rank (over the tier's group)."""
         if self.group is None:
             return ok
-        return not collectives.any_rank(not ok, self.group)
+        with self._collective():
+            return not collectives.any_rank(not ok, self.group)
 
     def gather(self, obj) -> list:
         if self.group is None:
             return [obj]
-        return collectives.all_gather_object(obj, self.group)
+        with self._collective():
+            return collectives.all_gather_object(obj, self.group)
 
     def agree(self, problem: Optional[str]) -> Optional[str]:
         """Every rank's problems, joined (naming the ranks that met each, unless all did), if any
         rank has one (else None); the same on every rank."""
-        return problem if self.group is None else collectives.agree_on_problems(problem, self.group)
+        if self.group is None:
+            return problem
+        with self._collective():
+            return collectives.agree_on_problems(problem, self.group)
 
     def exchange(self, staged: Staged, info: dict, d: Path) -> dict:
-        """Send this rank's staged snapshot to the peer and receive the source's, then write it to
-        ``d`` and check its checksum in that same pass. The bytes go from the staging buffer itself
-        (one large contiguous send, not read back from the file) into a receive buffer this group
-        keeps from one snapshot to the next: receiving straight into a fresh mapping of the tmpfs
-        file took page faults inside the socket copy and measured 3-4x slower than into touched
-        memory. A full tmpfs fails the write after the bytes arrived, so the sender is never left
-        hanging; the failure is raised then."""
+        """Send this rank's staged snapshot to the peer and receive the source's (``transfer``), then
+        write it to ``d`` and check its checksum in that same pass. A full tmpfs fails the write after
+        the bytes arrived, so the sender is never left hanging; the failure is raised then."""
+        with self._collective():
+            info_in, prefix_in, region_in = self._transfer(staged, info)
+        received = json.loads(info_in.numpy().tobytes())
+        size_in = prefix_in.numel() + region_in.numel()
+        replica_tmp = d / f"replica-from-{self.source:05d}"
+        try:
+            _, got = write_parts(replica_tmp, [prefix_in, region_in], received["algorithm"])
+        except OSError as exc:
+            raise SnapshotError(f"no room for the replica of rank {received['owner']} ({size_text(size_in)}) "
+                                f"in {d}: {exc}") from exc
+        if got != received["checksum"] or received["size"] != size_in:
+            replica_tmp.unlink(missing_ok=True)
+            raise SnapshotError(f"replica of rank {received['owner']} step {received['step']} arrived damaged "
+                                f"(checksum {got} != {received['checksum']})")
+        os.replace(replica_tmp, d / f"rank{received['owner']:05d}.snap")
+        return received
+
+    def _transfer(self, staged: Staged, info: dict):
+        """The exchange's bytes on the wire: (info, prefix, region) received from the source. The bytes
+        go from the staging buffer itself (one large contiguous send, not read back from the file) into
+        a receive buffer this group keeps from one snapshot to the next: receiving straight into a fresh
+        mapping of the tmpfs file took page faults inside the socket copy and measured 3-4x slower than
+        into touched memory."""
         info_out = torch.frombuffer(bytearray(json.dumps(info).encode()), dtype=torch.uint8)
         prefix_out = torch.frombuffer(bytearray(staged.prefix), dtype=torch.uint8)
         header_out = torch.tensor([info_out.numel(), prefix_out.numel(), staged.region.numel()], dtype=torch.int64)
@@ -406,52 +483,52 @@ class PeerGroup:
         t0 = time.perf_counter()
         collectives.exchange(sends, recvs, self.group)
         self.transfer_s = time.perf_counter() - t0
-        received = json.loads(info_in.numpy().tobytes())
-        size_in = prefix_len + region_len
-        replica_tmp = d / f"replica-from-{self.source:05d}"
-        try:
-            _, got = write_parts(replica_tmp, [prefix_in, region_in], received["algorithm"])
-        except OSError as exc:
-            raise SnapshotError(f"no room for the replica of rank {received['owner']} ({size_text(size_in)}) "
-                                f"in {d}: {exc}") from exc
-        if got != received["checksum"] or received["size"] != size_in:
-            replica_tmp.unlink(missing_ok=True)
-            raise SnapshotError(f"replica of rank {received['owner']} step {received['step']} arrived damaged "
-                                f"(checksum {got} != {received['checksum']})")
-        os.replace(replica_tmp, d / f"rank{received['owner']:05d}.snap")
-        return received
+        return info_in, prefix_in, region_in
 
     def close(self) -> None:
         self._recv = None
 
     def send_copy(self, copy: dict, to: int) -> None:
-        """Stream one held copy to rank ``to``: header (size, manifest length), manifest, bytes. A copy
-        that cannot be read is announced with size -1 so the receiver does not wait for it."""
+        """Stream one held copy to rank ``to``: header (size, manifest length), manifest, bytes. The copy
+        is verified here first: one that cannot be read or fails its checksum is announced with size -1,
+        so the receiver does not wait for it and no damaged bytes cross the network."""
         try:
             data = torch.from_file(copy["path"], shared=False, size=copy["size"], dtype=torch.uint8)
+            if checksum_buffer(data.numpy(), copy["algorithm"]) != copy["checksum"]:
+                raise SnapshotError(f"{copy['path']} fails its checksum")
             meta = torch.frombuffer(bytearray(json.dumps(copy).encode()), dtype=torch.uint8)
-        except (OSError, RuntimeError) as exc:
-            log.error("memory tier: cannot read the copy of rank %d for sending: %s", to, exc)
-            collectives.send(torch.tensor([-1, 0], dtype=torch.int64), to, self.group, tag=_TAG_HEADER)
+        except Exception as exc:  # noqa: BLE001 - the receiver waits for a header whatever went wrong
+            log.error("memory tier: the copy of rank %d held here cannot be sent: %s: %s", to, type(exc).__name__,
+                      exc)
+            with self._collective():
+                collectives.send(torch.tensor([-1, 0], dtype=torch.int64), to, self.group, tag=_TAG_HEADER)
             return
-        collectives.send(torch.tensor([copy["size"], meta.numel()], dtype=torch.int64), to, self.group,
-                         tag=_TAG_HEADER)
-        collectives.send(meta, to, self.group, tag=_TAG_INFO)
-        collectives.send(data, to, self.group, tag=_TAG_DATA)
+        with self._collective():
+            collectives.send(torch.tensor([copy["size"], meta.numel()], dtype=torch.int64), to, self.group,
+                             tag=_TAG_HEADER)
+            collectives.send(meta, to, self.group, tag=_TAG_INFO)
+            collectives.send(data, to, self.group, tag=_TAG_DATA)
 
     def receive_copy(self, holder: int):
         """(bytes, its manifest, problem) of this rank's copy streamed from ``holder``."""
         header = torch.empty(2, dtype=torch.int64)
-        collectives.recv(header, holder, self.group, tag=_TAG_HEADER)
+        with self._collective():
+            collectives.recv(header, holder, self.group, tag=_TAG_HEADER)
         size, meta_len = int(header[0]), int(header[1])
         if size < 0:
-            return None, None, f"rank {self.rank}: the peer rank {holder} could not read its replica"
+            return None, None, (f"rank {self.rank}: the copy held by rank {holder} is unreadable or damaged "
+                                f"(rank {holder}'s log says which)")
         meta = torch.empty(meta_len, dtype=torch.uint8)
-        collectives.recv(meta, holder, self.group, tag=_TAG_INFO)
         buf = torch.empty(size, dtype=torch.uint8)
-        collectives.recv(buf, holder, self.group, tag=_TAG_DATA)
-        copy = json.loads(meta.numpy().tobytes())
-        if checksum_buffer(buf.numpy(), copy["algorithm"]) != copy["checksum"]:
+        with self._collective():
+            collectives.recv(meta, holder, self.group, tag=_TAG_INFO)
+            collectives.recv(buf, holder, self.group, tag=_TAG_DATA)
+        try:  # a problem here is agreed on; raised, it would skip this rank's sends later in the restore
+            copy = json.loads(meta.numpy().tobytes())
+            intact = checksum_buffer(buf.numpy(), copy["algorithm"]) == copy["checksum"]
+        except Exception as exc:  # noqa: BLE001
+            return None, None, f"rank {self.rank}: the copy streamed from rank {holder} is unreadable: {exc!r}"
+        if not intact:
             return None, None, f"rank {self.rank}: the replica streamed from rank {holder} arrived damaged"
         return buf, copy.get("manifest"), None
 
@@ -521,10 +598,23 @@ def _check_config(tier, newer: List[dict], allow_config_change: bool) -> None:
         log.warning("checkpoint.allow_config_change=true: %s", msg)
 
 
+def _holder(tier, r: int, at_step: List[dict]) -> Optional[int]:
+    """The rank that streams rank ``r``'s copy when ``r``'s own failed its check: one on another node,
+    since a copy's holders are the ranks of the node where it lives (they list one directory) and a
+    rank beside ``r`` would stream the same damaged file. The next node of the ring first (it holds
+    the replica), and there the rank that received it (``r``'s local rank)."""
+    per_node = tier.local_world_size
+    nodes = max(1, -(-tier.world_size // per_node))
+    holders = {c["holder"] for c in at_step if c["owner"] == r and c["holder"] // per_node != r // per_node}
+    if not holders:
+        return None
+    return min(holders, key=lambda h: ((h // per_node - r // per_node) % nodes, h % per_node != r % per_node, h))
+
+
 def _restore_step(tier, state, step: int, at_step: List[dict], mine: List[dict], t0: float) -> Optional[Restored]:
     t1 = time.perf_counter()
     own, own_buf = next((h for h in mine if h["owner"] == tier.rank), None), None
-    if own is not None:  # this rank's own copy is verified here; a replica by its receiver, on arrival
+    if own is not None:  # this rank's own copy is verified here; a replica by its sender and its receiver
         try:
             data = torch.from_file(own["path"], shared=False, size=own["size"], dtype=torch.uint8)
             if checksum_buffer(data.numpy(), own["algorithm"]) == own["checksum"]:
@@ -532,14 +622,12 @@ def _restore_step(tier, state, step: int, at_step: List[dict], mine: List[dict],
             else:
                 log.error("memory tier: the copy of rank %d step %d in %s fails its checksum", tier.rank, step,
                           own["path"])
-        except (OSError, RuntimeError) as exc:
-            log.error("memory tier: the copy of rank %d step %d is unreadable: %s", tier.rank, step, exc)
+        except Exception as exc:  # noqa: BLE001 - not intact, agreed on below
+            log.error("memory tier: the copy of rank %d step %d is unreadable: %s: %s", tier.rank, step,
+                      type(exc).__name__, exc)
     verify_s = time.perf_counter() - t1
     own_intact = tier.peers.gather(own_buf is not None)
-    sources: Dict[int, Optional[int]] = {}
-    for r in range(tier.world_size):
-        others = sorted(c["holder"] for c in at_step if c["owner"] == r and c["holder"] != r)
-        sources[r] = r if own_intact[r] else (others[0] if others else None)
+    sources = {r: r if own_intact[r] else _holder(tier, r, at_step) for r in range(tier.world_size)}
     missing = [r for r, h in sources.items() if h is None]
     if missing:
         if tier.rank == 0:

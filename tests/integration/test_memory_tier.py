@@ -354,17 +354,23 @@ def test_a_worker_crash_restores_every_rank_from_its_own_node(tmp_path, pydoc_da
     assert not list(shm.glob("node-*/step_*")), "a finished run leaves its snapshots in memory"
 
 
-def _stopped_run(tmp_path: Path, pydoc_data: Path, shm: Path) -> Path:
+def _stopped_run(tmp_path: Path, pydoc_data: Path, shm: Path, per_node: int = 1) -> Path:
     """A run that dies in the snapshot after KILL_STEP (rank 0 SIGKILLed inside it, no restarts), once
     the one before (KILL_STEP - 1) is complete on both nodes: a snapshot first waits for the previous
     one. Its snapshots stay in memory. (Killed between snapshots instead, the previous one's replica
     exchange could still be running, and which copies are complete would be a matter of timing.)"""
     run_dir = tmp_path / "run"
     fault = faults_override([{"kind": "sigkill", "phase": "memory_snapshot", "step": KILL_STEP + 1, "rank": 0}])
-    nodes = Nodes(tmp_path, overrides(run_dir, pydoc_data, shm, [fault]), max_restarts=0)
+    nodes = Nodes(tmp_path, overrides(run_dir, pydoc_data, shm, [fault, *_batch(per_node)]), max_restarts=0,
+                  per_node=per_node)
     codes = nodes.run_both()
     assert codes[0] != 0, nodes.text()
     return run_dir
+
+
+def _batch(per_node: int) -> list:
+    """The global batch of two nodes of ``per_node`` ranks (one micro batch per rank)."""
+    return [] if per_node == 1 else [f"training.global_batch_size={4 * per_node}"]
 
 
 @pytest.fixture(scope="module")
@@ -416,9 +422,38 @@ def test_a_damaged_copy_falls_back_to_the_peer_and_two_to_the_durable_tier(tmp_p
         assert "fails its checksum" in restart.text()
     else:
         assert resume["source"] == "storage" and resume["step"] == DURABLE_INTERVAL, resume
-        assert "the replica streamed from rank 0 arrived damaged" in restart.text()
+        assert "the copy held by rank 0 is unreadable or damaged" in restart.text()  # checked before sending
         assert "failed to load or verify" in restart.text()
     _assert_bitwise(run_dir, baseline)
+
+
+@pytest.mark.distributed
+def test_with_two_ranks_per_node_a_damaged_own_copy_streams_the_next_nodes_replica(tmp_path, pydoc_data):
+    """Two nodes of two ranks; rank 1's own copy of the newest complete snapshot (on node 0) has a
+    byte flipped. Rank 0 lists the same damaged file (one directory per node); the intact replica
+    is on node 1. Rank 1 must get node 1's replica, and the run resume from that snapshot and
+    replay its steps bitwise, not fall back to the durable tier."""
+    shm = tmp_path / "shm"
+    run_dir = _stopped_run(tmp_path, pydoc_data, shm, per_node=2)
+    own = _newest_complete(shm / "node-0") / "rank00001.snap"
+    assert (_newest_complete(shm / "node-1") / "rank00001.snap").exists()  # the replica, same step
+    assert _newest_complete(shm / "node-1").name == own.parent.name
+    snapshot_step = int(own.parent.name.split("_")[1])
+    assert snapshot_step == KILL_STEP - 1
+    _flip_middle_byte(own)
+    before = step_losses(run_dir)
+    restart = Nodes(tmp_path / "restart", overrides(run_dir, pydoc_data, shm, _batch(2)), per_node=2)
+    restart.tmp.mkdir()
+    codes = restart.run_both()
+    assert codes == {0: 0, 1: 0}, restart.text()
+    resume = _resume_events(run_dir)[-1]
+    assert resume["source"] == "memory" and resume["step"] == snapshot_step, (resume, restart.text()[-6000:])
+    assert resume["sources"] == {"0": "local", "1": "peer", "2": "local", "3": "local"}, resume
+    assert "fails its checksum" in restart.text()
+    after = step_losses(run_dir)
+    assert sorted(after) == list(range(1, STEPS + 1))
+    replayed = [s for s in before if s > snapshot_step]
+    assert replayed and [after[s] for s in replayed] == [before[s] for s in replayed], (replayed, before, after)
 
 
 @pytest.mark.distributed
@@ -513,6 +548,50 @@ def test_shared_memory_filling_up_mid_run_skips_snapshots_and_training_goes_on(t
     assert failed and min(failed) >= 10, snapshots  # 10: if its background write was still going
     assert any(e["committed"] and e["step"] > max(failed) for e in snapshots), snapshots
     _assert_bitwise(run_dir, baseline)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("fault", [{"kind": "exception", "phase": "memory_replica"},
+                                   {"kind": "disk_full", "phase": "memory_commit"}], ids=["replica", "commit"])
+def test_one_ranks_failure_in_a_snapshot_fails_it_on_every_rank_and_the_next_ones_complete(tmp_path, pydoc_data,
+                                                                                          fault):
+    """Rank 1 alone fails inside the background half of the snapshot of step 6, past the agreement
+    on the write: after its replica arrived (an exception, as from a failed rename), or at its
+    commit files (ENOSPC). Every rank must count that snapshot as failed at the same agreement and
+    go on in step: every later snapshot complete on both nodes (a rank that left the protocol early
+    would leave its peer waiting out the tier's 20 s timeout, and every later snapshot failing)."""
+    run_dir, steps = tmp_path / "run", 12
+    args = overrides(run_dir, pydoc_data, tmp_path / "shm", [
+        faults_override([{**fault, "step": 6, "rank": 1}]), f"training.steps={steps}", "checkpoint.interval=0",
+        "checkpoint.commit_timeout_s=20"])
+    nodes = Nodes(tmp_path, args, max_restarts=0)
+    codes = nodes.run_both()
+    assert codes == {0: 0, 1: 0}, nodes.text()[-6000:]
+    snapshots = {e["step"]: e["committed"] for e in read_metrics(run_dir, "memory_snapshot")}
+    assert snapshots == {s: s != 6 for s in range(MEMORY_INTERVAL, steps + 1, MEMORY_INTERVAL)}, snapshots
+    assert "memory snapshot of step 6 failed" in (tmp_path / "node1-2.log").read_text(), nodes.text()[-6000:]
+
+
+@pytest.mark.distributed
+def test_a_failed_collective_of_the_tier_turns_it_off_on_every_rank_at_one_step(tmp_path, pydoc_data):
+    """Rank 1 hangs 20 s before its commit of the snapshot of step 6: rank 0's agreement on the
+    commit times out (the tier's timeout is 10 s), and the group can no longer be trusted to be in
+    step. Every rank must turn the tier off at the same step boundary (the step's agreement carries
+    the flag) and train to the end; a rank that kept snapshotting would wait out the timeout again."""
+    run_dir, steps = tmp_path / "run", 12
+    hang = {"kind": "hang", "phase": "memory_commit", "step": 6, "rank": 1, "hang_s": 20.0}
+    args = overrides(run_dir, pydoc_data, tmp_path / "shm", [
+        faults_override([hang]), f"training.steps={steps}", "checkpoint.interval=0", "checkpoint.commit_timeout_s=10"])
+    nodes = Nodes(tmp_path, args, max_restarts=0)
+    codes = nodes.run_both()
+    assert codes == {0: 0, 1: 0}, nodes.text()[-6000:]
+    assert sorted(step_losses(run_dir)) == list(range(1, steps + 1))
+    [alarm] = [e for e in read_metrics(run_dir, "alarm") if e["check"] == "memory_tier_group"] or [None]
+    assert alarm is not None and alarm["action"] == "memory_tier_off", nodes.text()[-6000:]
+    off = f"memory snapshots are off from step {alarm['step']} for the rest of this attempt"
+    assert all(off in (tmp_path / f"node{n}-{n + 1}.log").read_text() for n in (0, 1)), nodes.text()[-6000:]
+    snapshots = {e["step"]: e["committed"] for e in read_metrics(run_dir, "memory_snapshot")}
+    assert snapshots == {s: s < 6 for s in range(MEMORY_INTERVAL, alarm["step"] + 1, MEMORY_INTERVAL)}, snapshots
 
 
 @pytest.mark.distributed
