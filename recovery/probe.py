@@ -32,15 +32,18 @@ PROBE_METHOD = "per-sequence-float64-sum"
 
 def kernel_identity(device: torch.device) -> Dict[str, object]:
     """What decides which kernels compute the probe here, stored beside the probe loss in every manifest:
-    the device (its name on CUDA, the CPU's vector capability otherwise), torch and its CUDA/cuDNN
-    builds, and the deterministic-algorithms flag. A resume compares the probe bitwise only where this
-    is identical (and the layout is the same); elsewhere within recovery.probe_rtol_reshard."""
+    the device (its name on CUDA, the CPU's vector capability otherwise), torch and its CUDA, cuDNN and
+    NCCL builds (NCCL's reductions inside TP and loss_parallel order the sums), and the
+    deterministic-algorithms flag. Every rank compares its own probe with the stored one (rank 0's):
+    bitwise only where its own identity is the stored one (and the layout is the same), elsewhere within
+    recovery.probe_rtol_reshard, so one node with another stack does not condemn good checkpoints."""
     cuda = device.type == "cuda"
     return {
         "device": torch.cuda.get_device_name(device) if cuda else f"cpu {torch.backends.cpu.get_cpu_capability()}",
         "torch": torch.__version__,
         "cuda": torch.version.cuda if cuda else None,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
         "deterministic": torch.are_deterministic_algorithms_enabled(),
     }
 

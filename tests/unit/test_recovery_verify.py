@@ -17,7 +17,7 @@ from recovery.verify import RecoveryError, ResumeVerifier, probe_matches, refuse
 from training.schedule import build_scheduler, schedule_lr
 
 LAYOUT = {"dp_replicate": 1, "dp_shard": 1, "tp": 1}
-KERNELS = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.13.0", "cuda": "12.8", "cudnn": 91000,
+KERNELS = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.13.0", "cuda": "12.8", "cudnn": 91000, "nccl": "2.27.5",
            "deterministic": False}  # recovery/probe.py kernel_identity, as a GPU run records it
 
 
@@ -132,14 +132,16 @@ def test_resharded_resume_uses_the_tolerance(tmp_path):
 
 
 def test_a_probe_from_another_device_or_kernels_uses_the_tolerance(tmp_path, caplog):
-    """A restart on another GPU type, torch, CUDA or cuDNN picks other kernels: the same weights give a
-    probe loss a few ulps away. Bitwise only where the manifest's kernel identity is this run's; an
+    """A restart on another GPU type, torch, CUDA, cuDNN or NCCL (one node of a job on another NCCL: its
+    ranks compare with rank 0's stored probe) picks other kernels: the same weights give a probe loss a
+    few ulps away. Bitwise only where the manifest's kernel identity is this run's; an
     older manifest without one is compared with the tolerance too."""
     cfg = _cfg(tmp_path)
     path = _committed(tmp_path, 4)
     near = 2.5 * (1 + 3e-7)
     other = {**KERNELS, "device": "NVIDIA A100-SXM4-80GB"}
-    for kernels in (other, {**KERNELS, "cudnn": 90100}, {**KERNELS, "torch": "2.12.1"}, None):
+    for kernels in (other, {**KERNELS, "cudnn": 90100}, {**KERNELS, "torch": "2.12.1"}, {**KERNELS, "nccl": "2.21.5"},
+                    None):
         v = _verifier(cfg, _state(cfg, 4), probe=_Probe(near), layout=LAYOUT, world_size=1)
         with caplog.at_level("INFO", logger="trainer"):
             assert v(_manifest(4, kernels=kernels), path) is None, kernels
@@ -174,3 +176,18 @@ def test_all_bad_refuses_a_fresh_start(tmp_path):
     mark_bad(_committed(tmp_path, 2), "flipped byte")
     with pytest.raises(RecoveryError, match=r"every committed checkpoint .* \(step_00000002: flipped byte\)"):
         refuse_all_bad(tmp_path)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_kernel_identity_records_the_nccl_build():
+    from recovery.probe import kernel_identity
+
+    assert kernel_identity(torch.device("cuda"))["nccl"] == ".".join(map(str, torch.cuda.nccl.version()))
+
+
+def test_a_cpu_kernel_identity_names_no_gpu_stack():
+    from recovery.probe import kernel_identity
+
+    found = kernel_identity(torch.device("cpu"))
+    assert found["device"].startswith("cpu ") and found["cuda"] is found["cudnn"] is found["nccl"] is None
