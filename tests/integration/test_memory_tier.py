@@ -287,6 +287,23 @@ def test_a_step_where_a_save_a_snapshot_and_the_shadow_check_fall_due_runs_the_p
         ckpt.close()
 
 
+def test_the_snapshot_buffer_pins_the_states_bytes_once(monkeypatch):
+    """The tier's one flat buffer is pinned by registering its pages, not by CUDA's caching host allocator
+    (which would round it up to the next power of two: up to 2x the state, never given back). CPU: the
+    registration is recorded, not made; a GPU is not verified here."""
+    from checkpoint.durable import staging
+    from checkpoint.memory.snapshot import FlatStager
+
+    registered = []
+    monkeypatch.setattr(staging, "_register", lambda buf: registered.append(buf.numel()))  # CUDA: cudaHostRegister
+    sd = {"w": torch.randn(300, 7), "h": torch.randn(5).to(torch.bfloat16), "step": torch.tensor(2.0)}
+    state_bytes = sum(t.numel() * t.element_size() for t in sd.values())  # 8414: a power-of-two pin is 16384
+    stager = FlatStager(pin_memory=True)
+    staged = stager.stage(sd)
+    stager.stage(sd)  # reused
+    assert registered == [state_bytes] == [staged.region.numel()]
+
+
 def test_preflight_names_the_sizes_and_the_fixes(tmp_path):
     cfg = OmegaConf.structured(MemoryTierConfig(interval="2", replicas=1, root=str(tmp_path / "shm")))
     tier = MemoryTier(cfg, run_name="r", rank=0, world_size=4, local_world_size=2, layout={"dp_shard": 4},

@@ -181,6 +181,43 @@ def test_host_stager_reuses_buffers_and_never_aliases_live_tensors():
     assert stager.rebuilds == 1
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def test_host_staging_is_one_allocation_of_the_states_bytes(monkeypatch):
+    """Pinned staging is bounded by the state: CUDA's caching host allocator rounds each pinned allocation up to
+    a power of two and keeps it, so one buffer per tensor pins up to 2x the state. The stager allocates one
+    buffer (views into it), and pins it by registering its pages: the bytes registered are the state's bytes
+    plus alignment. (CPU: the registration is recorded, not made; on a GPU, not verified here.)"""
+    from checkpoint.durable import staging
+    from checkpoint.durable.saver import HostStager
+    from model.config import ModelConfig
+    from model.llama import build_model
+
+    model = build_model(ModelConfig(name="t", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96,
+                                    max_seq_len=32), seed=0)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 8, dtype=torch.long)).float().sum().backward()
+    opt.step()
+    live = {"model": model.state_dict(), "optim": opt.state_dict()}
+    tensors = [t for t in [*live["model"].values(), *(v for s in opt.state.values() for v in s.values())]]
+    state_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    registered = []
+    monkeypatch.setattr(staging, "_register", lambda buf: registered.append(buf.numel()))  # CUDA: cudaHostRegister
+    stager = HostStager(pin_memory=True)
+    staged = stager.stage(live)
+    flat = [*staged["model"].values(), *(v for s in staged["optim"]["state"].values() for v in s.values())]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in flat}
+    assert len(storages) == 1, (f"{len(storages)} staging allocations for {len(flat)} tensors: with power-of-two "
+                                f"rounding they would pin {sum(map(_pow2, storages.values())) / state_bytes:.2f}x "
+                                "the state")
+    assert registered == list(storages.values())  # the one buffer, pinned once
+    assert state_bytes <= registered[0] < state_bytes + staging.ALIGN * len(flat)
+    assert all(torch.equal(a, b) for a, b in zip(flat, tensors))
+    assert stager.stage(live) is not None and len(registered) == 1  # reused, not pinned again
+
+
 def test_config_hash_ignores_resume_mutable_fields_and_names_changes():
     from omegaconf import OmegaConf
 
