@@ -249,6 +249,53 @@ def test_preflight_checks_directory_and_space(tmp_path):
         preflight_checkpoint_dir(tmp_path, expected_bytes=1 << 60, keep_last=1, rank=0)
 
 
+@pytest.mark.parametrize("mode", ["async_process", "async"])
+def test_the_preflight_counts_the_shared_memory_async_process_stages_in(tmp_path, monkeypatch, mode):
+    """async_process stages each rank's state in shared memory (/dev/shm; checkpoint/durable/staging.py): a
+    container's small /dev/shm (a 1 MiB tmpfs here) stops the run before step 1, naming the bytes, instead of a
+    SIGBUS at the first save. The writer thread (async) stages in ordinary memory and is not stopped."""
+    from omegaconf import OmegaConf
+
+    from checkpoint.durable import preflight
+    from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes
+    from checkpoint.state.training_state import TrainingState
+    from model.llama import build_model
+    from parallel.dims import ParallelDims
+    from support.config import compose_debug
+    from support.tmpfs import tmpfs
+    from trainer.config import typed
+    from trainer.preflight import claim_lease
+    from trainer.run import checkpoint_manager
+    from training.optimizer import build_optimizer
+    from training.schedule import build_scheduler
+
+    cfg = compose_debug(f"output_root={tmp_path}", "run_name=shm", "checkpoint.interval=2",
+                        f"checkpoint.async_mode={mode}")
+    model = build_model(OmegaConf.to_object(cfg.model), seed=0)
+    optimizer = build_optimizer(model, cfg.optim)
+    state = TrainingState(model, optimizer, build_scheduler(optimizer, cfg.optim, cfg.training.steps),
+                          optim_config=cfg.optim)
+    rank_bytes = expected_checkpoint_bytes(model, local=True)  # model and two moments: what a rank stages
+    assert rank_bytes > 1 << 20
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks of this node stage there
+    with tmpfs(tmp_path / "dev_shm", 1) as shm:
+        monkeypatch.setattr(preflight, "SHM", shm)
+        ckpt = checkpoint_manager(typed(cfg)[0], state, 0, 1, ParallelDims(1, 1, 1, 1).layout, torch.device("cpu"))
+        try:
+            if mode == "async":
+                ckpt.preflight(claim_lease(cfg.checkpoint))
+                return
+            with pytest.raises(PreflightError) as err:
+                ckpt.preflight(claim_lease(cfg.checkpoint))
+        finally:
+            ckpt.close()
+    message = str(err.value)
+    assert f"2 ranks on this node x {rank_bytes:,} bytes = {2 * rank_bytes:,} bytes" in message
+    assert f"{shm} has 1,048,576 bytes (0.001 GiB) free" in message
+    for fix in ("--shm-size", "remount,size=", "checkpoint.async_mode=async"):
+        assert fix in message
+
+
 def test_checksum_algorithms_agree_with_reference_implementations(tmp_path):
     import zlib
 
