@@ -56,7 +56,7 @@ def _local_tensors(obj: Any) -> Iterator[torch.Tensor]:
 
 def _with_tensors(obj: Any, views: Iterator[torch.Tensor]) -> Any:
     """``obj`` with the next of ``views`` in place of each tensor, in ``_local_tensors``' order (a DTensor keeps
-    its spec, its local shard is the view). Other values stay: the staged dict takes the live ones."""
+    its spec, its local shard is the view). Other values are not kept: the staged dict takes the live ones."""
     if isinstance(obj, DTensor):
         # Built on an offset-0 stand-in, then given the view (as torch's _create_cpu_state_dict sets
         # _local_tensor): the wrapper takes its local tensor's storage offset, and sending a wrapper with one
@@ -68,9 +68,10 @@ def _with_tensors(obj: Any, views: Iterator[torch.Tensor]) -> Any:
         return next(views)
     if isinstance(obj, dict):
         return {k: _with_tensors(v, views) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_with_tensors(v, views) for v in obj)
-    return obj
+    if isinstance(obj, (list, tuple)):  # as torch's _iterate_state_dict: a tuple stays a tuple, a list a list
+        out = [_with_tensors(v, views) for v in obj]
+        return tuple(out) if isinstance(obj, tuple) else out
+    return None
 
 
 def flat_copy_of(state_dict: Dict[str, Any], pin: bool, share: bool) -> tuple:
