@@ -218,6 +218,32 @@ def test_host_staging_is_one_allocation_of_the_states_bytes(monkeypatch):
     assert stager.stage(live) is not None and len(registered) == 1  # reused, not pinned again
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_staging_is_registered_shared_and_not_moved_by_the_send():
+    """On a GPU (not run here): async_process's staging buffer is page-locked by registration (CUDA's caching
+    host allocator allocates nothing for it), in shared memory, holds the device's values, and pickling it as
+    DCP's send to the writer process does moves nothing."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 - torch's reductions for the pickling, as DCP's pipe has them
+
+    from checkpoint.durable.saver import HostStager
+
+    live = {"w": torch.randn(1000, 1000, device="cuda"), "b": torch.randn(333, device="cuda").to(torch.bfloat16),
+            "step": torch.tensor(1.0)}
+    pinned_before = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
+    stager = HostStager(pin_memory=True, share_memory=True)
+    staged = stager.stage(live)
+    assert stager.buffer.is_pinned() and stager.buffer.is_shared()
+    assert torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) == pinned_before
+    assert all(torch.equal(staged[k].cpu(), v.cpu()) for k, v in live.items())
+    ptrs = {k: v.data_ptr() for k, v in staged.items()}
+    ForkingPickler.dumps(staged)
+    assert {k: v.data_ptr() for k, v in stager.stage(live).items()} == ptrs and stager.buffer.is_pinned()
+    stager.close()
+
+
 def test_config_hash_ignores_resume_mutable_fields_and_names_changes():
     from omegaconf import OmegaConf
 
