@@ -121,7 +121,10 @@ class CheckpointManager:
         self.saver.attempt = attempt  # a writer of an older attempt stops before it commits
         log.info("checkpoint.dir %s: this is attempt %d", self.root, attempt)
         estimate = expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None)
+        rank_bytes = expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None, local=True)
         self.saver.expected_bytes = estimate
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        staging = rank_bytes * local_ranks if self.enabled and self.cfg.async_mode == "async_process" else 0
         problem = None  # every rank checks its own access; all stop if one cannot write
         if self.enabled:
             try:
@@ -131,16 +134,13 @@ class CheckpointManager:
                 self.saver.expected_bytes = room.checkpoint_bytes
             except PreflightError as exc:
                 problem = str(exc)
-            if problem is None and self.cfg.async_mode == "async_process":  # each node's /dev/shm
-                local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
-                problem = shared_staging_problem(
-                    expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None, local=True),
-                    local_ranks)
+            if problem is None and staging:  # async_process stages in each node's /dev/shm
+                problem = shared_staging_problem(rank_bytes, local_ranks)
         problem = collectives.agree_on_problems(problem)
         if problem is not None:
             raise PreflightError(problem)
         if self.memory is not None:  # each node measures its own memory; every rank takes the same decision
-            self.memory.agreed_preflight(-(-estimate // self.world_size))
+            self.memory.agreed_preflight(rank_bytes, staging)  # this rank's shards (HSDP: a replica's too)
 
     def collect(self) -> None:
         """Wait for the save in flight (if any); a failure of the storage is handled as after a step."""

@@ -319,6 +319,27 @@ def test_preflight_names_the_sizes_and_the_fixes(tmp_path):
         tier.close()
 
 
+def test_preflight_counts_async_process_staging_in_the_same_tmpfs(tmp_path, monkeypatch):
+    """async_process stages in /dev/shm, the tier's default root: sharing one tmpfs, the tier's check counts both
+    (each alone fits a 4 MiB tmpfs here, together they do not); staging elsewhere is not counted."""
+    from checkpoint.durable import preflight
+
+    cfg = OmegaConf.structured(MemoryTierConfig(interval="2", replicas=0, root=str(tmp_path / "shm")))
+    tier = MemoryTier(cfg, run_name="r", rank=0, world_size=1, local_world_size=1, layout={"dp_shard": 1},
+                      config_hash="h", algorithm="crc32")
+    try:
+        with tmpfs(tmp_path / "shm", 4) as shm:
+            monkeypatch.setattr(preflight, "SHM", shm)
+            assert tier.preflight(1 << 20) is None and tier.preflight(0, shared_staging_bytes=3 << 20) is None
+            problem = tier.preflight(1 << 20, shared_staging_bytes=3 << 20)
+            assert "(1 rank on this node x 1.00 MiB of state x 1 copy (own) x 2 (newest + being written)) + 3.00 " \
+                   "MiB of checkpoint.async_mode=async_process staging in the same file system" in problem
+            monkeypatch.setattr(preflight, "SHM", tmp_path)  # another file system
+            assert tier.preflight(1 << 20, shared_staging_bytes=3 << 20) is None
+    finally:
+        tier.close()
+
+
 # -- two nodes -------------------------------------------------------------------------------
 @pytest.mark.distributed
 def test_a_lost_node_restores_from_its_peers_replica_without_reading_storage(tmp_path, pydoc_data, baseline):
