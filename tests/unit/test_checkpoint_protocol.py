@@ -322,6 +322,36 @@ def test_the_preflight_counts_the_shared_memory_async_process_stages_in(tmp_path
         assert fix in message
 
 
+def test_a_ranks_own_bytes_under_hsdp_are_its_shards_not_the_global_size_over_the_world():
+    """What a rank stages (and snapshots) is its own shards: with dp_replicate 2 x dp_shard 2 every rank holds
+    half the model, twice the global size over the 4 ranks the pre-flights divided by before (rank 0 of a
+    fake process group, nothing allocated)."""
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from checkpoint.durable.preflight import expected_checkpoint_bytes
+    from model.llama import build_model
+    from parallel.config import ParallelConfig
+    from parallel.dims import ParallelDims
+    from parallel.parallelize import parallelize_model
+    from support.config import compose_debug
+
+    mcfg = OmegaConf.to_object(compose_debug().model)
+    model = build_model(mcfg, materialize=False)
+    dims = ParallelDims(dp_replicate=2, dp_shard=2, tp=1, world_size=4)
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        parallelize_model(model, dims, ParallelConfig(dp_replicate=2, dp_shard=2, tp=1, device="cpu"),
+                          torch.device("cpu"), seq_len=16)
+        global_bytes = expected_checkpoint_bytes(model)
+        shards = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+        assert expected_checkpoint_bytes(model, local=True) == 3 * shards
+        assert 3 * shards >= global_bytes // 2 > global_bytes // 4
+    finally:
+        dist.destroy_process_group()
+
+
 def test_checksum_algorithms_agree_with_reference_implementations(tmp_path):
     import zlib
 
