@@ -16,6 +16,7 @@ agreed with the other ranks on the step to stop at, then ``raise_save_failure`` 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent import futures
 from pathlib import Path
@@ -36,7 +37,13 @@ from checkpoint.durable.manifest import (
     default_algorithm,
     read_manifest,
 )
-from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes, held_once, preflight_checkpoint_dir
+from checkpoint.durable.preflight import (
+    PreflightError,
+    expected_checkpoint_bytes,
+    held_once,
+    preflight_checkpoint_dir,
+    shared_staging_problem,
+)
 from checkpoint.durable.saver import CheckpointSaveError, CheckpointSaver, FaultHook, SaveRecord
 from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config, schedule_changes
 from checkpoint.state.training_state import TrainingState
@@ -109,12 +116,15 @@ class CheckpointManager:
     # -- before step 1 -------------------------------------------------------------------
     def preflight(self, attempt: int) -> None:
         """Before resume, with this attempt's lease taken (trainer/preflight.py): room for the saves to come
-        (checkpoint/durable/preflight.py) and in the memory tier's root. Each rank checks, and all agree: one
-        rank short of room stops (or turns the tier off on) all."""
+        (checkpoint/durable/preflight.py), in /dev/shm for async_process's staging, and in the memory tier's
+        root. Each rank checks, and all agree: one rank short of room stops (or turns the tier off on) all."""
         self.saver.attempt = attempt  # a writer of an older attempt stops before it commits
         log.info("checkpoint.dir %s: this is attempt %d", self.root, attempt)
         estimate = expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None)
+        rank_bytes = expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None, local=True)
         self.saver.expected_bytes = estimate
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        staging = rank_bytes * local_ranks if self.enabled and self.cfg.async_mode == "async_process" else 0
         problem = None  # every rank checks its own access; all stop if one cannot write
         if self.enabled:
             try:
@@ -124,11 +134,13 @@ class CheckpointManager:
                 self.saver.expected_bytes = room.checkpoint_bytes
             except PreflightError as exc:
                 problem = str(exc)
+            if problem is None and staging:  # async_process stages in each node's /dev/shm
+                problem = shared_staging_problem(rank_bytes, local_ranks)
         problem = collectives.agree_on_problems(problem)
         if problem is not None:
             raise PreflightError(problem)
         if self.memory is not None:  # each node measures its own memory; every rank takes the same decision
-            self.memory.agreed_preflight(-(-estimate // self.world_size))
+            self.memory.agreed_preflight(rank_bytes, staging)  # this rank's shards (HSDP: a replica's too)
 
     def collect(self) -> None:
         """Wait for the save in flight (if any); a failure of the storage is handled as after a step."""

@@ -194,6 +194,12 @@ class LayoutPlan:
         return self.save.snapshot_s
 
     @property
+    def host_staging_bytes_per_node(self) -> int:
+        """The host memory an async save stages into on one node: each rank's state once (one buffer, pinned by
+        registration: no power-of-two rounding, checkpoint/durable/staging.py); in /dev/shm with async_process."""
+        return self.checkpoint_bytes_per_rank * self.device.gpus_per_node
+
+    @property
     def probe_s(self) -> float:
         """The probe forward every durable save runs first on the training thread (a memory
         snapshot runs none: its restore compares bytes, checkpoint/memory/snapshot.py)."""
@@ -327,6 +333,8 @@ def format_plan(plan: LayoutPlan) -> str:
         f"({PROBE_SEQUENCES} x {plan.workload.seq_len} tokens) + snapshot {plan.snapshot_s:,.2f} s at "
         f"{plan.host_copy_gbps:g} GB/s host copy per rank; "
         f"write {plan.write_s:,.1f} s at {plan.storage_gbps:g} GB/s aggregate storage",
+        f"  host staging of an async save: {_gib(plan.host_staging_bytes_per_node)} per node of "
+        f"{plan.device.gpus_per_node} GPUs, pinned (in /dev/shm with async_process; the memory tier adds its own)",
         f"checkpoint interval (Young/Daly, 50,000 h device MTBF): async every "
         f"{checkpoint_interval_s(plan):,.0f} s, sync every {checkpoint_interval_s(plan, asynchronous=False):,.0f} s",
     ]
@@ -421,7 +429,8 @@ def plan_as_dict(plan: LayoutPlan) -> Dict[str, object]:
     a = plan.activations
     out.update(dp_replicate=plan.dims.dp_replicate, dp_shard=plan.dims.dp_shard, tp=plan.dims.tp,
                world_size=plan.dims.world_size, state_bytes_per_rank=plan.state_bytes_per_rank,
-               snapshot_s=plan.snapshot_s, probe_s=plan.probe_s, blocking_s=plan.blocking_s, write_s=plan.write_s,
+               snapshot_s=plan.snapshot_s, host_staging_bytes_per_node=plan.host_staging_bytes_per_node,
+               probe_s=plan.probe_s, blocking_s=plan.blocking_s, write_s=plan.write_s,
                activation_saved_bytes=a.saved, activation_per_block_bytes=a.per_block,
                activation_bytes_per_rank=plan.activation_bytes_per_rank,
                total_bytes_per_rank=plan.total_bytes_per_rank, device_memory_gib=plan.device.memory_gib,

@@ -6,12 +6,17 @@ written the directory holds keep_last + 1. Committed checkpoints already there c
 interrupted saves as free (resume removes them). One checkpoint's size is the newest manifest's, else the
 estimate from the model. Short of room, the run stops here (``checkpoint.on_save_error=stop``), before it
 trains up to a save that cannot succeed; with ``continue`` it warns.
+
+``checkpoint.async_mode=async_process`` stages each rank's state in shared memory (checkpoint/durable/staging.py),
+which lives in /dev/shm: the node needs room there for every local rank's copy, or the first save dies of
+SIGBUS. That is checked here too (``shared_staging_problem``), whatever ``on_save_error`` says.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -26,16 +31,37 @@ from checkpoint.storage import location
 log = logging.getLogger("trainer")
 
 MARGIN = 1.05  # the manifest, acknowledgements and file-system overhead on top of the data files
+SHM = Path("/dev/shm")  # where torch's shared memory lives (shm_open)
 
 
 class PreflightError(RuntimeError):
     """The checkpoint directory cannot hold the run's checkpoints; the message names the path and numbers."""
 
 
-def expected_checkpoint_bytes(model: torch.nn.Module, optimizer_states: int = 2, ema: bool = False) -> int:
-    """Global size of model + AdamW moments (+ EMA); ``numel`` of a DTensor is its global size."""
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
+def expected_checkpoint_bytes(model: torch.nn.Module, optimizer_states: int = 2, ema: bool = False,
+                              local: bool = False) -> int:
+    """Global size of model + AdamW moments (+ EMA); ``numel`` of a DTensor is its global size. ``local``: this
+    rank's part, its shards (what it stages for a save; a replica rank of HSDP holds one too)."""
+    params = sum((p.to_local() if local and hasattr(p, "to_local") else p).numel() * p.element_size()
+                 for p in model.parameters())
     return params * (1 + optimizer_states + (1 if ema else 0))
+
+
+def shared_staging_problem(rank_bytes: int, local_ranks: int, shm: Optional[Path] = None) -> Optional[str]:
+    """The problem when /dev/shm (``shm``) has no room for ``local_ranks`` staging copies of ``rank_bytes``
+    (``async_process``), else None."""
+    shm, need = shm or SHM, rank_bytes * local_ranks
+    try:
+        usage = shutil.disk_usage(shm)
+    except OSError as exc:
+        return f"checkpoint.async_mode=async_process stages in shared memory, but {shm} cannot be read: {exc}"
+    if usage.free >= need:
+        return None
+    return (f"checkpoint.async_mode=async_process stages each rank's state in shared memory: {local_ranks} "
+            f"rank{'s' if local_ranks > 1 else ''} on this node x {rank_bytes:,} bytes = {need:,} bytes "
+            f"({_gib(need)}), but {shm} has {usage.free:,} bytes ({_gib(usage.free)}) free of {usage.total:,}; "
+            "the first save would die of SIGBUS. Enlarge it (docker run --shm-size, or mount -o remount,size=... "
+            "/dev/shm), or set checkpoint.async_mode=async (the writer thread stages in ordinary memory)")
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,14 @@
 and the commit protocol": the modes, the phases and why DCP has a gloo group of its own).
 
 In sync mode the training thread does it all; in async modes it waits for the previous save, stages a host
-copy (HostStager) and returns, and the rest runs on the saver's thread (DCP writes from its own thread, or
-from a writer process of each rank with ``async_process``). The commit protocol's phases (acknowledge,
-collect, create the manifest only if absent, move ``latest``) are separate functions, with fault hooks
-between them, and each phase's outcome is agreed on the checkpoint group, so every rank ends a save the
-same way. A save the storage refused (disk full, read-only, over quota): the coordinator removes the
-uncommitted folder and every rank raises ``CheckpointSaveError`` with the numbers and what to do; committed
-checkpoints are never touched. ``attempt`` is this attempt's lease (checkpoint/durable/lease.py), checked
-before acknowledging and before committing.
+copy (HostStager, checkpoint/durable/staging.py) and returns, and the rest runs on the saver's thread (DCP
+writes from its own thread, or from a writer process of each rank with ``async_process``). The commit
+protocol's phases (acknowledge, collect, create the manifest only if absent, move ``latest``) are separate
+functions, with fault hooks between them, and each phase's outcome is agreed on the checkpoint group, so
+every rank ends a save the same way. A save the storage refused (disk full, read-only, over quota): the
+coordinator removes the uncommitted folder and every rank raises ``CheckpointSaveError`` with the numbers and
+what to do; committed checkpoints are never touched. ``attempt`` is this attempt's lease
+(checkpoint/durable/lease.py), checked before acknowledging and before committing.
 """
 
 from __future__ import annotations
@@ -22,14 +22,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
-import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from checkpoint.config import ASYNC_MODES
@@ -37,6 +34,7 @@ from checkpoint.durable.discovery import LATEST, fresh_dir, latest_committed, re
 from checkpoint.durable.lease import StaleWriter, check_lease, newer_owner
 from checkpoint.durable.manifest import MANIFEST, CheckpointError, FileEntry, Manifest, checksum_file, checksum_files
 from checkpoint.durable.raw import RawFileWriter  # unit: raw
+from checkpoint.durable.staging import HostStager
 from checkpoint.durable.writer import StockFileWriter, _StoreWriter
 from checkpoint.storage import Loc, location
 from parallel import collectives
@@ -221,50 +219,6 @@ def _bytes(n: Optional[int]) -> str:
     return f"{n:,} bytes ({n / 2**30:.2f} GiB)" if n >= 2**30 else f"{n:,} bytes ({n / 2**20:.1f} MiB)"
 
 
-def _signature(obj: Any):
-    """Structure, shapes and dtypes: when it changes, the buffers are rebuilt."""
-    if isinstance(obj, torch.Tensor):
-        local = obj.to_local() if hasattr(obj, "to_local") else obj
-        return ("T", type(obj).__name__, tuple(obj.shape), tuple(local.shape), obj.dtype)
-    if isinstance(obj, dict):
-        return tuple((k, _signature(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return tuple(_signature(v) for v in obj)
-    return type(obj).__name__
-
-
-class HostStager(AsyncStager):
-    """An async save's copy of the state into host buffers reused from save to save: pinned on CUDA, so the
-    device-to-host copy runs at full PCIe speed; reused, since page-faulting fresh memory at every save
-    measured ~2x slower. The background writer reads only these buffers, never live tensors; the next save
-    waits for the previous one before overwriting them."""
-
-    _synchronize_after_execute = False
-
-    def __init__(self, pin_memory: bool):
-        self.pin_memory = pin_memory
-        self._buffers: Optional[Dict[str, Any]] = None
-        self._signature = None
-        self.rebuilds = 0  # how often buffers were (re)allocated: 1 in a steady run
-
-    def stage(self, state_dict: Dict[str, Any], **kwargs) -> Dict[str, Any]:
-        sig = _signature(state_dict)
-        if self._buffers is None or sig != self._signature:
-            self._buffers = _create_cpu_state_dict(state_dict, pin_memory=self.pin_memory)
-            self._signature = sig
-            self.rebuilds += 1
-        staged = _copy_state_dict(state_dict, self._buffers, non_blocking=self.pin_memory, type_check=False)
-        if self.pin_memory:
-            torch.cuda.synchronize()
-        return staged
-
-    def synchronize_staging(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self._buffers = None
-
-
 @dataclass
 class SaveRecord:
     step: int
@@ -294,7 +248,7 @@ class CheckpointSaver:
         self.after_commit = after_commit  # runs on the coordinator after each commit (retention)
         self.fault_hook = fault_hook or (lambda phase, step, path=None: None)
         background = mode != "sync"
-        self.stager = HostStager(pin_memory) if background else None
+        self.stager = HostStager(pin_memory, share_memory=mode == "async_process") if background else None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-persist") if background else None
         self._in_flight: Optional[Future] = None
         self._in_flight_step: Optional[int] = None

@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from checkpoint.durable.manifest import hasher
+from checkpoint.durable.staging import host_buffer
 
 STEP_DIR = "step_{:08d}"  # a step's copies: STEP_DIR/rankR.snap and its commit, rankR.json
 MAGIC = b"LLMSNAP1"
@@ -75,7 +76,8 @@ def _layout(sd: Dict[str, Any]):
 
 class FlatStager:
     """The training thread's copy: every tensor's local bytes into one flat host buffer, reused from
-    snapshot to snapshot while the shapes stay (pinned on CUDA); at most one snapshot is in flight,
+    snapshot to snapshot while the shapes stay (pinned on CUDA by registering its pages,
+    checkpoint/durable/staging.py: no power-of-two rounding); at most one snapshot is in flight,
     so the background half of the previous one is done with the buffer before it is overwritten.
     Tensors are laid out back to back in state-dict order at fixed offsets within the region; the
     pickled components (which change length) go in the prefix, ahead of the region."""
@@ -90,7 +92,7 @@ class FlatStager:
         if self._region is None or sig != self._signature:
             total = sum(t.numel() * t.element_size() for _, _, t in leaves if t is not None)
             self._region = None  # free the old one first
-            self._region = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin_memory)
+            self._region = host_buffer(total, self.pin_memory)  # pinned bytes = the state's (staging.py)
             self._signature = sig
         region = self._region
         entries: List[dict] = []

@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import torch
 
 from checkpoint.config import AUTO_MEASURE_STEPS
+from checkpoint.durable import preflight as durable_preflight
 from checkpoint.durable.discovery import checkpoint_id, parse
 from checkpoint.durable.manifest import APPLIED_BYTES, CheckpointError, ConfigMismatch, Manifest, default_algorithm
 from checkpoint.durable.preflight import PreflightError
@@ -135,31 +136,38 @@ class MemoryTier:
         self.fault_hook = fault_hook or (lambda phase, step, path=None: None)  # recovery/faults.py
 
     # -- pre-flight ------------------------------------------------------------------------
-    def preflight(self, state_bytes: int) -> Optional[str]:
+    def preflight(self, state_bytes: int, shared_staging_bytes: int = 0) -> Optional[str]:
         """Room for this node's snapshots: every local rank's own copy and replica, twice (the newest
-        complete and the one being written). Returns the problem, or None."""
+        complete and the one being written), plus ``shared_staging_bytes`` (this node's async_process staging,
+        checkpoint/durable/staging.py) when /dev/shm is the same file system. Returns the problem, or None."""
         copies = 2 if self.peers.peer is not None else 1
         need = 2 * copies * self.local_world_size * state_bytes
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             usage = shutil.disk_usage(self.dir)
+            same = shared_staging_bytes and self.dir.stat().st_dev == durable_preflight.SHM.stat().st_dev
+            staging = shared_staging_bytes if same else 0
         except OSError as exc:
             return f"checkpoint.memory.root: cannot create {self.dir}: {exc}"
         held = sum(p.stat().st_size for p in self.dir.rglob("*.snap") if p.is_file())
         free = usage.free + held  # what this run holds now is replaced, not added to
-        if free >= need:
+        if free >= need + staging:
             return None
-        return (f"the memory tier needs {size_text(need)} in {self.dir} ({self.local_world_size} ranks on this "
-                f"node x {size_text(state_bytes)} of state x {copies} cop{'ies' if copies > 1 else 'y'} "
-                f"(own{' + replica' if copies > 1 else ''}) x 2 (newest + being written)), but its file system has "
+        also = (f" + {size_text(staging)} of checkpoint.async_mode=async_process staging in the same file system"
+                if staging else "")
+        n = self.local_world_size
+        return (f"the memory tier needs {size_text(need + staging)} in {self.dir} ({n} rank{'s' if n > 1 else ''} on "
+                f"this node x {size_text(state_bytes)} of state x {copies} cop{'ies' if copies > 1 else 'y'} "
+                f"(own{' + replica' if copies > 1 else ''}) x 2 (newest + being written)){also}, but its file system "
+                f"has "
                 f"{size_text(free)} free of {size_text(usage.total)}. Enlarge it (docker run --shm-size, "
                 "or mount -o remount,size=... /dev/shm), point checkpoint.memory.root at a larger tmpfs, or set "
                 "checkpoint.memory.required=false to train on the durable tier alone")
 
-    def agreed_preflight(self, state_bytes: int) -> None:
+    def agreed_preflight(self, state_bytes: int, shared_staging_bytes: int = 0) -> None:
         """``preflight`` on every rank, agreed: one node short of room stops every rank (PreflightError) or, with
         checkpoint.memory.required=false, turns the tier off on every rank."""
-        problem = self.peers.agree(self.preflight(state_bytes))
+        problem = self.peers.agree(self.preflight(state_bytes, shared_staging_bytes))
         if problem is not None and self.cfg.required:
             raise PreflightError(problem)
         if problem is not None:

@@ -19,7 +19,7 @@ from checkpoint.interop.export import load_tensors
 from metrics.records import read_metrics, step_losses
 from rehearsal.chains import faults_override
 from rehearsal.runs import tiny_overrides
-from support.launch import run_train
+from support.launch import run, run_train, torchrun, worker
 
 pytestmark = pytest.mark.distributed
 
@@ -87,3 +87,11 @@ def test_a_killed_rank_leaves_no_writer_process_and_resumes(thread, tmp_path, py
     assert committed in ([], ["step_00000004"])  # step 4's write may still have been in flight at the kill
     _run(run_dir, pydoc_data, "async_process", kill)  # resume=auto; the fault already fired
     assert step_losses(run_dir) == step_losses(thread)
+
+
+def test_the_staging_buffers_stay_where_they_were_allocated(tmp_path):
+    """Sending the staged dict to the writer process must not move it into /dev/shm (in place of pinned
+    buffers, uncounted): the stager allocates shared buffers once; after two saves they are the same
+    storages (tests/support/workers/staging_worker.py)."""
+    proc = run(torchrun(2, worker("staging_worker"), str(tmp_path)), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -287,6 +287,23 @@ def test_a_step_where_a_save_a_snapshot_and_the_shadow_check_fall_due_runs_the_p
         ckpt.close()
 
 
+def test_the_snapshot_buffer_pins_the_states_bytes_once(monkeypatch):
+    """The tier's one flat buffer is pinned by registering its pages, not by CUDA's caching host allocator
+    (which would round it up to the next power of two: up to 2x the state, never given back). CPU: the
+    registration is recorded, not made; a GPU is not verified here."""
+    from checkpoint.durable import staging
+    from checkpoint.memory.snapshot import FlatStager
+
+    registered = []
+    monkeypatch.setattr(staging, "_register", lambda buf: registered.append(buf.numel()))  # CUDA: cudaHostRegister
+    sd = {"w": torch.randn(300, 7), "h": torch.randn(5).to(torch.bfloat16), "step": torch.tensor(2.0)}
+    state_bytes = sum(t.numel() * t.element_size() for t in sd.values())  # 8414: a power-of-two pin is 16384
+    stager = FlatStager(pin_memory=True)
+    staged = stager.stage(sd)
+    stager.stage(sd)  # reused
+    assert registered == [state_bytes] == [staged.region.numel()]
+
+
 def test_preflight_names_the_sizes_and_the_fixes(tmp_path):
     cfg = OmegaConf.structured(MemoryTierConfig(interval="2", replicas=1, root=str(tmp_path / "shm")))
     tier = MemoryTier(cfg, run_name="r", rank=0, world_size=4, local_world_size=2, layout={"dp_shard": 4},
@@ -298,6 +315,27 @@ def test_preflight_names_the_sizes_and_the_fixes(tmp_path):
         assert "2 ranks on this node x 1048576.00 GiB of state x 2 copies (own + replica) x 2" in problem
         for fix in ("--shm-size", "remount,size=", "checkpoint.memory.root", "checkpoint.memory.required=false"):
             assert fix in problem
+    finally:
+        tier.close()
+
+
+def test_preflight_counts_async_process_staging_in_the_same_tmpfs(tmp_path, monkeypatch):
+    """async_process stages in /dev/shm, the tier's default root: sharing one tmpfs, the tier's check counts both
+    (each alone fits a 4 MiB tmpfs here, together they do not); staging elsewhere is not counted."""
+    from checkpoint.durable import preflight
+
+    cfg = OmegaConf.structured(MemoryTierConfig(interval="2", replicas=0, root=str(tmp_path / "shm")))
+    tier = MemoryTier(cfg, run_name="r", rank=0, world_size=1, local_world_size=1, layout={"dp_shard": 1},
+                      config_hash="h", algorithm="crc32")
+    try:
+        with tmpfs(tmp_path / "shm", 4) as shm:
+            monkeypatch.setattr(preflight, "SHM", shm)
+            assert tier.preflight(1 << 20) is None and tier.preflight(0, shared_staging_bytes=3 << 20) is None
+            problem = tier.preflight(1 << 20, shared_staging_bytes=3 << 20)
+            assert "(1 rank on this node x 1.00 MiB of state x 1 copy (own) x 2 (newest + being written)) + 3.00 " \
+                   "MiB of checkpoint.async_mode=async_process staging in the same file system" in problem
+            monkeypatch.setattr(preflight, "SHM", tmp_path)  # another file system
+            assert tier.preflight(1 << 20, shared_staging_bytes=3 << 20) is None
     finally:
         tier.close()
 

@@ -40,6 +40,9 @@ def test_70b_plan_matches_hand_arithmetic():
     assert plan["checkpoint_bytes_per_rank"] == 12 * per_rank
     assert plan["checkpoint_bytes_total"] == 12 * total  # ~847 GB (788.5 GiB)
     assert abs(plan["snapshot_s"] - 12 * per_rank / 20e9) < 1e-9  # ~0.083 s
+    # Host memory an async save stages into, per node of 8 GPUs: each rank's state once, pinned by registration
+    # (checkpoint/durable/staging.py: no power-of-two rounding), in /dev/shm with async_process: ~13.2 GB
+    assert plan["host_staging_bytes_per_node"] == 8 * 12 * per_rank
     assert abs(plan["write_s"] - 12 * total / 100e9) < 1e-9  # ~8.5 s
     # Before the snapshot, the probe's forward: 4 x 8192 tokens at a third of the training FLOPs per
     # token, a tp shard of them per rank, at the default efficiency (the FSDP all-gather of the

@@ -181,6 +181,69 @@ def test_host_stager_reuses_buffers_and_never_aliases_live_tensors():
     assert stager.rebuilds == 1
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def test_host_staging_is_one_allocation_of_the_states_bytes(monkeypatch):
+    """Pinned staging is bounded by the state: CUDA's caching host allocator rounds each pinned allocation up to
+    a power of two and keeps it, so one buffer per tensor pins up to 2x the state. The stager allocates one
+    buffer (views into it), and pins it by registering its pages: the bytes registered are the state's bytes
+    plus alignment. (CPU: the registration is recorded, not made; on a GPU, not verified here.)"""
+    from checkpoint.durable import staging
+    from checkpoint.durable.saver import HostStager
+    from model.config import ModelConfig
+    from model.llama import build_model
+
+    model = build_model(ModelConfig(name="t", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96,
+                                    max_seq_len=32), seed=0)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 8, dtype=torch.long)).float().sum().backward()
+    opt.step()
+    live = {"model": model.state_dict(), "optim": opt.state_dict()}
+    tensors = [t for t in [*live["model"].values(), *(v for s in opt.state.values() for v in s.values())]]
+    state_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    registered = []
+    monkeypatch.setattr(staging, "_register", lambda buf: registered.append(buf.numel()))  # CUDA: cudaHostRegister
+    stager = HostStager(pin_memory=True)
+    staged = stager.stage(live)
+    flat = [*staged["model"].values(), *(v for s in staged["optim"]["state"].values() for v in s.values())]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in flat}
+    assert len(storages) == 1, (f"{len(storages)} staging allocations for {len(flat)} tensors: with power-of-two "
+                                f"rounding they would pin {sum(map(_pow2, storages.values())) / state_bytes:.2f}x "
+                                "the state")
+    assert registered == list(storages.values())  # the one buffer, pinned once
+    assert state_bytes <= registered[0] < state_bytes + staging.ALIGN * len(flat)
+    assert all(torch.equal(a, b) for a, b in zip(flat, tensors))
+    assert stager.stage(live) is not None and len(registered) == 1  # reused, not pinned again
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_staging_is_registered_shared_and_not_moved_by_the_send():
+    """On a GPU (not run here): async_process's staging buffer is page-locked by registration (CUDA's caching
+    host allocator allocates nothing for it), in shared memory, holds the device's values, and pickling it as
+    DCP's send to the writer process does moves nothing."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 - torch's reductions for the pickling, as DCP's pipe has them
+
+    from checkpoint.durable.saver import HostStager
+
+    live = {"w": torch.randn(1000, 1000, device="cuda"), "b": torch.randn(333, device="cuda").to(torch.bfloat16),
+            "step": torch.tensor(1.0)}
+    pinned_before = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
+    stager = HostStager(pin_memory=True, share_memory=True)
+    staged = stager.stage(live)
+    assert stager.buffer.is_pinned() and stager.buffer.is_shared()
+    assert torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) == pinned_before
+    assert all(torch.equal(staged[k].cpu(), v.cpu()) for k, v in live.items())
+    ptrs = {k: v.data_ptr() for k, v in staged.items()}
+    ForkingPickler.dumps(staged)
+    assert {k: v.data_ptr() for k, v in stager.stage(live).items()} == ptrs and stager.buffer.is_pinned()
+    stager.close()
+
+
 def test_config_hash_ignores_resume_mutable_fields_and_names_changes():
     from omegaconf import OmegaConf
 
@@ -210,6 +273,83 @@ def test_preflight_checks_directory_and_space(tmp_path):
         preflight_checkpoint_dir(tmp_path / "file" / "ckpt", expected_bytes=1, keep_last=1, rank=0)
     with pytest.raises(PreflightError, match="free, counting leftovers of interrupted saves, but this run needs"):
         preflight_checkpoint_dir(tmp_path, expected_bytes=1 << 60, keep_last=1, rank=0)
+
+
+@pytest.mark.parametrize("mode", ["async_process", "async"])
+def test_the_preflight_counts_the_shared_memory_async_process_stages_in(tmp_path, monkeypatch, mode):
+    """async_process stages each rank's state in shared memory (/dev/shm; checkpoint/durable/staging.py): a
+    container's small /dev/shm (a 1 MiB tmpfs here) stops the run before step 1, naming the bytes, instead of a
+    SIGBUS at the first save. The writer thread (async) stages in ordinary memory and is not stopped."""
+    from omegaconf import OmegaConf
+
+    from checkpoint.durable import preflight
+    from checkpoint.durable.preflight import PreflightError, expected_checkpoint_bytes
+    from checkpoint.state.training_state import TrainingState
+    from model.llama import build_model
+    from parallel.dims import ParallelDims
+    from support.config import compose_debug
+    from support.tmpfs import tmpfs
+    from trainer.config import typed
+    from trainer.preflight import claim_lease
+    from trainer.run import checkpoint_manager
+    from training.optimizer import build_optimizer
+    from training.schedule import build_scheduler
+
+    cfg = compose_debug(f"output_root={tmp_path}", "run_name=shm", "checkpoint.interval=2",
+                        f"checkpoint.async_mode={mode}")
+    model = build_model(OmegaConf.to_object(cfg.model), seed=0)
+    optimizer = build_optimizer(model, cfg.optim)
+    state = TrainingState(model, optimizer, build_scheduler(optimizer, cfg.optim, cfg.training.steps),
+                          optim_config=cfg.optim)
+    rank_bytes = expected_checkpoint_bytes(model, local=True)  # model and two moments: what a rank stages
+    assert rank_bytes > 1 << 20
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks of this node stage there
+    with tmpfs(tmp_path / "dev_shm", 1) as shm:
+        monkeypatch.setattr(preflight, "SHM", shm)
+        ckpt = checkpoint_manager(typed(cfg)[0], state, 0, 1, ParallelDims(1, 1, 1, 1).layout, torch.device("cpu"))
+        try:
+            if mode == "async":
+                ckpt.preflight(claim_lease(cfg.checkpoint))
+                return
+            with pytest.raises(PreflightError) as err:
+                ckpt.preflight(claim_lease(cfg.checkpoint))
+        finally:
+            ckpt.close()
+    message = str(err.value)
+    assert f"2 ranks on this node x {rank_bytes:,} bytes = {2 * rank_bytes:,} bytes" in message
+    assert f"{shm} has 1,048,576 bytes (0.001 GiB) free" in message
+    for fix in ("--shm-size", "remount,size=", "checkpoint.async_mode=async"):
+        assert fix in message
+
+
+def test_a_ranks_own_bytes_under_hsdp_are_its_shards_not_the_global_size_over_the_world():
+    """What a rank stages (and snapshots) is its own shards: with dp_replicate 2 x dp_shard 2 every rank holds
+    half the model, twice the global size over the 4 ranks the pre-flights divided by before (rank 0 of a
+    fake process group, nothing allocated)."""
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from checkpoint.durable.preflight import expected_checkpoint_bytes
+    from model.llama import build_model
+    from parallel.config import ParallelConfig
+    from parallel.dims import ParallelDims
+    from parallel.parallelize import parallelize_model
+    from support.config import compose_debug
+
+    mcfg = OmegaConf.to_object(compose_debug().model)
+    model = build_model(mcfg, materialize=False)
+    dims = ParallelDims(dp_replicate=2, dp_shard=2, tp=1, world_size=4)
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        parallelize_model(model, dims, ParallelConfig(dp_replicate=2, dp_shard=2, tp=1, device="cpu"),
+                          torch.device("cpu"), seq_len=16)
+        global_bytes = expected_checkpoint_bytes(model)
+        shards = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+        assert expected_checkpoint_bytes(model, local=True) == 3 * shards
+        assert 3 * shards >= global_bytes // 2 > global_bytes // 4
+    finally:
+        dist.destroy_process_group()
 
 
 def test_checksum_algorithms_agree_with_reference_implementations(tmp_path):
