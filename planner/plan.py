@@ -245,9 +245,19 @@ def save_cost(mcfg: ModelConfig, dims: ParallelDims, params_per_rank: int, param
                     write_s=params_total * bytes_per_param / (storage_gbps * GB))
 
 
+_numels: Dict[str, Dict[str, int]] = {}  # one parallelization per layout in a process: seconds each at 70B
+
+
 def local_param_numels(mcfg: ModelConfig, dims: ParallelDims, seq_len: int, parallel_cfg=None) -> Dict[str, int]:
     """Rank 0's number of elements of every parameter under the layout (meta device, fake
     process group of ``dims.world_size`` ranks: nothing is allocated, nothing is sent)."""
+    key = repr((mcfg, dims, seq_len, parallel_cfg))
+    if key not in _numels:
+        _numels[key] = _parallelized_numels(mcfg, dims, seq_len, parallel_cfg)
+    return dict(_numels[key])
+
+
+def _parallelized_numels(mcfg: ModelConfig, dims: ParallelDims, seq_len: int, parallel_cfg) -> Dict[str, int]:
     if dist.is_initialized():
         raise RuntimeError("the planner needs its own (fake) process group: run it outside a distributed job")
     cfg = parallel_cfg or ParallelConfig(dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp,
