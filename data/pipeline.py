@@ -18,6 +18,7 @@ Checkpoint contract (torch.distributed.checkpoint ``Stateful``):
 
 from __future__ import annotations
 
+import gc
 import logging
 import warnings
 from typing import Collection, Dict, Iterator, List, Tuple
@@ -51,6 +52,12 @@ class RankSampler:
 
 def _as_is(item):
     return item
+
+
+def _collect_automatically(worker_id: int) -> None:
+    """A loader worker collects its own garbage as Python does: it is forked from a training process
+    whose automatic collection is off (trainer/run.py), and its pauses hold up no collective."""
+    gc.enable()
 
 
 class DataPipeline:
@@ -129,6 +136,7 @@ class DataPipeline:
             self.dataset, batch_size=None, sampler=RankSampler(self.plan, self.dp_rank, start),
             collate_fn=_as_is, num_workers=self.num_workers, pin_memory=self.pin_memory,
             prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None, generator=generator,
+            worker_init_fn=_collect_automatically,
         )
 
     # -- the checkpoint's side (Stateful) -----------------------------------------------
