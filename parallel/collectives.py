@@ -3,8 +3,8 @@
 Two kinds of traffic, two kinds of group:
 - **Tensors of the model** (token counts, loss sums, gradient norms with the step's flags that ride
   in their vector, weight fingerprints) live on the training device and go to a training group
-  (the default group or a mesh group): ``all_reduce``, ``all_reduce_coalesced`` (many tensors, one message), ``all_gather``. On CUDA
-  those groups are NCCL, which takes CUDA tensors only.
+  (the default group or a mesh group): ``all_reduce``, ``all_reduce_coalesced`` (many tensors, one
+  message), ``all_gather``. On CUDA those groups are NCCL, which takes CUDA tensors only.
 - **Control values** (other flags, timings, verdicts, picklable answers) live on the host and go to the
   *control group*, a gloo group over every rank (``init_control_group``; on a CPU run, where the
   default group is gloo already, it is the default group): ``agree_max``, ``any_rank``,
