@@ -1,11 +1,11 @@
 """Every collective the product's own code issues (not FSDP's, DTensor's or DCP's), in one place.
 
 Two kinds of traffic, two kinds of group:
-- **Tensors of the model** (token counts, loss sums, gradient norms, weight fingerprints) live on
-  the training device and go to a training group (the default group or a mesh group):
-  ``all_reduce``, ``all_reduce_coalesced`` (many tensors, one message), ``all_gather``. On CUDA
-  those groups are NCCL, which takes CUDA tensors only.
-- **Control values** (flags, timings, verdicts, picklable answers) live on the host and go to the
+- **Tensors of the model** (token counts, loss sums, gradient norms with the step's flags that ride
+  in their vector, weight fingerprints) live on the training device and go to a training group
+  (the default group or a mesh group): ``all_reduce``, ``all_reduce_coalesced`` (many tensors, one
+  message), ``all_gather``. On CUDA those groups are NCCL, which takes CUDA tensors only.
+- **Control values** (other flags, timings, verdicts, picklable answers) live on the host and go to the
   *control group*, a gloo group over every rank (``init_control_group``; on a CPU run, where the
   default group is gloo already, it is the default group): ``agree_max``, ``any_rank``,
   ``gather_floats``, ``broadcast_object``, ``decided_on_rank0``, ``all_gather_object``, ``barrier``.

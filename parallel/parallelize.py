@@ -40,7 +40,8 @@ class Parallelized:
 
     def process_groups(self) -> List[dist.ProcessGroup]:
         """The groups the step's collectives run on: the default group, the mesh's groups and the
-        control group (the per-step agreements: a hung peer must be noticed there as fast)."""
+        control group (the agreements of save and shadow steps, the straggler report: a hung peer must
+        be noticed there as fast)."""
         if not dist.is_initialized():
             return []
         meshes = [m for m in (self.mesh, self.dp_mesh) if m is not None]

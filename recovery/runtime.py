@@ -6,7 +6,8 @@
     rt.inject("gradients", step, model=model)        # the gradients fault point, before the norms
     rt.allow_update(step, stats)                     # the guards' veto on the step's loss and norms
     back = rt.step_boundary(step, data)              # the guards' checks; a rollback's step, or None
-    if rt.end_of_step(step, seconds, loss): break    # save when due, write watch, stragglers, preemption
+    train_step(..., step_flags=rt.step_flags)        # the flags ride the step's reduction
+    if rt.end_of_step(step, seconds, result): break  # save when due, write watch, stragglers, preemption
     rt.close()
 
 What it drives is here too: preemption, the straggler report and checkpoint.interval=auto.
@@ -114,11 +115,22 @@ class RecoveryRuntime:
                                          lambda: self.beat("checkpoint_load", step))  # a rollback load is no hang
 
     # -- after every step ----------------------------------------------------------------
-    def end_of_step(self, step: int, step_s: float, loss: float) -> bool:
-        """After 1-based ``step``: save when due, then the bookkeeping; True: stop now (preempted,
-        the save committed). A save the storage refused, with checkpoint.on_save_error=stop,
+    def step_flags(self) -> List[bool]:
+        """This rank's flags that every rank must act on at one step: signalled, a save failed, the memory
+        tier's group failed, and whether each automatic interval (durable, memory) still waits for its
+        measurements. Read just before the step's reduction, which carries them (training/grad_stats.py);
+        always the same length, so the reduced vector's does not depend on the config."""
+        waiting = {auto.tier: auto.waiting for auto in self.autos}
+        memory = self.ckpt.memory
+        return [self.preemption.requested_at is not None, self.ckpt.save_failure is not None,
+                memory is not None and memory.group_failed, waiting.get("durable", False), waiting.get("memory", False)]
+
+    def end_of_step(self, step: int, step_s: float, result) -> bool:
+        """After 1-based ``step`` (``result``: its StepResult, whose ``flags`` are ``step_flags()`` as
+        the step's reduction agreed them): save when due, then the bookkeeping; True: stop now
+        (preempted, the save committed). A save the storage refused, with checkpoint.on_save_error=stop,
         raises CheckpointSaveError here, on every rank at the same step."""
-        ckpt = self.ckpt
+        ckpt, loss = self.ckpt, result.loss
         if ckpt.due(step):
             self.beat("checkpoint_snapshot", step)
         gate = self.guards.take_verified_block if self.guards is not None else None
@@ -129,17 +141,19 @@ class RecoveryRuntime:
         self._first_step_done = True
         self.beat("step", step)
         self._watch_write()
-        self.stragglers.record(step, step_s)
-        # One all_reduce MAX per step carries every flag a rank's next collectives depend on.
-        memory_failed = ckpt.memory is not None and ckpt.memory.group_failed
-        preempted, save_failed, memory_off, *waiting = self.preemption.agree(
-            ckpt.save_failure is not None, memory_failed, *(auto.waiting for auto in self.autos))
+        self.stragglers.record(step, result.local_seconds)
+        # The flags as the step's reduction carried them; at a save step (the same on every rank) agreed
+        # again on the control group, after the save: its outcome is known only now.
+        pre = self.preemption
+        preempted, save_failed, memory_off, *waiting = (pre.agree(*self.step_flags()[1:]) if ckpt.due(step)
+                                                        else pre.agreed(result.flags))
         if save_failed:
             ckpt.raise_save_failure()
         if memory_off:
             ckpt.memory.turn_off(step)
-        for auto, someone_waits in zip(self.autos, waiting):
-            if auto.chosen is None and not someone_waits:  # every rank has its measurements: choose together
+        waiting = dict(zip(("durable", "memory"), waiting))
+        for auto in self.autos:
+            if auto.chosen is None and not waiting[auto.tier]:  # every rank has its measurements: choose together
                 auto.choose(ckpt, step)
         if not preempted:
             return False
@@ -189,11 +203,13 @@ class RecoveryRuntime:
 class Preemption:
     """On SIGTERM/SIGUSR1 every rank saves at the same step boundary, then exits (RecoveryRuntime's
     _save_before_exit). The handler only sets a flag: saving from inside a signal handler would
-    interleave with a half-done step. Ranks may get the signal at different moments, so at each step
-    boundary they agree with an all_reduce MAX of the flag, which also carries the other flags every rank
-    must act on at one step (``agree``). The grace period bounds the whole save; a save that cannot
-    commit in time is abandoned (the previous committed checkpoint stays valid, contract 3). Under
-    torchrun the signal goes to the agent: scripts/torchrun_preemptible.py forwards it to the workers
+    interleave with a half-done step. Ranks may get the signal at different moments, so they agree on
+    the flag every step: the step's reduction carries it with the other flags every rank must act on
+    at one step (RecoveryRuntime.step_flags), read just before it, so a signal that comes later
+    stops the run one step later; ``agreed`` takes the result (``agree``: a collective of its own, at
+    a save step). The grace period bounds the whole save; a save that cannot commit in time is
+    abandoned (the previous committed checkpoint stays valid, contract 3). Under torchrun the signal
+    goes to the agent: scripts/torchrun_preemptible.py forwards it to the workers
     (docs/recovery-runbook.md says which signal reaches which process)."""
 
     def __init__(self, signals: Iterable[str] = ("SIGTERM", "SIGUSR1"), grace_s: float = 120.0):
@@ -219,14 +235,18 @@ class Preemption:
             self.signal_name = signal.Signals(signum).name
 
     def agree(self, *flags: bool) -> Tuple[bool, ...]:
-        """Collective at a step boundary, one all_reduce MAX: (any rank signalled, then each of
-        ``flags`` true on any rank)."""
+        """Collective, one all_reduce MAX on the control group: (any rank signalled, then each of
+        ``flags`` true on any rank). For a caller without the step's reduction to carry them."""
         values = [1 if self.requested_at is not None else 0] + [1 if f else 0 for f in flags]
-        values = [int(v) for v in collectives.agree_max(values, dtype=torch.int32)]
-        if values[0] and self.requested_at is None:
+        return self.agreed(bool(v) for v in collectives.agree_max(values, dtype=torch.int32))
+
+    def agreed(self, flags: Iterable[bool]) -> Tuple[bool, ...]:
+        """``flags`` as every rank agreed them, the first one "any rank signalled"; returned as they are."""
+        flags = tuple(flags)
+        if flags[0] and self.requested_at is None:
             self.requested_at = time.monotonic()  # another rank was signalled; start our clock too
             self.signal_name = "peer"
-        return tuple(bool(v) for v in values)
+        return flags
 
     def seconds_left(self) -> float:
         """Of the grace period, from the first signal seen on this rank."""
@@ -251,18 +271,24 @@ def torchrun_grace_problem(grace_s: float, environ=os.environ) -> Optional[str]:
             f"TORCH_ELASTIC_SHUTDOWN_TIMEOUT={int(grace_s) + 30} (docs/recovery-runbook.md)")
 
 
+STRAGGLER_MIN_EXCESS_S = 0.01  # a few milliseconds over the median is the host's noise, not a slow rank
+
+
 def find_stragglers(step_seconds: Sequence[float], factor: float) -> List[int]:
-    """Ranks whose time exceeds ``factor`` x the median over ranks."""
+    """Ranks whose time exceeds ``factor`` x the median over ranks (and the median by 10 ms)."""
     if not step_seconds:
         return []
     median = statistics.median(step_seconds)
-    return [r for r, t in enumerate(step_seconds) if median > 0 and t > factor * median]
+    return [r for r, t in enumerate(step_seconds)
+            if median > 0 and t > factor * median and t - median > STRAGGLER_MIN_EXCESS_S]
 
 
 class StragglerMonitor:
     """The rank that makes every collective wait, named in the log. A slow rank (thermal throttling, a bad
-    NIC, a noisy neighbour) does not fail: it slows every step. Each rank records its own step times; every
-    ``interval`` steps the means are gathered and a rank above ``factor`` x the median is named."""
+    NIC, a noisy neighbour) does not fail: it slows every step. Each rank records the time of its own work
+    in each step (StepResult.local_seconds: the loop's wall time cannot show it, the step's collectives
+    make it equal on every rank); every ``interval`` steps the means are gathered and a rank above
+    ``factor`` x the median is named."""
 
     def __init__(self, interval: int, factor: float):
         self.interval, self.factor = interval, factor
@@ -270,7 +296,7 @@ class StragglerMonitor:
         self.last_report: Optional[List[float]] = None
 
     def record(self, step: int, seconds: float) -> List[int]:
-        """Add one step's time; on a reporting step return the stragglers (all ranks call this)."""
+        """Add one step's rank-local time; on a reporting step return the stragglers (all ranks call this)."""
         self._times.append(seconds)
         if self.interval <= 0 or step % self.interval:
             return []
@@ -281,9 +307,9 @@ class StragglerMonitor:
         slow = find_stragglers(per_rank, self.factor)
         median = statistics.median(per_rank)
         for r in slow:
-            log.warning("straggler: rank %d took %.3f s per step over the last %d steps, %.1fx the median "
-                        "%.3f s (threshold %.1fx)", r, per_rank[r], self.interval, per_rank[r] / median, median,
-                        self.factor)
+            log.warning("straggler: rank %d took %.3f s per step of its own work (before waiting for its peers) "
+                        "over the last %d steps, %.1fx the median %.3f s (threshold %.1fx)", r, per_rank[r],
+                        self.interval, per_rank[r] / median, median, self.factor)
         return slow
 
 

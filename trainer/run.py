@@ -7,6 +7,7 @@ train.py (the Hydra entry point) calls ``run``; so does the rehearsal supervisor
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -75,6 +76,27 @@ class Shutdown:
         self.steps.clear()
         if error is None and first_failure is not None:
             raise first_failure
+
+
+class GarbageCollection:
+    """Python's garbage collector on a fixed step schedule (training.gc_interval), as torchtitan does:
+    left automatic, it pauses each rank at its own moments, and a pause on one rank stalls every
+    collective. Automatic collection is off from here to the end of the run; a generation-1 collection
+    runs at the end of every ``interval``-th step, the same steps on every rank (0: automatic)."""
+
+    def __init__(self, interval: int):
+        self.interval = interval
+        if interval > 0:
+            gc.disable()
+            gc.collect(1)
+
+    def step(self, step: int) -> None:
+        if self.interval > 0 and step % self.interval == 0:
+            gc.collect(1)
+
+    def close(self) -> None:
+        if self.interval > 0:
+            gc.enable()
 
 
 def run(cfg: DictConfig, overrides: List[str]) -> None:
@@ -191,6 +213,8 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     )
 
     model.train()
+    collection = GarbageCollection(t.gc_interval)
+    shutdown.add(85, "the garbage collection schedule", collection.close)
     grad_stats = GradStats(model, world.device, loss_copies=world.world_size // dims.dp)  # loss and norms
     recent: list[float] = []
     step = start_step
@@ -205,7 +229,8 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
                             loss_parallel=parallel.loss_parallel,
                             allow_update=lambda stats: rt.allow_update(step + 1, stats),
                             after_backward=lambda: rt.inject("gradients", step + 1, model=model),
-                            global_tokens=data.global_target_tokens, grad_stats=grad_stats)
+                            global_tokens=data.global_target_tokens, grad_stats=grad_stats,
+                            step_flags=rt.step_flags)  # preemption and the like ride the step's reduction
         if step == start_step:  # warm-up done: a hung peer should now fail fast
             set_collective_timeout(p.collective_timeout_after_first_step_s, parallel.process_groups())
         if ema is not None:
@@ -233,8 +258,9 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
             val = evaluator.evaluate()
             metrics.log_eval(step + 1, val.loss, val.tokens, val.seconds)
             ckpt.record_eval(step + 1, val.loss)  # the manifest of a save at this step records it
-        if rt.end_of_step(step + 1, step_s, result.loss):  # saves when due; True: preempted, saved, committed
+        if rt.end_of_step(step + 1, step_s, result):  # saves when due; True: preempted, saved, committed
             break
+        collection.step(step + 1)
         step += 1
     if state.step >= t.steps:
         ckpt.discard_memory()  # finished: the memory tier's snapshots would only hold the node's memory

@@ -21,6 +21,8 @@ class TrainingConfig:
     mixed_precision: str = key("fp32", "fp32 | bf16 (autocast) | fp16 (autocast + GradScaler)", choices=PRECISIONS)
     grad_clip: float = key(1.0, "the largest global gradient norm; 0 disables clipping", NON_NEGATIVE)
     ema_decay: float = key(0.0, "EMA of the weights (training/ema.py), checkpointed; 0 disables", FRACTION)
+    gc_interval: int = key(50, "steps between Python garbage collections (generation 1), at the same steps on "
+                           "every rank; automatic collection is off; 0: Python's own schedule", NON_NEGATIVE)
 
 
 @dataclass

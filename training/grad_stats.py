@@ -4,9 +4,12 @@ After backward, each rank holds its share of the gradients (FSDP2 shards, TP sha
 and of the loss (its data-parallel slice). One fused pass (``torch._foreach_norm`` over the
 local gradients, in float64) gives each parameter's squared norm; a fixed matrix sums them per
 layer, weighted so that the sum over all ranks counts each element once; the loss rides in the
-same vector. One all-reduce over every rank, one copy to the host: the guards, the clipping
-norm and the logged loss all come from it, the same bits on every rank (a verdict that decides
-which collectives follow must be). No arithmetic per parameter in Python, and no other collective
+same vector, and so do the flags every rank must act on at one step (preemption, a failed save:
+recovery/runtime.py), each rank adding 1 where its flag is set. One all-reduce over every rank, one
+copy to the host: the guards, the clipping norm, the logged loss and the flags all come from it, the
+same bits on every rank (a verdict that decides which collectives follow must be). The flags ride
+the training group's reduction rather than a gloo all-reduce of their own: at 512 ranks that one is
+about a thousand sequential hops on the host, every step. No arithmetic per parameter in Python, and no other collective
 but one: under TP without FSDP2, the replicated norm weights' gradients arrive as per-rank partial
 sums, which are summed over the tp ranks first (the optimizer would otherwise do it itself).
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -76,6 +79,7 @@ class StepStats:
     loss: float  # mean token loss over the global batch
     layer_norms: Dict[str, float]  # each group's gradient L2 norm over the whole model
     grad_norm: float  # the whole model's gradient L2 norm
+    flags: Tuple[bool, ...] = ()  # each of ``reduce``'s flags: true on some rank
 
 
 class GradStats:
@@ -153,15 +157,18 @@ class GradStats:
         """The local gradient tensors (what clipping scales)."""
         return [getattr(p.grad, "_local_tensor", p.grad) for p in self.params if p.grad is not None]
 
-    def reduce(self, loss_sum: torch.Tensor, global_tokens: int) -> StepStats:
-        """``loss_sum``: this rank's summed token loss (float64 0-d, on device). The step's one
-        all-reduce and its one host sync."""
-        vector = torch.cat([self.local_squares(), (loss_sum / self.loss_copies).reshape(1)])
+    def reduce(self, loss_sum: torch.Tensor, global_tokens: int, flags: Sequence[bool] = ()) -> StepStats:
+        """``loss_sum``: this rank's summed token loss (float64 0-d, on device); ``flags``: this rank's,
+        true in the result where any rank's is. The step's one all-reduce and its one host sync."""
+        marks = torch.tensor([1.0 if f else 0.0 for f in flags], dtype=torch.float64, device=self.device)
+        vector = torch.cat([self.local_squares(), (loss_sum / self.loss_copies).reshape(1), marks])
         values = collectives.all_reduce(vector).tolist()
+        values, marks = values[:len(values) - len(flags)], values[len(values) - len(flags):]
         norms = {name: math.sqrt(max(v, 0.0)) if math.isfinite(v) else v for name, v in zip(self.groups, values)}
         total = sum(values[:-1])
         grad_norm = math.sqrt(max(total, 0.0)) if math.isfinite(total) else total
-        return StepStats(loss=values[-1] / global_tokens, layer_norms=norms, grad_norm=grad_norm)
+        return StepStats(loss=values[-1] / global_tokens, layer_norms=norms, grad_norm=grad_norm,
+                         flags=tuple(m > 0 for m in marks))
 
     def clip(self, grad_norm: float, max_norm: float) -> None:
         """Scale the gradients so their norm is at most ``max_norm`` (as clip_grad_norm_ does, with

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -49,6 +49,8 @@ class StepResult:
     seconds: float
     data_seconds: float
     skipped: bool = False  # the guards vetoed the update (recovery/guards)
+    flags: Tuple[bool, ...] = ()  # each of ``step_flags()``: true on some rank
+    local_seconds: float = 0.0  # this rank's own work, before it waits for its peers (the straggler report)
 
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -68,7 +70,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
                loss_parallel: bool = False,
                allow_update: Optional[Callable[[StepStats], bool]] = None,
                global_tokens: Optional[int] = None, grad_stats: Optional[GradStats] = None,
-               after_backward: Optional[Callable[[], None]] = None) -> StepResult:
+               after_backward: Optional[Callable[[], None]] = None,
+               step_flags: Optional[Callable[[], Sequence[bool]]] = None) -> StepResult:
     """``before_micro_batch(last)`` lets the parallel wrappers skip gradient syncs between
     accumulation micro-steps; ``loss_parallel``: the logits are vocabulary-sharded DTensors;
     ``after_backward()`` runs once the gradients are complete (fault injection);
@@ -79,7 +82,14 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     The trainer passes ``global_tokens`` (the global batch's target count, known on the host from
     the data pipeline) and its ``grad_stats`` (training/grad_stats.py): the step then issues one
     collective of its own (loss and norms) and syncs with the host once. Without them (a direct
-    caller), the token count is all-reduced over ``dp_group`` first."""
+    caller), the token count is all-reduced over ``dp_group`` first. ``step_flags()``, read just
+    before that collective, gives this rank's flags for it to carry (``flags`` in the result: true
+    where any rank's is).
+
+    ``local_seconds`` is the time no peer can stretch: ``data_seconds`` (the loop's work before the
+    step, which issues no collective) plus, on CUDA, the device time of forward and backward (two
+    events on the compute stream). On CPU the forward and backward are left out: their wall time
+    includes FSDP's collectives, which wait for the slowest rank."""
     start = time.perf_counter()
     lr = optimizer.param_groups[0]["lr"]
     if global_tokens is None:
@@ -92,6 +102,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     stats_of = grad_stats or GradStats(model, device, loss_copies=_loss_copies(dp_group))
 
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if device.type == "cuda" else []
+    if events:
+        events[0].record()
     for i, (inputs, targets) in enumerate(micro_batches):
         if before_micro_batch is not None:
             before_micro_batch(i == len(micro_batches) - 1)
@@ -106,12 +119,16 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
                 scaled = precision.scaler.scale(scaled)
             scaled.backward()
         loss_sum += global_value(micro_loss.detach()).double()
+    if events:
+        events[1].record()
 
     if after_backward is not None:
         after_backward()
     if precision.scaler is not None:
         precision.scaler.unscale_(optimizer)
-    stats = stats_of.reduce(loss_sum, global_tokens)  # the one collective and the one host sync
+    stats = stats_of.reduce(loss_sum, global_tokens, step_flags() if step_flags is not None else ())
+    # (the one collective and the one host sync, after which the events' times can be read)
+    device_seconds = events[0].elapsed_time(events[1]) / 1000 if events else 0.0
     skipped = allow_update is not None and not allow_update(stats)  # sees the gradients before clipping
     if grad_clip > 0:
         stats_of.clip(stats.grad_norm, grad_clip)
@@ -125,7 +142,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     scheduler.step()
     return StepResult(
         loss=stats.loss, grad_norm=stats.grad_norm, lr=lr, target_tokens=int(global_tokens),
-        seconds=time.perf_counter() - start, data_seconds=data_seconds, skipped=skipped,
+        seconds=time.perf_counter() - start, data_seconds=data_seconds, skipped=skipped, flags=stats.flags,
+        local_seconds=data_seconds + device_seconds,
     )
 
 

@@ -14,6 +14,7 @@ import torch
 
 from parallel import collectives
 from recovery.runtime import Preemption, StragglerMonitor
+from training.grad_stats import GradStats
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("configs", "model", "data", "parallel", "training", "metrics", "checkpoint", "recovery", "trainer",
@@ -159,6 +160,15 @@ def test_control_values_go_to_gloo_and_model_tensors_stay_on_the_device(cuda_wor
         assert device in {"nccl": (ACCELERATOR,), "gloo": ("cpu", ACCELERATOR)}[group], (op, device, group)
     assert [g for op, _, g in cuda_world.sent if op in ("all_reduce", "all_gather")][-2:] == ["nccl", "nccl"]
     assert {g for op, _, g in cuda_world.sent[:-2]} == {"gloo"}
+
+
+def test_the_steps_flags_ride_the_training_groups_reduction_on_the_device(cuda_world):
+    """The flags every rank must act on at one step (preemption, a failed save) are built on the
+    training device and sent in the step's one all-reduce, to the NCCL group: no CPU tensor, no gloo."""
+    stats = GradStats(None, torch.device(ACCELERATOR), groups={})
+    with pytest.raises(NotImplementedError):  # the host read of a stand-in device: after the send
+        stats.reduce(torch.zeros((), dtype=torch.float64, device=ACCELERATOR), 1, flags=[True, False])
+    assert cuda_world.sent == [("all_reduce", ACCELERATOR, "nccl")]
 
 
 def test_a_cpu_tensor_on_an_nccl_group_is_refused_before_it_is_sent(cuda_world):

@@ -1,5 +1,6 @@
 """The per-rank pipeline: dp-independent global batches, O(1) exact resume, refusals."""
 
+import gc
 import logging
 import os
 import pickle
@@ -22,6 +23,23 @@ STEPS = 12
 def reference(pydoc_data):
     """The uninterrupted run: dp=1, loading in the training process."""
     return global_batches(data_config(pydoc_data), dp=1, steps=STEPS)
+
+
+def test_loader_workers_collect_their_garbage_while_the_trainer_does_not(pydoc_data, monkeypatch):
+    """The training process turns automatic collection off (trainer/run.py: training.gc_interval);
+    a loader worker, forked from it, collects automatically again (its pauses hold up no collective)."""
+    pipe = pipeline(data_config(pydoc_data, num_workers=1), dp=1, rank=0)
+
+    class Probe(torch.utils.data.Dataset):
+        def __getitem__(self, index):
+            return gc.isenabled()
+
+    monkeypatch.setattr(pipe, "dataset", Probe())
+    gc.disable()
+    try:
+        assert next(iter(pipe._loader(0))) is True
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("dp", [2, 4])

@@ -7,10 +7,11 @@ host syncs.
 A host sync is ``Tensor.item``, ``.tolist``, ``float(t)``, ``int(t)`` or ``bool(t)`` called by the
 project's own code (torch's internals are its own choice per device: on CPU, AdamW reads its CPU
 step counters with ``.item()``, which waits for no device) and outside the collectives module's
-control helpers (those move CPU tensors on the control group by design). A step is counted from
-one ``train_step`` call to the next, so it includes the loop's end-of-step work. Writes
-{step: {"collectives": {name: n}, "functional": {op: n}, "tp_own": {op: n}, "syncs": {name: n}}} to
-OUT.json on rank 0 (``functional``: outside the model, ``tp_own``: inside it, for the record).
+control helpers (those move CPU tensors on the control group by design). The garbage collector's
+runs are counted too, by generation (``gc.callbacks``). A step is counted from one ``train_step``
+call to the next, so it includes the loop's end-of-step work. Writes {step: {"collectives": {name: n},
+"functional": {op: n}, "tp_own": {op: n}, "syncs": {name: n}, "gc": {generation: n}}} to OUT.json on
+rank 0 (``functional``: outside the model, ``tp_own``: inside it, for the record).
 
   torchrun --nproc-per-node 2 tests/support/workers/step_counts.py OUT.json train.py OVERRIDE...
 """
@@ -18,6 +19,7 @@ OUT.json on rank 0 (``functional``: outside the model, ``tp_own``: inside it, fo
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import runpy
@@ -106,8 +108,15 @@ def _wrap_sync(name, fn):
     return counted
 
 
+def _count_gc(phase, info):
+    now = _current()
+    if now is not None and phase == "start":
+        now["gc"][str(info["generation"])] += 1
+
+
 def main() -> None:
     out, script, overrides = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    gc.callbacks.append(_count_gc)
     for name in COLLECTIVES:
         setattr(collectives, name, _wrap_collective(name, getattr(collectives, name)))
     for name in SYNCS:
@@ -126,7 +135,8 @@ def main() -> None:
     step_fn = run_module.train_step
 
     def train_step(*args, **kwargs):
-        steps.append({"collectives": Counter(), "functional": Counter(), "tp_own": Counter(), "syncs": Counter()})
+        steps.append({"collectives": Counter(), "functional": Counter(), "tp_own": Counter(), "syncs": Counter(),
+                      "gc": Counter()})
         return step_fn(*args, **kwargs)
 
     run_module.train_step = train_step
