@@ -125,6 +125,13 @@ class RecoveryRuntime:
         return [self.preemption.requested_at is not None, self.ckpt.save_failure is not None,
                 memory is not None and memory.group_failed, waiting.get("durable", False), waiting.get("memory", False)]
 
+    def evaluated_for_save(self, seconds: float) -> None:
+        """The evaluation before a durable save (eval.* runs one before every save) took ``seconds`` of the
+        training thread: checkpoint.interval=auto counts the first in the save's cost."""
+        for auto in self.autos:
+            if auto.tier == "durable" and not auto.eval_before_save_s:
+                auto.eval_before_save_s = seconds
+
     def end_of_step(self, step: int, step_s: float, result) -> bool:
         """After 1-based ``step`` (``result``: its StepResult, whose ``flags`` are ``step_flags()`` as
         the step's reduction agreed them): save when due, then the bookkeeping; True: stop now
@@ -316,9 +323,9 @@ class StragglerMonitor:
 class AutoInterval:
     """checkpoint.interval=auto (or checkpoint.memory.interval=auto, ``tier="memory"``): measure, then set
     the Young/Daly interval (recovery/interval.py) once, logged. The manager takes a first save after
-    AUTO_MEASURE_STEPS steps: its SaveRecord's blocking time and background time (an async write; a
-    snapshot's write, replica and commit), with the median step time (the first step excluded) and the
-    job's MTBF, choose the interval.
+    AUTO_MEASURE_STEPS steps: its SaveRecord's blocking time (plus the evaluation it forced) and background
+    time (an async write; a snapshot's write, replica and commit), with the median step time (the first step
+    excluded) and the job's MTBF, choose the interval.
 
     The interval decides at which steps every rank enters a save's collectives, so it is chosen once for
     all: when no rank is still ``waiting`` for its first record (agreed with the step's other flags), from
@@ -331,6 +338,7 @@ class AutoInterval:
         self.mtbf_s = cluster_mtbf_s(rc.device_mtbf_hours, rc.devices or world_size)
         self.step_times: list = []
         self.first_save: Optional[SaveRecord] = None
+        self.eval_before_save_s = 0.0  # the evaluation a durable save forces: the training thread pays it too
         self.chosen = None
 
     def record(self, step_s: float, saves: List[SaveRecord], first: bool) -> None:
@@ -348,7 +356,7 @@ class AutoInterval:
         """Every rank calls it at the same step (one all_reduce MAX), and all set the same interval."""
         save = self.first_save
         step_s, blocking_s, write_s = collectives.agree_max(
-            [statistics.median(self.step_times), save.blocking_s, save.background_s])
+            [statistics.median(self.step_times), save.blocking_s + self.eval_before_save_s, save.background_s])
         self.chosen = choose_interval_steps(step_s, blocking_s, write_s, self.mtbf_s,
                                             max_steps=self.steps)
         (ckpt.memory.set_interval if self.tier == "memory" else ckpt.set_interval)(self.chosen.steps)

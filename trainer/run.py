@@ -254,10 +254,13 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
             **throughput(tokens_per_step / step_s),
         }, step_seconds_avg=sum(recent) / len(recent))
         if evaluator is not None and evaluator.due(step + 1, saving=ckpt.due(step + 1)):
+            eval_start = time.perf_counter()
             rt.phase("eval", step + 1)
             val = evaluator.evaluate()
             metrics.log_eval(step + 1, val.loss, val.tokens, val.seconds)
             ckpt.record_eval(step + 1, val.loss)  # the manifest of a save at this step records it
+            if not evaluator.due(step + 1):  # run only because a save is due: part of that save's cost
+                rt.evaluated_for_save(time.perf_counter() - eval_start)
         if rt.end_of_step(step + 1, step_s, result):  # saves when due; True: preempted, saved, committed
             break
         collection.step(step + 1)

@@ -96,10 +96,14 @@ def test_auto_checkpoint_interval_is_measured_chosen_and_logged(tmp_path, pydoc_
 
     run_dir = tmp_path / "auto"
     steps = 40
+    # the evaluation before each save (eval.interval is 50: no other evaluation before the last step) takes
+    # 0.3 s more: it is part of what a save costs the training thread
+    slow_eval = faults_override([{"kind": "slow", "phase": "eval", "step": -1, "rank": 0, "delay_s": 0.3}])
     proc = run_train(tiny_overrides(run_dir, pydoc_data, steps, "auto", keep_last=10, extra=[
-        "recovery.device_mtbf_hours=0.0001"]))  # a 0.36 s MTBF: the optimum falls inside this short run
+        "recovery.device_mtbf_hours=0.0001", slow_eval]))  # a 0.36 s MTBF: the optimum falls inside this run
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     [ev] = [r for r in rows if r.get("kind") == "checkpoint_interval"]
+    assert ev["blocking_s"] >= 0.3, ev
     again = choose_interval_steps(ev["step_s"], ev["blocking_s"], ev["write_s"], ev["mtbf_s"], max_steps=steps)
     assert ev["interval_steps"] == again.steps and ev["write_s"] > 0
     assert again.steps >= again.lower_bound_steps  # never more than one save in flight
