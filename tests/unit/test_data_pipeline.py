@@ -25,16 +25,18 @@ def reference(pydoc_data):
     return global_batches(data_config(pydoc_data), dp=1, steps=STEPS)
 
 
+class _CollectsAutomatically(torch.utils.data.Dataset):
+    """Each item: whether the process that loads it collects its garbage automatically."""
+
+    def __getitem__(self, index):
+        return gc.isenabled()
+
+
 def test_loader_workers_collect_their_garbage_while_the_trainer_does_not(pydoc_data, monkeypatch):
     """The training process turns automatic collection off (trainer/run.py: training.gc_interval);
-    a loader worker, forked from it, collects automatically again (its pauses hold up no collective)."""
+    a loader worker collects automatically (its pauses hold up no collective)."""
     pipe = pipeline(data_config(pydoc_data, num_workers=1), dp=1, rank=0)
-
-    class Probe(torch.utils.data.Dataset):
-        def __getitem__(self, index):
-            return gc.isenabled()
-
-    monkeypatch.setattr(pipe, "dataset", Probe())
+    monkeypatch.setattr(pipe, "dataset", _CollectsAutomatically())
     gc.disable()
     try:
         assert next(iter(pipe._loader(0))) is True
