@@ -548,6 +548,6 @@ def test_a_resume_and_a_rollback_over_200_checkpoints_on_a_slow_store_stay_withi
     assert (rank0["resumed_step"], rank0["rolled_back_to"]) == (400, 398) == (rank1["resumed_step"],
                                                                              rank1["rolled_back_to"])
     assert _trusted(root)[:2] == [398, 396] and committed_dir(root, 398).name == "step_00000398.r1"
-    for phase in ("resume", "rollback"):  # one listing: a request per folder and per manifest, marker
+    for phase in ("start", "resume", "rollback"):  # one listing each (start: the pre-flight's), a request per file
         made = sum(rank0["requests"][phase].values())
         assert made < 5 * MANY, (phase, rank0["requests"][phase])

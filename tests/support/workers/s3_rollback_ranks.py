@@ -5,8 +5,9 @@ do after an alarm at ROLLBACK_FROM; the process group's collectives time out aft
   CKPT_ROOT=s3://checkpoints/many COLLECTIVE_TIMEOUT_S=10 ROLLBACK_FROM=401 OUT_DIR=/tmp/x \\
       torchrun --standalone --nproc-per-node 2 tests/support/workers/s3_rollback_ranks.py
 
-Each rank writes OUT_DIR/rank<R>.json: the S3 requests it made in each phase ({phase: {operation: n}}), the
-seconds each phase took, and the step it resumed from and rolled back to.
+Each rank writes OUT_DIR/rank<R>.json: the S3 requests it made in each phase ({phase: {operation: n}}: start,
+the lease and pre-flight; resume; rollback; close, the manager's end with retention), the seconds each took,
+and the step it resumed from and rolled back to.
 """
 
 from __future__ import annotations
@@ -45,8 +46,20 @@ def main() -> None:
     def count(event_name: str, **kw) -> None:
         requests.setdefault(phase[0], Counter())[event_name.rsplit(".", 1)[-1]] += 1
 
-    with manager(cfg, state, rank=rank, world_size=world) as mgr:
-        store.client().meta.events.register("before-send.s3", count, unique_id="count")
+    made = store.client
+    counted: set = set()
+
+    def client():  # every client this process makes (the settings may replace the first) counts
+        c = made()
+        if id(c) not in counted:
+            counted.add(id(c))
+            c.meta.events.register("before-send.s3", count)
+        return c
+
+    store.client = client
+    t0 = time.monotonic()
+    with manager(cfg, state, rank=rank, world_size=world) as mgr:  # "start": the lease and the pre-flight
+        took["start"] = time.monotonic() - t0
         phase[0] = "resume"
         t0 = time.monotonic()
         resumed = resume(mgr)
