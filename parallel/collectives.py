@@ -270,9 +270,9 @@ def decided_on_rank0(decide: Callable[[], T], errors: Tuple[Type[Exception], ...
     that reads the storage may take longer than the collective timeout."""
     outcome: list = [None, None]  # (answer, (index into errors or None, message) of what decide raised)
     unlisted: Optional[BaseException] = None
-    rank0, alone = not distributed() or dist.get_rank() == 0, world(control_group()) == 1
-    work = _started(decide) if rank0 and not alone else None
-    if not alone:
+    rank0 = not distributed() or dist.get_rank() == 0
+    work = _started(decide) if rank0 and distributed() else None
+    if distributed():
         wait_for_rank0(lambda timeout_s: not futures.wait([work], timeout_s).not_done)
     if rank0:
         try:
