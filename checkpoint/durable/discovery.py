@@ -156,7 +156,8 @@ class Listing:
 
     def forget(self, ids: Sequence[str]) -> None:
         """Folders removed since the listing (clean_uncommitted's)."""
-        self._found = [c for c in self.checkpoints() if c.checkpoint_id not in set(ids)]
+        gone = set(ids)
+        self._found = [c for c in self.checkpoints() if c.checkpoint_id not in gone]
 
 
 def latest_committed(root, listing: Optional[Listing] = None) -> Optional[CheckpointInfo]:
