@@ -191,7 +191,7 @@ def read_manifest(directory: Path, reread_delay_s: float = REREAD_DELAY_S) -> Ma
     found = find_manifest(directory)
     if found is None:
         time.sleep(reread_delay_s)  # an attribute cache may be behind the commit
-        found = _parsed(location(directory) / MANIFEST)
+        found = find_manifest(directory)
     if found is None:
         raise CheckpointError(f"{directory}: no {MANIFEST}: not a committed checkpoint")
     return found
@@ -201,17 +201,10 @@ def find_manifest(directory: Path) -> Optional[Manifest]:
     """The manifest of ``directory``, or None when it has none (one look, as a listing looks): read
     straight away, one request on an object store; errors as ``read_manifest``'s."""
     path = location(directory) / MANIFEST
-    if _read_fault is not None:
-        try:
-            _read_fault(path)
-        except OSError as exc:
-            raise CheckpointUnreadable(f"{path}: {exc}") from exc
-    return _parsed(path)
-
-
-def _parsed(path) -> Optional[Manifest]:
     try:
         text = path.read_text()
+        if _read_fault is not None:  # recovery.faults' manifest_read: the read of a manifest that is there
+            _read_fault(path)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     except OSError as exc:
