@@ -234,7 +234,7 @@ class RangedReader(io.RawIOBase):
         return len(data)
 
     def readall(self) -> bytes:
-        if self._pos == 0 and self._size is None:  # a whole small file (a manifest, a marker): one GET, no HEAD
+        if self._pos == 0 and self._size is None:  # a whole file (a manifest, a marker): one GET, no HEAD first
             data = self._get()
             self._size = self._pos = len(data)
             return data
