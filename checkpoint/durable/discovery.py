@@ -115,10 +115,10 @@ def _folder(d: Loc, step: int, revision: int) -> CheckpointInfo:
 
 
 def _marker(path: Loc, default: str) -> Optional[str]:
-    """A marker's text (``default`` when empty), None when there is none."""
+    """A marker's text (``default`` when empty), None when there is none (nor when a folder stands there)."""
     try:
         return path.read_text().strip() or default
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
 
 
