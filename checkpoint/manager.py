@@ -52,8 +52,6 @@ from parallel import collectives
 
 log = logging.getLogger("trainer")
 
-RETENTION_POLL_S = 5.0  # a rollback's wait for retention: the longest any rank sits in one collective
-
 # A post-load check (recovery): returns None when the loaded state is good, else the reason.
 VerifyHook = Callable[[Manifest, Path], Optional[str]]
 
@@ -152,13 +150,13 @@ class CheckpointManager:
         self.saver.wait()
         self._report()
 
-    def wait_for_retention(self, poll_s: float = RETENTION_POLL_S) -> None:
+    def wait_for_retention(self, poll_s: Optional[float] = None) -> None:
         """Until the retention queued so far is done (rank 0 runs it; it may be deleting terabytes): a
         rollback must not choose a directory it renames. Every rank waits, agreeing every ``poll_s``
-        whether rank 0 is still at it, so no rank sits in a collective longer than that."""
+        (collectives.AGREED_POLL_S) whether rank 0 is still at it, so no rank sits in a collective longer
+        than that."""
         done = self._housekeeping.submit(lambda: None)
-        while collectives.any_rank(not futures.wait([done], timeout=poll_s).done):
-            pass
+        collectives.wait_for_rank0(lambda timeout_s: not futures.wait([done], timeout=timeout_s).not_done, poll_s)
 
     @property
     def writing(self) -> Optional[Tuple[int, Callable[[], bool]]]:

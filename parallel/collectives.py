@@ -21,12 +21,16 @@ Agreement: a choice that decides which collectives a rank runs next (load this c
 one, roll back or go on, save at this step) must be the same on every rank, or the ranks pair
 different collectives and hang. One rank decides and tells the others (``decided_on_rank0``), or
 every rank votes (``any_rank``, ``agree_max``). Without a process group every helper is the
-identity, so single-process code calls them unconditionally.
+identity, so single-process code calls them unconditionally. While rank 0 works for every rank
+(``decided_on_rank0``'s decision, retention), the others wait in short agreed polls
+(``wait_for_rank0``), never in one collective that the work could outlast.
 """
 
 from __future__ import annotations
 
 import datetime
+import threading
+from concurrent import futures
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
 
 import torch
@@ -228,16 +232,51 @@ class RankZeroFailed(RuntimeError):
     """What the other ranks raise when rank 0, deciding for every rank, met an error its caller did not list."""
 
 
+AGREED_POLL_S = 5.0  # while rank 0 works for every rank: the longest any rank sits in one collective
+
+
+def wait_for_rank0(done: Callable[[float], bool], poll_s: Optional[float] = None) -> None:
+    """Every rank returns once rank 0's ``done(timeout_s)`` (called on rank 0 only; it waits at most
+    ``timeout_s`` for the work to end) is true. Rank 0's work for every rank (a listing of thousands of
+    objects, reads retried with a backoff, retention deleting terabytes) may outlast the collective
+    timeout: the ranks agree every ``poll_s`` whether rank 0 is still at it, so none sits in one
+    collective longer than that, and a rank that died is still noticed within the timeout (``poll_s``:
+    AGREED_POLL_S unless given)."""
+    rank0, poll_s = not distributed() or dist.get_rank() == 0, AGREED_POLL_S if poll_s is None else poll_s
+    while any_rank(rank0 and not done(poll_s)):
+        pass
+
+
+def _started(work: Callable[[], T]) -> "futures.Future[T]":
+    """``work()`` in a daemon thread (one stuck in the storage must not hold the process's exit)."""
+    result: futures.Future = futures.Future()
+
+    def run() -> None:
+        try:
+            result.set_result(work())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            result.set_exception(exc)
+
+    threading.Thread(target=run, name="decided-on-rank0", daemon=True).start()
+    return result
+
+
 def decided_on_rank0(decide: Callable[[], T], errors: Tuple[Type[Exception], ...] = ()) -> T:
     """Run ``decide`` on rank 0 only and give every rank its (picklable) answer. An exception of one
     of the ``errors`` types that it raises is raised on every rank, with the same type and message
     (marked ``agreed``). Any other exception is raised as it is on rank 0 and as RankZeroFailed, naming
-    it, on every other rank: raised on rank 0 alone, a caller that goes on would leave its peers here."""
+    it, on every other rank: raised on rank 0 alone, a caller that goes on would leave its peers here.
+    With other ranks, rank 0 decides in a thread while every rank polls (``wait_for_rank0``): a decision
+    that reads the storage may take longer than the collective timeout."""
     outcome: list = [None, None]  # (answer, (index into errors or None, message) of what decide raised)
     unlisted: Optional[BaseException] = None
-    if not distributed() or dist.get_rank() == 0:
+    rank0 = not distributed() or dist.get_rank() == 0
+    work = _started(decide) if rank0 and distributed() else None
+    if distributed():
+        wait_for_rank0(lambda timeout_s: not futures.wait([work], timeout_s).not_done)
+    if rank0:
         try:
-            outcome[0] = decide()
+            outcome[0] = decide() if work is None else work.result()
         except errors as exc:
             outcome[1] = (next(i for i, e in enumerate(errors) if isinstance(exc, e)), str(exc))
         except Exception as exc:  # noqa: BLE001 - every rank must learn of it

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
 from checkpoint.durable.discovery import (
+    Listing,
     clean_uncommitted,
     latest_committed,
-    list_committed,
     mark_bad,
     mark_superseded,
     parse,
@@ -54,19 +54,20 @@ def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
     """Load per checkpoint.resume (and the module docstring's fallback); returns what happened, for the
     banner's 'resume:' field."""
     spec = str(ckpt.cfg.resume)
+    listing = Listing(ckpt.root)  # rank 0's, for every choice below (nothing else writes there meanwhile)
     if ckpt.memory is not None and ckpt.memory.enabled and spec == "auto":  # the memory tier first
-        newest = _agreed_path(ckpt, lambda: getattr(latest_committed(ckpt.root), "path", None))
+        newest = _agreed_path(ckpt, lambda: getattr(latest_committed(ckpt.root, listing), "path", None))
         resumed = ckpt.memory.resume(ckpt, verify, newest)
         if resumed is not None:
             return resumed
 
     def first() -> Optional[Path]:
         live = earlier_writers_may_live(ckpt.root, ckpt.saver.attempt)  # taken over: its save in flight is spared
-        clean_uncommitted(ckpt.root, ckpt.cfg.lease_timeout_s if live else None)
-        return resolve_resume(ckpt.root, spec)
+        clean_uncommitted(ckpt.root, ckpt.cfg.lease_timeout_s if live else None, listing)
+        return resolve_resume(ckpt.root, spec, listing)
 
     def older(failed: Path) -> Optional[Path]:
-        found = [c.path for c in list_committed(ckpt.root) if c.step < parse(failed.name)[0]]
+        found = [c.path for c in listing.committed() if c.step < parse(failed.name)[0]]
         return found[0] if found else None
 
     t0 = time.perf_counter()
@@ -77,7 +78,7 @@ def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
     manifest, path, skipped = loaded
     if spec not in ("auto", "must"):  # an explicit step or path: newer checkpoints are another trajectory now
         # so the next resume=auto continues from here; marked before anyone trains on (and saves) past it
-        supersede(ckpt, manifest.step, f"checkpoint.resume={spec} went back to step {manifest.step}")
+        supersede(ckpt, manifest.step, f"checkpoint.resume={spec} went back to step {manifest.step}", listing)
         if ckpt.memory is not None:
             ckpt.memory.forget_newer(manifest.step)  # every node its own snapshots
     ckpt.log_event(manifest.step, kind="resume", checkpoint_id=manifest.checkpoint_id, path=str(path),
@@ -138,10 +139,11 @@ def _try_mark_bad(path: Path, reason: str) -> None:
         log.warning("could not mark %s bad (the next start will check it again): %s", path.name, exc)
 
 
-def supersede(ckpt: CheckpointManager, step: int, reason: str) -> None:
+def supersede(ckpt: CheckpointManager, step: int, reason: str, listing: Optional[Listing] = None) -> None:
     """Mark the committed checkpoints after ``step`` superseded (rank 0 writes, every rank waits): a mark
-    rank 0 cannot write stops every rank alike, since a restart would resume the abandoned trajectory."""
-    collectives.decided_on_rank0(lambda: mark_superseded(ckpt.root, step, reason), errors=(OSError,))
+    rank 0 cannot write stops every rank alike, since a restart would resume the abandoned trajectory.
+    ``listing``: rank 0's, of the decision that chose ``step``."""
+    collectives.decided_on_rank0(lambda: mark_superseded(ckpt.root, step, reason, listing), errors=(OSError,))
 
 
 def _load_trusting_only_proof(ckpt: CheckpointManager, path: Path, verify: Optional[VerifyHook], retries: int,

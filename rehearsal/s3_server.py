@@ -8,7 +8,8 @@ multipart parts so that a debug checkpoint's files are uploaded in several parts
 own app behind a small WSGI wrapper, this file run as a program): a test that must act while a
 file is half uploaded gets a window it can see, instead of the milliseconds a local upload takes.
 ``delay_copies(seconds)`` does the same to every server-side copy (a PUT with ``x-amz-copy-source``),
-which on a real store takes time in proportion to the object's size."""
+which on a real store takes time in proportion to the object's size. ``delay_requests(seconds)`` holds
+every request that long (a distant endpoint's round trip, where a listing of many folders adds up)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,11 @@ class S3Server:
         """From now on the server holds each server-side copy ``seconds`` before it answers (0: at once)."""
         self._delay("copy", seconds)
 
+    def delay_requests(self, seconds: float) -> None:
+        """From now on the server holds every request ``seconds`` before it answers (0: at once), on top of
+        the delays above."""
+        self._delay("request", seconds)
+
     def _delay(self, kind: str, seconds: float) -> None:
         with open(self.delay_file) as f:
             delays = json.loads(f.read() or "{}")
@@ -92,7 +98,8 @@ class S3Server:
 
 def _serve(port: int, delay_file: str) -> None:
     """moto's S3 app on 127.0.0.1:``port``; a part upload (PUT ...?partNumber=N&uploadId=...) and a copy
-    (PUT with x-amz-copy-source) wait the seconds ``delay_file`` gives for their kind first."""
+    (PUT with x-amz-copy-source) wait the seconds ``delay_file`` gives for their kind first, and every
+    request the seconds it gives for "request"."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import run_simple
 
@@ -102,12 +109,15 @@ def _serve(port: int, delay_file: str) -> None:
     def held(environ, start_response):
         kind = ("copy" if "HTTP_X_AMZ_COPY_SOURCE" in environ
                 else "part" if "partNumber=" in environ.get("QUERY_STRING", "") else None)
+        try:
+            with open(delay_file) as f:
+                delays = json.loads(f.read() or "{}")
+        except (OSError, ValueError):
+            delays = {}
+        wait = float(delays.get("request", 0))
         if environ.get("REQUEST_METHOD") == "PUT" and kind is not None:
-            try:
-                with open(delay_file) as f:
-                    time.sleep(float(json.loads(f.read() or "{}").get(kind, 0)))
-            except (OSError, ValueError):
-                pass
+            wait += float(delays.get(kind, 0))
+        time.sleep(wait)
         return app(environ, start_response)
 
     run_simple("127.0.0.1", port, held, threaded=True, request_handler=MotoRequestHandler)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from checkpoint.durable.manifest import MANIFEST, CheckpointError, CheckpointUnreadable, Manifest, read_manifest
+from checkpoint.durable.manifest import MANIFEST, CheckpointError, CheckpointUnreadable, Manifest, find_manifest
 from checkpoint.storage import Loc, location
 
 log = logging.getLogger("trainer")
@@ -71,34 +72,24 @@ class CheckpointInfo:
     replaced: bool = False  # committed, but a later save of the same step is committed too
 
 
+LIST_THREADS = 16  # folders read at once by a listing: on an object store each read is a round trip
+
+
 def list_checkpoints(root) -> List[CheckpointInfo]:
     """Every checkpoint-like folder (committed or not), newest first. A manifest that does not parse
     makes its folder uncommitted. One the storage failed to deliver (EIO, ESTALE) leaves it committed
     (its manifest is there), with ``manifest`` None and the reason in ``unreadable``: left out, the
     resume would pick an older checkpoint without a word; kept, loading it reads the manifest again
     and skips it for this attempt if it still fails (recovery/resume.py). A listing that fails raises
-    its OSError (callers deciding for every rank read again: checkpoint/durable/reads.py)."""
-    out = []
-    for e in location(root).entries():
-        parsed = parse(e.name)
-        if parsed is None or not e.is_dir:
-            continue
-        d = location(root) / e.name
-        committed = (d / MANIFEST).is_file()
-        manifest, unreadable = None, None
-        if committed:
-            try:
-                manifest = read_manifest(d)
-            except CheckpointUnreadable as exc:
-                log.warning("%s (listed as committed; loading it reads it again)", exc)
-                unreadable = str(exc)
-            except CheckpointError as exc:
-                log.warning("%s", exc)
-                committed = False
-        bad = (d / BAD_MARKER).read_text().strip() or "marked bad" if (d / BAD_MARKER).is_file() else None
-        gone = (d / SUPERSEDED_MARKER).read_text().strip() or "superseded" if (d / SUPERSEDED_MARKER).is_file() \
-            else None
-        out.append(CheckpointInfo(e.name, d, parsed[0], committed, bad, manifest, gone, unreadable, parsed[1]))
+    its OSError (callers deciding for every rank read again: checkpoint/durable/reads.py).
+
+    One listing of ``root``, then each folder's manifest and markers read straight away (a missing one
+    is the answer: no probe before a read), LIST_THREADS folders at a time: on an object store three
+    requests a folder, in parallel."""
+    root = location(root)
+    names = [(e.name, parsed) for e in root.entries() if e.is_dir and (parsed := parse(e.name)) is not None]
+    with ThreadPoolExecutor(max(1, min(LIST_THREADS, len(names))), thread_name_prefix="checkpoint-list") as pool:
+        out = list(pool.map(lambda item: _folder(root / item[0], *item[1]), names))
     out.sort(key=lambda c: (c.step, c.committed, c.revision), reverse=True)
     newest_of_step = set()
     for c in out:
@@ -108,15 +99,69 @@ def list_checkpoints(root) -> List[CheckpointInfo]:
     return out
 
 
-def list_committed(root, include_bad: bool = False, include_superseded: bool = False) -> List[CheckpointInfo]:
-    """Committed checkpoints newest first (what resume and recovery choose from): without the BAD
-    ones and those of an abandoned trajectory unless asked for."""
-    return [c for c in list_checkpoints(root) if c.committed and not c.replaced and (include_bad or c.bad is None)
+def _folder(d: Loc, step: int, revision: int) -> CheckpointInfo:
+    manifest, unreadable, committed = None, None, True
+    try:
+        manifest = find_manifest(d)
+        committed = manifest is not None
+    except CheckpointUnreadable as exc:
+        log.warning("%s (listed as committed; loading it reads it again)", exc)
+        unreadable = str(exc)
+    except CheckpointError as exc:
+        log.warning("%s", exc)
+        committed = False
+    bad, gone = _marker(d / BAD_MARKER, "marked bad"), _marker(d / SUPERSEDED_MARKER, "superseded")
+    return CheckpointInfo(d.name, d, step, committed, bad, manifest, gone, unreadable, revision)
+
+
+def _marker(path: Loc, default: str) -> Optional[str]:
+    """A marker's text (``default`` when empty), None when there is none (nor when a folder stands there)."""
+    try:
+        return path.read_text().strip() or default
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+
+
+def committed_of(listed: Sequence[CheckpointInfo], include_bad: bool = False,
+                 include_superseded: bool = False) -> List[CheckpointInfo]:
+    """Of a listing, the committed checkpoints newest first (what resume and recovery choose from):
+    without the BAD ones and those of an abandoned trajectory unless asked for."""
+    return [c for c in listed if c.committed and not c.replaced and (include_bad or c.bad is None)
             and (include_superseded or c.superseded is None)]
 
 
-def latest_committed(root) -> Optional[CheckpointInfo]:
-    found = list_committed(root)
+def list_committed(root, include_bad: bool = False, include_superseded: bool = False) -> List[CheckpointInfo]:
+    """``committed_of`` a listing of ``root``."""
+    return committed_of(list_checkpoints(root), include_bad, include_superseded)
+
+
+class Listing:
+    """One listing of checkpoint.dir, made at its first use and reused by every choice of one decision (a
+    resume with its fallbacks and marks, a rollback with its supersede marks, a pre-flight): each choice
+    listing again read every manifest again (on an object store, a request per folder and file). Only for
+    what nothing else changes meanwhile: this run holds the lease, and a rollback first waits for the save in
+    flight and for retention. Made and used on rank 0, inside the decision."""
+
+    def __init__(self, root):
+        self.root = location(root)
+        self._found: Optional[List[CheckpointInfo]] = None
+
+    def checkpoints(self) -> List[CheckpointInfo]:
+        if self._found is None:
+            self._found = list_checkpoints(self.root)
+        return self._found
+
+    def committed(self, include_bad: bool = False, include_superseded: bool = False) -> List[CheckpointInfo]:
+        return committed_of(self.checkpoints(), include_bad, include_superseded)
+
+    def forget(self, ids: Sequence[str]) -> None:
+        """Folders removed since the listing (clean_uncommitted's)."""
+        gone = set(ids)
+        self._found = [c for c in self.checkpoints() if c.checkpoint_id not in gone]
+
+
+def latest_committed(root, listing: Optional[Listing] = None) -> Optional[CheckpointInfo]:
+    found = (listing or Listing(root)).committed()
     return found[0] if found else None
 
 
@@ -125,32 +170,34 @@ def read_latest_pointer(root) -> Optional[str]:
     return p.read_text().strip() if p.is_file() else None
 
 
-def committed_dir(root, step: int) -> Loc:
+def committed_dir(root, step: int, listing: Optional[Listing] = None) -> Loc:
     """The committed checkpoint of ``step`` (its newest save), or step_N's folder when none is committed."""
-    found = [c for c in list_checkpoints(root) if c.step == step and c.committed and not c.replaced]
+    found = [c for c in (listing or Listing(root)).checkpoints() if c.step == step and c.committed and not c.replaced]
     return found[0].path if found else checkpoint_dir(root, step)
 
 
-def resolve_resume(root, spec: str) -> Optional[Loc]:
+def resolve_resume(root, spec: str, listing: Optional[Listing] = None) -> Optional[Loc]:
     """The checkpoint to resume from for ``checkpoint.resume=spec``, or None for a fresh start.
 
     auto: newest committed (None when there is none); never: None; must: newest committed or
     an error; an integer: that step under ``root``; anything else: a checkpoint directory path.
+    ``listing``: the decision's (one is made otherwise).
     """
     spec = str(spec).strip()
     if spec == "never":
         return None
+    listing = listing or Listing(root)
     if spec in ("auto", "must"):
-        newest = latest_committed(root)
+        newest = latest_committed(root, listing)
         if newest is None and spec == "must":
-            others = [c.checkpoint_id + (f" (bad: {c.bad})" if c.bad else "") for c in list_checkpoints(root)]
+            others = [c.checkpoint_id + (f" (bad: {c.bad})" if c.bad else "") for c in listing.checkpoints()]
             raise CheckpointError(f"checkpoint.resume=must but {root} holds no usable committed checkpoint"
                                   + (f"; found: {', '.join(others)}" if others else ""))
         return newest.path if newest else None
     if spec.isdigit():
-        path = committed_dir(root, int(spec))
+        path = committed_dir(root, int(spec), listing)
         if not (path / MANIFEST).is_file():
-            steps = [c.step for c in list_committed(root)]
+            steps = [c.step for c in listing.committed()]
             raise CheckpointError(f"checkpoint.resume={spec}: no committed checkpoint for step {spec} in {root}; "
                                   f"committed steps: {steps or 'none'}")
         return path
@@ -168,12 +215,13 @@ def mark_bad(path, reason: str) -> None:
     log.warning("checkpoint %s marked bad: %s", path, reason)
 
 
-def mark_superseded(root, after_step: int, reason: str) -> List[str]:
+def mark_superseded(root, after_step: int, reason: str, listing: Optional[Listing] = None) -> List[str]:
     """Lineage: the committed checkpoints newer than ``after_step`` belong to a trajectory that was
     abandoned (a rollback, or an explicit resume to an older step). They stay on disk for people,
-    are never chosen by resume=auto and do not count in keep_last; returns their ids."""
+    are never chosen by resume=auto and do not count in keep_last; returns their ids. ``listing``: the
+    decision's that chose ``after_step``."""
     marked = []
-    for c in list_committed(root, include_bad=True):
+    for c in (listing or Listing(root)).committed(include_bad=True):
         if c.step > after_step:
             (c.path / SUPERSEDED_MARKER).write_text(reason.strip() + "\n")
             marked.append(c.checkpoint_id)
@@ -245,15 +293,18 @@ def remove_checkpoint(path, fault_hook=None) -> None:
     path.rmtree()
 
 
-def clean_uncommitted(root, spare_younger_than_s: Optional[float] = None) -> List[str]:
+def clean_uncommitted(root, spare_younger_than_s: Optional[float] = None,
+                      listing: Optional[Listing] = None) -> List[str]:
     """Remove the folders of interrupted saves and deletions (no manifest), and the uploads a killed writer
     left open. Call only when no save of this process is in flight. With ``spare_younger_than_s`` (a writer
     of an older attempt may still live: checkpoint/durable/lease.py), a leftover written to less than that
     many seconds ago is left for a later start: it may be that writer's save in flight (it stops with
-    StaleWriter before committing), and so are open uploads."""
+    StaleWriter before committing), and so are open uploads. ``listing``: the decision's, which then forgets
+    what was removed."""
+    listing = listing or Listing(root)
     removed, spared = [], []
     now = time.time()
-    for c in list_checkpoints(root):
+    for c in listing.checkpoints():
         if c.committed:
             continue
         if spare_younger_than_s is not None and now - _last_written(c.path) < spare_younger_than_s:
@@ -264,6 +315,7 @@ def clean_uncommitted(root, spare_younger_than_s: Optional[float] = None) -> Lis
         except OSError:
             pass  # the next start tries again; discovery never loads it
         removed.append(c.checkpoint_id)
+    listing.forget(removed)
     if spared:
         log.warning("left uncommitted %s alone: written to less than %g s ago, while a writer of an older attempt "
                     "may still live (the next start removes them)", ", ".join(sorted(spared)), spare_younger_than_s)

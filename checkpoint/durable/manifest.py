@@ -188,15 +188,25 @@ def set_manifest_read_fault(hook: Optional[Callable[[Path], None]]) -> None:
 def read_manifest(directory: Path, reread_delay_s: float = REREAD_DELAY_S) -> Manifest:
     """The manifest of a committed checkpoint. An I/O error raises CheckpointUnreadable; a manifest
     missing twice, ``reread_delay_s`` apart, or that does not parse, CheckpointError."""
+    found = find_manifest(directory)
+    if found is None:
+        time.sleep(reread_delay_s)  # an attribute cache may be behind the commit
+        found = find_manifest(directory)
+    if found is None:
+        raise CheckpointError(f"{directory}: no {MANIFEST}: not a committed checkpoint")
+    return found
+
+
+def find_manifest(directory: Path) -> Optional[Manifest]:
+    """The manifest of ``directory``, or None when it has none (one look, as a listing looks): read
+    straight away, one request on an object store; errors as ``read_manifest``'s."""
     path = location(directory) / MANIFEST
     try:
-        if _read_fault is not None:
-            _read_fault(path)
-        if not path.is_file():
-            time.sleep(reread_delay_s)  # an attribute cache may be behind the commit
-            if not path.is_file():
-                raise CheckpointError(f"{directory}: no {MANIFEST}: not a committed checkpoint")
         text = path.read_text()
+        if _read_fault is not None:  # recovery.faults' manifest_read: the read of a manifest that is there
+            _read_fault(path)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
     except OSError as exc:
         raise CheckpointUnreadable(f"{path}: {exc}") from exc
     try:
@@ -234,9 +244,10 @@ def _inspect(path: Path, manifest: Manifest, name: str, checksums: bool) -> Tupl
     """(None | "suspect" | "damage" | "unreadable", what): one file against its manifest entry."""
     entry = manifest.files[name]
     try:
-        if not path.is_file():
+        try:
+            size = path.stat().st_size  # one request on an object store: no look for the file first
+        except FileNotFoundError:
             return "suspect", f"{name}: missing"
-        size = path.stat().st_size
         if size != entry.size:
             return "damage", f"{name}: {size} bytes, manifest says {entry.size}"
         if checksums and entry.checksum is not None:

@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from checkpoint.durable.discovery import list_checkpoints, list_committed
+from checkpoint.durable.discovery import Listing
 from checkpoint.durable.manifest import CheckpointUnreadable
 from checkpoint.durable.reads import READ_RETRIES, READ_RETRY_BACKOFF_S, read_on_rank0
 from checkpoint.storage import location
@@ -102,11 +102,12 @@ class Held:
 def held_in(root: Path, estimate_bytes: int) -> Held:
     """List ``root``: the size of one checkpoint (the newest manifest's, else ``estimate_bytes``),
     the committed checkpoints and the leftovers."""
-    committed = list_committed(location(root), include_bad=True, include_superseded=True)
+    listing = Listing(root)
+    committed = listing.committed(include_bad=True, include_superseded=True)
     newest = next((c for c in committed if c.manifest is not None and c.manifest.total_bytes > 0), None)
     size, source = ((newest.manifest.total_bytes, f"the size in {newest.checkpoint_id}'s manifest") if newest
                     else (estimate_bytes, "estimated from the model: no committed checkpoint yet"))
-    leftover = sum(e.size for c in list_checkpoints(root) if not c.committed for e in c.path.walk())
+    leftover = sum(e.size for c in listing.checkpoints() if not c.committed for e in c.path.walk())
     return Held(size, source, len(committed), leftover)
 
 

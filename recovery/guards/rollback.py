@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from checkpoint.durable.discovery import list_committed, parse
+from checkpoint.durable.discovery import Listing, parse
 from checkpoint.storage import location
 from recovery.resume import load_with_fallback, supersede
 
@@ -69,9 +69,11 @@ def roll_back(request: RollbackRequested, guards, ckpt, data) -> int:
     ckpt.wait()  # an in-flight save must commit (or fail) before we choose ...
     ckpt.wait_for_retention()  # ... and retention must not be renaming the one we choose
 
+    listing = Listing(ckpt.root)  # rank 0's, for the target, each fallback and the supersede marks
+
     def target(below: Optional[int] = None) -> Optional[Path]:
         found = [RollbackCandidate(c.step, c.manifest is not None and c.manifest.verified, str(c.path))
-                 for c in list_committed(ckpt.root)  # a manifest not read this time: not known to be verified
+                 for c in listing.committed()  # a manifest not read this time: not known to be verified
                  if below is None or c.step < below]  # below: older than one that failed (BAD or unreadable)
         chosen = choose_rollback_target(found, request.step, gcfg.rollback_min_age_steps,
                                         ckpt.cfg.keep_every, gcfg.rollback_prefer_permanent)
@@ -87,7 +89,7 @@ def roll_back(request: RollbackRequested, guards, ckpt, data) -> int:
     ckpt.discard_memory()  # the memory tier's snapshots hold the trajectory just abandoned
     # so do the committed checkpoints after the target: a crash must not resume them
     supersede(ckpt, manifest.step, f"abandoned by the rollback from step {request.step} to step {manifest.step} "
-                                   f"({request.reason})")
+                                   f"({request.reason})", listing)
     skipped = (request.step - manifest.step) * ckpt.global_batch_size
     data.skip_samples(skipped)
     guards.after_rollback()

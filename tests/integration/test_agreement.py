@@ -88,3 +88,17 @@ def test_an_error_rank_0_meets_deciding_for_every_rank_reaches_every_rank():
     assert re.search(r"RAISED 1 RankZeroFailed: .*ValueError: rank 0's read met bytes it did not expect", out), \
         out + proc.stderr[-3000:]
     assert "BARRIER 0" in out and "BARRIER 1" in out and proc.returncode == 0, out + proc.stderr[-3000:]
+
+
+def test_a_decision_on_rank_0_longer_than_the_collective_timeout_reaches_every_rank():
+    """Rank 0 decides for all (collectives.decided_on_rank0) for three times the collective timeout (2 s):
+    an answer, an error the caller listed, one it did not. The other rank waits in short agreed polls, not in
+    one collective, so it gets each outcome instead of gloo's timeout, and both reach the next collective."""
+    proc = run(torchrun(2, worker("rank0_slow_decision")), timeout=120)
+    out, err = proc.stdout, proc.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"DECIDED {rank} step_00000398" in out and f"DECIDED {rank} OSError: [Errno 5] the store did not " \
+            "answer" in out, out + err
+    assert "DECIDED 0 ValueError: bytes it did not expect" in out, out + err
+    assert re.search(r"DECIDED 1 RankZeroFailed: .*ValueError: bytes it did not expect", out), out + err
+    assert "BARRIER 0" in out and "BARRIER 1" in out and proc.returncode == 0, out + err

@@ -489,3 +489,65 @@ def test_a_sigkill_at_any_phase_of_an_s3_save_leaves_no_trusted_torn_checkpoint(
     assert [c.checkpoint_id for c in list_checkpoints(root) if c.replaced] == (["step_00000004"] if step == 4 else [])
     assert all(c.committed for c in list_checkpoints(root))  # the interrupted save's objects are gone
     assert read_latest_pointer(root) == kept[0].checkpoint_id
+
+
+# -- many checkpoints on a slow store: rank 0 lists and reads while the others wait -----------------------
+MANY = 200  # committed folders under the prefix
+
+
+def _many_checkpoints(name: str) -> Loc:
+    """MANY committed checkpoints: steps 398 (verified) and 400 (saved after an alarm, so not verified) by the
+    manager, and 198 older ones that are only their manifests (a listing reads nothing else of them)."""
+    from checkpoint.durable.discovery import checkpoint_id
+    from checkpoint.durable.manifest import MANIFEST
+
+    root = in_bucket(name)
+    cfg = protocol_config(str(root), keep_last=1000)
+    with manager(cfg, tiny_state(398)) as mgr:
+        mgr.save(398, 1.0)
+    with manager(cfg, tiny_state(400)) as mgr:
+        mgr.save(400, 1.0, unverified_reason="a guard alarm since step 398 (the test's)")
+    manifest = read_manifest(root / "step_00000398")
+    for step in range(400 - 2 * (MANY - 1), 398, 2):
+        (root / checkpoint_id(step) / MANIFEST).write_text(replace(manifest, checkpoint_id=checkpoint_id(step),
+                                                                   step=step).to_json())
+    assert len(list_committed(root, include_bad=True)) == MANY
+    return root
+
+
+def resume_and_roll_back(s3, root: Loc, out, delay_s: float, timeout_s: float):
+    """tests/support/workers/s3_rollback_ranks.py on 2 ranks: resume=auto, then a rollback from step 401, with
+    every request to the server held ``delay_s`` and collectives timing out after ``timeout_s``; the finished
+    process and each rank's record ({} for a rank that wrote none)."""
+    import json
+
+    from support.launch import run, subprocess_env, torchrun, worker
+
+    out.mkdir(exist_ok=True)
+    s3.delay_requests(delay_s)
+    try:
+        proc = run(torchrun(2, worker("s3_rollback_ranks")), timeout=600, env=subprocess_env(
+            {**s3.env, "CKPT_ROOT": str(root), "COLLECTIVE_TIMEOUT_S": str(timeout_s), "ROLLBACK_FROM": "401",
+             "OUT_DIR": str(out)}))
+    finally:
+        s3.delay_requests(0)
+    return proc, [json.loads(p.read_text()) if p.is_file() else {} for p in (out / "rank0.json", out / "rank1.json")]
+
+
+@pytest.mark.distributed
+def test_a_resume_and_a_rollback_over_200_checkpoints_on_a_slow_store_stay_within_the_collective_timeout(
+        s3, tmp_path):
+    """200 committed checkpoints on a store that takes 100 ms for every request, 2 ranks whose collectives time
+    out after 10 s: a resume (resume=auto) and a rollback (from step 401 to the verified step 398, superseding
+    step 400, saving step 398 again) complete. Rank 0 lists and reads for every rank while the others agree
+    every few seconds that it is still at it, and each decision lists checkpoint.dir once, reading each
+    manifest and marker with one request."""
+    root = _many_checkpoints("many")
+    proc, (rank0, rank1) = resume_and_roll_back(s3, root, tmp_path / "out", delay_s=0.1, timeout_s=10)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
+    assert (rank0["resumed_step"], rank0["rolled_back_to"]) == (400, 398) == (rank1["resumed_step"],
+                                                                             rank1["rolled_back_to"])
+    assert _trusted(root)[:2] == [398, 396] and committed_dir(root, 398).name == "step_00000398.r1"
+    for phase in ("start", "resume", "rollback"):  # one listing each (start: the pre-flight's), a request per file
+        made = sum(rank0["requests"][phase].values())
+        assert made < 5 * MANY, (phase, rank0["requests"][phase])

@@ -285,12 +285,12 @@ def test_only_rank_0_lists_the_checkpoint_directory_for_the_preflight(tmp_path, 
     sent = []
     monkeypatch.setattr(collectives, "distributed", lambda: True)
     monkeypatch.setattr(collectives.dist, "get_rank", lambda group=None: 1)  # this process plays rank 1
+    monkeypatch.setattr(collectives, "any_rank", lambda flag, group=None: flag)  # polled while rank 0 lists
     monkeypatch.setattr(collectives, "broadcast_object", lambda obj, *a, **k: sent.append(obj) or [rank0, None])
 
     def must_not_list(*args, **kwargs):
         raise AssertionError("rank 1 listed the checkpoint directory")
-    monkeypatch.setattr(preflight, "list_committed", must_not_list)
-    monkeypatch.setattr(preflight, "list_checkpoints", must_not_list)
+    monkeypatch.setattr(preflight, "Listing", must_not_list)
     held = preflight.held_once(tmp_path, estimate_bytes=1000)
     assert held == rank0 and sent == [[None, None]]  # rank 1 sent nothing of its own
     seen = free_seen(monkeypatch, tmp_path)

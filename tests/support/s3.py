@@ -108,9 +108,10 @@ _composed = None
 
 
 @contextmanager
-def manager(cfg, state, fault_hook=None):
-    """A CheckpointManager of one process, run as trainer/run.py runs it: the lease, pre-flight, its
-    heartbeat, and on leaving the save's and retention's end and the lease released."""
+def manager(cfg, state, fault_hook=None, rank: int = 0, world_size: int = 1):
+    """A CheckpointManager of one process (or of rank ``rank`` of a started process group), run as
+    trainer/run.py runs it: the lease, pre-flight, rank 0's heartbeat, and on leaving the save's and
+    retention's end and the lease released."""
     import torch
 
     from checkpoint.durable.lease import Heartbeat
@@ -119,16 +120,18 @@ def manager(cfg, state, fault_hook=None):
     from trainer.preflight import claim_lease
     from trainer.run import checkpoint_manager
 
-    mgr = checkpoint_manager(typed(cfg)[0], state, 0, 1, ParallelDims(1, 1, 1, 1).layout, torch.device("cpu"),
+    layout = ParallelDims(1, world_size, 1, world_size).layout
+    mgr = checkpoint_manager(typed(cfg)[0], state, rank, world_size, layout, torch.device("cpu"),
                              fault_hook=fault_hook)
     mgr.preflight(claim_lease(cfg.checkpoint))
-    beat = Heartbeat(mgr.root, mgr.saver.attempt, cfg.checkpoint.lease_timeout_s)
+    beat = Heartbeat(mgr.root, mgr.saver.attempt, cfg.checkpoint.lease_timeout_s) if rank == 0 else None
     try:
         yield mgr
         mgr.close()  # waits for the save in flight and for retention
     finally:
         mgr._housekeeping.shutdown(wait=True)
-        beat.stop()
+        if beat is not None:
+            beat.stop()
 
 
 # Where tests/support/workers/s3_save_worker.py SIGKILLs itself during an S3 save, in the order of the protocol

@@ -33,10 +33,12 @@ register()
 
 
 def _as_rank_1(monkeypatch, rank0_answer, rank0_sees=([], [])):
-    """This process is rank 1 of 2: the broadcast gives rank 0's answer, the gather rank 0's findings."""
+    """This process is rank 1 of 2: the broadcast gives rank 0's answer, the gather rank 0's findings, the
+    polls while rank 0 decides find it done."""
     sent = []
     monkeypatch.setattr(collectives, "distributed", lambda: True)
     monkeypatch.setattr(collectives.dist, "get_rank", lambda group=None: 1)
+    monkeypatch.setattr(collectives, "any_rank", lambda flag, group=None: flag)
     monkeypatch.setattr(collectives, "broadcast_object", lambda obj, *a, **k: sent.append(obj) or rank0_answer)
     monkeypatch.setattr(collectives, "all_gather_object", lambda obj, *a, **k: [rank0_sees, obj])
     return sent

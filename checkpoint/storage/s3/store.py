@@ -216,22 +216,28 @@ class RangedReader(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
+    def _get(self, **ranged) -> bytes:
+        body = call(self.url, client().get_object, Bucket=self.bucket, Key=self.key, **ranged)["Body"]
+        try:
+            return body.read()
+        except Exception as exc:  # the connection broke while streaming the body
+            raise OSError(errno.EIO, f"S3 read of {self.url} broke off: {exc}", self.url) from exc
+
     def readinto(self, buffer) -> int:
         mv = memoryview(buffer).cast("B")
         if not len(mv) or self._pos >= self._length():
             return 0
         end = min(self._pos + len(mv), self._length()) - 1
-        body = call(self.url, client().get_object, Bucket=self.bucket, Key=self.key,
-                    Range=f"bytes={self._pos}-{end}")["Body"]
-        try:
-            data = body.read()
-        except Exception as exc:  # the connection broke while streaming the body
-            raise OSError(errno.EIO, f"S3 read of {self.url} broke off: {exc}", self.url) from exc
+        data = self._get(Range=f"bytes={self._pos}-{end}")
         mv[:len(data)] = data
         self._pos += len(data)
         return len(data)
 
     def readall(self) -> bytes:
+        if self._pos == 0 and self._size is None:  # a whole file (a manifest, a marker): one GET, no HEAD first
+            data = self._get()
+            self._size = self._pos = len(data)
+            return data
         buf = bytearray(max(0, self._length() - self._pos))
         view, got = memoryview(buf), 0
         while got < len(buf):
