@@ -91,7 +91,7 @@ def test_an_error_rank_0_meets_deciding_for_every_rank_reaches_every_rank():
 
 
 def test_a_decision_on_rank_0_longer_than_the_collective_timeout_reaches_every_rank():
-    """Rank 0 decides for all (collectives.decided_on_rank0) for three times the collective timeout (2 s):
+    """Rank 0 decides for all (collectives.decided_on_rank0) for twice the collective timeout (2 s):
     an answer, an error the caller listed, one it did not. The other rank waits in short agreed polls, not in
     one collective, so it gets each outcome instead of gloo's timeout, and both reach the next collective."""
     proc = run(torchrun(2, worker("rank0_slow_decision")), timeout=120)

@@ -95,7 +95,9 @@ def test_a_bad_mark_that_cannot_be_written_does_not_stop_the_fallback(runs, pydo
     """Step 8's bytes are damaged (proven: the resume marks it BAD), but rank 0 cannot write the mark (a
     folder stands where the file goes). Rank 0 alone raised it and the run died, at every restart; now it
     is a warning on rank 0 and every rank falls back to step 4 together and trains on, exactly. The next
-    start proves the damage again."""
+    start proves the damage again. (At 2 ranks: the mark is rank 0's alone at any count.)"""
+    if runs[2] != 2:
+        pytest.skip("shown at 2 ranks")
     run_dir, nproc = _copy(runs, "mark-fails"), runs[2]
     step = run_dir / "checkpoints" / f"step_{SAVED:08d}"
     data = max((p for p in step.rglob("*") if p.is_file() and p.suffix not in (".json", ".yaml")),

@@ -612,14 +612,14 @@ def test_one_ranks_failure_in_a_snapshot_fails_it_on_every_rank_and_the_next_one
 
 @pytest.mark.distributed
 def test_a_failed_collective_of_the_tier_turns_it_off_on_every_rank_at_one_step(tmp_path, pydoc_data):
-    """Rank 1 hangs 20 s before its commit of the snapshot of step 6: rank 0's agreement on the
-    commit times out (the tier's timeout is 10 s), and the group can no longer be trusted to be in
+    """Rank 1 hangs 8 s before its commit of the snapshot of step 6: rank 0's agreement on the
+    commit times out (the tier's timeout is 4 s), and the group can no longer be trusted to be in
     step. Every rank must turn the tier off at the same step boundary (the step's agreement carries
     the flag) and train to the end; a rank that kept snapshotting would wait out the timeout again."""
     run_dir, steps = tmp_path / "run", 12
-    hang = {"kind": "hang", "phase": "memory_commit", "step": 6, "rank": 1, "hang_s": 20.0}
+    hang = {"kind": "hang", "phase": "memory_commit", "step": 6, "rank": 1, "hang_s": 8.0}
     args = overrides(run_dir, pydoc_data, tmp_path / "shm", [
-        faults_override([hang]), f"training.steps={steps}", "checkpoint.interval=0", "checkpoint.commit_timeout_s=10"])
+        faults_override([hang]), f"training.steps={steps}", "checkpoint.interval=0", "checkpoint.commit_timeout_s=4"])
     nodes = Nodes(tmp_path, args, max_restarts=0)
     codes = nodes.run_both()
     assert codes == {0: 0, 1: 0}, nodes.text()[-6000:]

@@ -208,6 +208,7 @@ def test_the_server_stopped_during_a_save_stops_or_continues_by_on_save_error_an
     code = _run_through_an_outage(s3, cmd("stop"), log_path, run_dir, root, after_step=4)
     out = log_path.read_text()
     assert code == 1 and "Traceback" not in out, out[-6000:]
+    assert "error (rank 0): CheckpointSaveError: " in out, out[-6000:]
     block = out[out.index("error (rank 0): CheckpointSaveError: "):]
     assert "checkpoint of step 6 could not be saved: the object store failed or did not answer" in block, out[-6000:]
     # the save's first request (choosing its folder) got no answer: nothing was written, nothing is removed

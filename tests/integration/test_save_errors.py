@@ -117,7 +117,9 @@ def test_a_failed_save_stops_cleanly_preflight_refuses_the_relaunch_and_nothing_
         assert (alarm["check"], alarm["action"], alarm["step"]) == ("checkpoint_save", "stop", 20)
         assert alarm["errno"] == (errno.ENOSPC if how == "full" else errno.EROFS)
         last = max(r["step"] for r in read_metrics(run_dir))
-        assert last == 20 if mode == "sync" else 20 <= last <= 22
+        # async: the write fails in the background; the ranks stop at the first step whose flags carry it,
+        # before the next save (step 30) could start (how many steps that is depends on the machine's load)
+        assert last == 20 if mode == "sync" else 20 <= last < 30, last
 
         # relaunch on the same disk: stops in pre-flight, before step 1 (read-only: in the checks, before the build)
         rows = len(read_metrics(run_dir))

@@ -1,5 +1,5 @@
 """Run by test_agreement.py under torchrun: rank 0 decides for every rank (``decided_on_rank0``) three times,
-each decision taking three times the collective timeout (a listing of a slow store, reads retried with a
+each decision taking twice the collective timeout (a listing of a slow store, reads retried with a
 backoff): an answer, an error its caller listed, one it did not.
 
   torchrun --standalone --nproc-per-node 2 tests/support/workers/rank0_slow_decision.py
@@ -23,7 +23,7 @@ TIMEOUT_S = 2.0
 
 def slow(outcome):
     def decide():
-        time.sleep(3 * TIMEOUT_S)
+        time.sleep(2 * TIMEOUT_S)
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
