@@ -123,6 +123,28 @@ def test_inputs_that_cannot_work_are_named(tmp_path, pydoc_data):
     assert "a Hugging Face folder needs model.safetensors or model.safetensors.index.json" in proc.stderr
 
 
+def byte_llama_folder(folder, seed: int) -> None:
+    """A transformers Llama with llama3 rotary scaling saved in shards (model.safetensors.index.json, as
+    published folders are), eos_token_id [256, 7], and the byte tokenizer's tokenizer.json with BOS 257
+    put before the text by its post-processor, as Llama 3's does."""
+    from test_interop_import import hf_random_model
+    from test_llama3_rope import SCALED, SCALING
+    from tokenizers import processors
+
+    from data.tokenizer import byte_tokenizer_json
+
+    bos = "<|begin_of_text|>"
+    cfg = ModelConfig(**{**vars(SCALED), "vocab_size": 258})  # the tokenizer's ids: argmax over the same set
+    hf_random_model(folder, cfg, seed=seed, max_shard_size="400KB", rope_scaling=dict(SCALING), eos_token_id=[256, 7],
+                    bos_token_id=257)
+    tok = byte_tokenizer_json()
+    tok.add_special_tokens([bos])
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, 257)])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": "<|endoftext|>"}))
+
+
 @pytest.mark.distributed  # a script process
 def test_the_script_on_a_hf_folder_equals_transformers_greedy_generate(tmp_path):
     """A transformers Llama with llama3 rotary scaling, saved in shards with model.safetensors.index.json (as
@@ -130,24 +152,11 @@ def test_the_script_on_a_hf_folder_equals_transformers_greedy_generate(tmp_path)
     does (the byte tokenizer's ids, EOS 256, BOS 257 added by its post-processor; eos_token_id [256, 7] in
     config.json): scripts/generate.py --temperature 0 prints what transformers' generate(do_sample=False)
     gives on the same folder from the ids AutoTokenizer gives, decoded by the same tokenizer."""
-    from test_interop_import import hf_random_model
-    from test_llama3_rope import SCALED, SCALING
-    from tokenizers import processors
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from data.tokenizer import byte_tokenizer_json
-
-    folder, bos = tmp_path / "hf", "<|begin_of_text|>"
-    cfg = ModelConfig(**{**vars(SCALED), "vocab_size": 258})  # the tokenizer's ids: argmax over the same set
-    hf_random_model(folder, cfg, seed=6, max_shard_size="400KB", rope_scaling=dict(SCALING), eos_token_id=[256, 7],
-                    bos_token_id=257)
+    folder = tmp_path / "hf"
+    byte_llama_folder(folder, seed=6)
     assert (folder / "model.safetensors.index.json").is_file()
-    tok = byte_tokenizer_json()
-    tok.add_special_tokens([bos])
-    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, 257)])
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": "<|endoftext|>"}))
     prompt, new = "The rotary embedding of Llama 3.1", 60  # 1 + 33 + 60 positions: past the original 32
     reference = AutoTokenizer.from_pretrained(folder)
     ids = reference(prompt, return_tensors="pt").input_ids
@@ -172,24 +181,10 @@ def stopping_folder(tmp_path_factory):
     whose generation_config.json lists one end-of-text id more than config.json (as instruct models do):
     an id its greedy continuation reaches at the 9th token or later, so that transformers stops there.
     Returns the folder and what transformers' generate(do_sample=False) gives on it, decoded."""
-    from test_interop_import import hf_random_model
-    from test_llama3_rope import SCALED, SCALING
-    from tokenizers import processors
     from transformers import AutoTokenizer, GenerationConfig, LlamaForCausalLM
 
-    from data.tokenizer import byte_tokenizer_json
-
-    folder, bos = tmp_path_factory.mktemp("stopping") / "hf", "<|begin_of_text|>"
-    cfg = ModelConfig(**{**vars(SCALED), "vocab_size": 258})
-    # seed 7: a continuation of 13 different ids in 60 (seed 6's repeats one)
-    hf_random_model(folder, cfg, seed=7, max_shard_size="400KB", rope_scaling=dict(SCALING), eos_token_id=[256, 7],
-                    bos_token_id=257)
-    tok = byte_tokenizer_json()
-    tok.add_special_tokens([bos])
-    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, 257)])
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": "<|endoftext|>"}))
+    folder = tmp_path_factory.mktemp("stopping") / "hf"
+    byte_llama_folder(folder, seed=7)  # seed 7: a continuation of 13 different ids in 60 (seed 6's repeats one)
     reference = AutoTokenizer.from_pretrained(folder)
     ids = reference(PROMPT, return_tensors="pt").input_ids
     model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
