@@ -523,13 +523,13 @@ def test_auto_interval_is_chosen_from_the_measured_snapshot_cost(tmp_path, pydoc
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("per_node", [1, 2])
-def test_auto_memory_interval_is_the_same_on_both_nodes_when_one_is_slower(tmp_path, pydoc_data, per_node):
-    """checkpoint.memory.interval=auto on two nodes (2 and 4 ranks). The last worker is slower at
+def test_auto_memory_interval_is_the_same_on_both_nodes_when_one_is_slower(tmp_path, pydoc_data):
+    """checkpoint.memory.interval=auto on two nodes of two ranks. The last worker is slower at
     every step and its host copy stalls training 0.6 s longer (the memory_snapshot fault): alone, it
     would choose another interval than the others and enter the replica exchange at other steps.
     All must snapshot at the same steps, every snapshot complete on both nodes, and the run must finish."""
-    run_dir, steps, last = tmp_path / "run", 24, 2 * per_node - 1
+    run_dir, steps, per_node = tmp_path / "run", 24, 2
+    last = 2 * per_node - 1
     faults = faults_override([
         {"kind": "slow", "phase": "step", "step": -1, "rank": last, "delay_s": 0.03},
         {"kind": "slow", "phase": "memory_snapshot", "step": -1, "rank": last, "delay_s": 0.6}])
@@ -651,13 +651,12 @@ def test_a_snapshot_taken_with_another_config_is_refused_like_a_durable_checkpoi
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("per_node", [1, 2])
 @pytest.mark.parametrize("required", [True, False])
-def test_one_node_short_of_memory_decides_for_every_rank(tmp_path, pydoc_data, required, per_node):
-    """Node 1's memory root is a 4 MiB tmpfs (it needs ~10 MiB), node 0's has room (2 and 4 ranks).
+def test_one_node_short_of_memory_decides_for_every_rank(tmp_path, pydoc_data, required):
+    """Node 1's memory root is a 4 MiB tmpfs (it needs ~10 MiB), node 0's has room; two ranks per node.
     Every rank takes the same decision: all stop at the pre-flight (required), or all train on the
     durable tier alone; a node deciding alone would leave its peer waiting in the tier's collectives."""
-    root = tmp_path / "shm"
+    root, per_node = tmp_path / "shm", 2
     with tmpfs(root / "node-1", 4):
         args = overrides(tmp_path / "run", pydoc_data, root, [f"checkpoint.memory.required={str(required).lower()}",
                                                                "training.steps=8",

@@ -74,14 +74,14 @@ def test_save_retention_resume_and_reshard_on_s3_equal_the_local_disk(s3, local,
     for step in (6, 8):  # retention removed steps 2 and 4 whole; what is kept verifies and holds the same tensors
         ours, theirs = root / f"step_{step:08d}", local / "checkpoints" / f"step_{step:08d}"
         verify_checkpoint(ours)
-        for part in ("model.", "optim."):
-            a, b = load_tensors(ours, part), load_tensors(theirs, part)
-            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        # Every tensor (model, optimizer, torch's generator...). The files' sizes may differ by a few bytes: the
+        # pickled state of Python's global generator, which boto3 draws its retry jitter from, is in them.
+        a, b = load_tensors(ours, ""), load_tensors(theirs, "")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     inspect = load_script("inspect_checkpoints").rows  # the inspect script lists S3 as it lists the disk
     ours, theirs = (inspect(r, True, KEEP, 0, 0, "loss") for r in (root, local / "checkpoints"))
     assert [(r["checkpoint_id"], r["state"], r["tier"], r["verified"]) for r in ours] == \
         [(r["checkpoint_id"], r["state"], r["tier"], r["verified"]) for r in theirs]
-    assert [round(r["size_mib"], 3) for r in ours] == [round(r["size_mib"], 3) for r in theirs]
     # resharded to one rank (ranged reads of the slices it needs), from S3 and from the disk alike
     _train(s3, run_dir, pydoc_data, root, "checkpoint.resume=6", nproc=1)
     _train(s3, local, pydoc_data, local / "checkpoints", "checkpoint.resume=6", nproc=1)

@@ -1,8 +1,9 @@
 """Optional features are units: each lives in its own files and plugs into the rest at marked statements (a
 statement whose first line carries ``# unit: NAME``). A fork that deletes a unit's files and its marked
 statements still has a trainer that trains, saves and resumes bitwise, and the unit's keys are gone from the
-config. Each unit is deleted in turn from a copy of the tree; the copy's train.py is killed after its first save
-and started again, and its losses equal the whole tree's, step for step."""
+config. Each unit is deleted in turn from a copy of the tree, which must then refer to it nowhere and refuse its keys;
+then a copy without every unit is killed after its first save and started again, and its losses equal the whole
+tree's, step for step."""
 
 from __future__ import annotations
 
@@ -74,39 +75,53 @@ def reference(tmp_path_factory, pydoc_data):
     return step_losses(run_dir)
 
 
-@pytest.mark.parametrize("unit", sorted(UNITS))
-def test_a_tree_without_the_unit_trains_saves_and_resumes_bitwise(tmp_path, pydoc_data, reference, unit):
+def _tree(tmp_path: Path, *units: str) -> Path:
+    """A copy of the tree without ``units``, checked to name none of them and import none of their modules."""
     tree = tmp_path / "tree"
     for name in COPIED:
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(
             ROOT / name, tree / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
                                          if (ROOT / name).is_dir() else {}))
-    assert remove_unit(tree, unit) >= 2, f"{unit} plugs in nowhere"
-    gone = _modules(unit)
+    for unit in units:
+        assert remove_unit(tree, unit) >= 2, f"{unit} plugs in nowhere"
+    gone = tuple(m for unit in units for m in _modules(unit))
     product = [p for p in tree.rglob("*.py") if p.relative_to(tree).parts[0] != "scripts"]  # scripts may use it
-    for path in product:  # nothing left that names the unit or imports its modules
+    for path in product:  # nothing left that names a unit or imports its modules, at any depth of the file
         text = path.read_text()
-        assert f"unit: {unit}" not in text, path
+        assert not [u for u in units if f"unit: {u}" in text], path
         for node in ast.walk(ast.parse(text)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] \
                 if isinstance(node, ast.ImportFrom) else []
-            assert not [n for n in names if n.startswith(tuple(gone))], (path, names)
+            assert not [n for n in names if n.startswith(gone)], (path, names)
+    return tree
 
-    env = subprocess_env({"PYTHONPATH": str(tree)})
 
-    def train(*overrides: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(tree / "train.py"), *overrides], cwd=tree, env=env,
-                              capture_output=True, text=True, timeout=300)
+def _train(tree: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(tree / "train.py"), *overrides], cwd=tree,
+                          env=subprocess_env({"PYTHONPATH": str(tree)}), capture_output=True, text=True, timeout=300)
 
-    run_dir = tmp_path / "run"
+
+@pytest.mark.parametrize("unit", sorted(UNITS))
+def test_a_tree_without_the_unit_imports_none_of_it_and_refuses_its_keys(tmp_path, pydoc_data, unit):
+    """Each unit alone: deleted, nothing left refers to it (imports inside functions included), and its key is
+    refused by the copy's own validation with the message a user reads."""
+    tree = _tree(tmp_path, unit)
     key, said = UNITS[unit][1:]
-    refused = train(*tiny_overrides(run_dir, pydoc_data, STEPS, INTERVAL, async_mode="sync"), key, "check_only=true")
+    refused = _train(tree, *tiny_overrides(tmp_path / "run", pydoc_data, STEPS, INTERVAL, async_mode="sync"), key,
+                     "check_only=true")
     assert refused.returncode == 2 and said in refused.stderr, refused.stderr[-3000:]
+
+
+def test_a_tree_without_every_unit_trains_saves_and_resumes_bitwise(tmp_path, pydoc_data, reference):
+    """Every unit deleted at once (the test above shows that none leans on another): the copy is killed after its
+    first save and started again, and its losses equal the whole tree's, step for step."""
+    tree = _tree(tmp_path, *UNITS)
+    run_dir = tmp_path / "run"
     overrides = tiny_overrides(run_dir, pydoc_data, STEPS, INTERVAL, async_mode="sync",
                                extra=[faults_override([{"kind": "sigkill", "phase": "step", "step": KILL_AT}])])
-    killed = train(*overrides)
+    killed = _train(tree, *overrides)
     assert killed.returncode != 0 and "Traceback" not in killed.stderr, killed.stderr[-3000:]
-    resumed = train(*overrides)  # the fault fired once: this run resumes from the step-2 save
+    resumed = _train(tree, *overrides)  # the fault fired once: this run resumes from the step-2 save
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     [resume] = read_metrics(run_dir, "resume")
     assert resume["checkpoint_id"] == f"step_{INTERVAL:08d}"
