@@ -97,6 +97,7 @@ class ReplicaGroups:
         self.manager.load_state_dict({"step": state.step, "batches_committed": 0})  # after a durable resume
         self.participants, self.shares, self.index = 0, 0, 0  # the quorum's groups; the batch's shares; ours
         self.quorum_s = self.transfer_s = self.load_s = 0.0
+        self.started = 0.0  # time.time() when the step's quorum was asked for
         self.healed = False
         self._data_before: dict = {}
 
@@ -109,7 +110,7 @@ class ReplicaGroups:
     def start_step(self, data) -> int:
         """The step's quorum (it waits for a lost peer to be declared dead, and heals this group when it is
         behind), then this rank's share of the global batch. Returns the step to run (0-based: steps done)."""
-        start = time.perf_counter()
+        start, self.started = time.perf_counter(), time.time()
         self.transfer_s = self.load_s = 0.0
         self.healed = False
         self.manager.start_quorum()
@@ -149,7 +150,7 @@ class ReplicaGroups:
                    "global_tokens": data.global_target_tokens,
                    "loss": result.loss, "healed": self.healed, "quorum_s": round(self.quorum_s, 4),
                    "transfer_s": round(self.transfer_s, 4), "load_s": round(self.load_s, 4),
-                   "step_s": round(result.seconds, 4), "time": time.time()}
+                   "step_s": round(result.seconds, 4), "started": self.started, "time": time.time()}
             with open(self.log_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
         if not result.committed:
