@@ -60,9 +60,13 @@ class ReplicaGroups:
     def __init__(self, cfg, world, state, plan: BatchPlan, dp_rank: int, run_dir: Path):
         """``cfg``: parallel.fault_tolerance; ``state``: the TrainingState (what a rejoining group receives);
         ``plan`` and ``dp_rank``: this group's own batch plan and this rank's place in it."""
-        from torchft import Manager
-        from torchft.checkpointing.pg_transport import PGTransport
-        from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+        try:
+            from torchft import Manager
+            from torchft.checkpointing.pg_transport import PGTransport
+            from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+        except ImportError as exc:
+            raise ImportError(f"parallel.fault_tolerance.enabled=true needs torchft ({exc}): install the project "
+                              "with its ft extra (pip install -e '.[ft]')") from exc
 
         self.cfg, self.state, self.world, self.run_dir = cfg, state, world, run_dir
         self.group_plan, self.group_dp_rank = plan, dp_rank

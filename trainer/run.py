@@ -228,7 +228,7 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     shutdown.add(85, "the garbage collection schedule", collection.close)
     grad_stats = GradStats(model, world.device, loss_copies=world.world_size // dims.dp)  # loss and norms
     recent: list[float] = []
-    step = start_step
+    step, warmed_up = start_step, False
     while step < t.steps:
         t0 = time.perf_counter()
         rt.phase("data_wait", step + 1)
@@ -251,8 +251,10 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
             replicas.end_step(step, result, data)
             if not result.committed:  # a peer was lost during the step: every group runs it again
                 continue
-        if step == start_step:  # warm-up done: a hung peer should now fail fast
+        if not warmed_up:  # warm-up done: a hung peer should now fail fast (the first step this process ran: a
+            # group that took its peers' state at the quorum starts at theirs)
             set_collective_timeout(p.collective_timeout_after_first_step_s, parallel.process_groups())
+            warmed_up = True
         if ema is not None:
             ema.update()
         state.record_step(result.target_tokens, plan.global_batch_size)
