@@ -36,7 +36,7 @@ import socket
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -54,12 +54,31 @@ def writes_checkpoints(cfg) -> bool:
     return not cfg.enabled or cfg.replica_id == 0
 
 
+class ManagerState:
+    """The torchft manager's own state (its step and its count of committed batches) as a part of the training
+    state: group 0's durable checkpoints hold it, and a cold start hands it back to the manager. Built before the
+    resume (the manager is made after it); once the manager exists, its live state is what a save takes."""
+
+    def __init__(self):
+        self.saved: Optional[Dict[str, int]] = None  # from a durable checkpoint
+        self.manager = None
+
+    def state_dict(self) -> Dict[str, int]:
+        return dict(self.manager.state_dict() if self.manager is not None else self.saved or {})
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        if self.manager is None:  # once it exists, a peer's state reaches the manager through torchft itself
+            self.saved = {k: int(v) for k, v in state.items()}
+
+
 class ReplicaGroups:
     """This rank's torchft manager, and the step's split of the global batch."""
 
-    def __init__(self, cfg, world, state, plan: BatchPlan, dp_rank: int, run_dir: Path):
-        """``cfg``: parallel.fault_tolerance; ``state``: the TrainingState (what a rejoining group receives);
-        ``plan`` and ``dp_rank``: this group's own batch plan and this rank's place in it."""
+    def __init__(self, cfg, world, state, manager_state: ManagerState, plan: BatchPlan, dp_rank: int,
+                 run_dir: Path):
+        """``cfg``: parallel.fault_tolerance; ``state``: the TrainingState (what a rejoining group receives), whose
+        ``manager_state`` (its ``torchft`` part) the durable resume filled; ``plan`` and ``dp_rank``: this group's
+        own batch plan and this rank's place in it."""
         try:
             from torchft import Manager
             from torchft.checkpointing.pg_transport import PGTransport
@@ -98,7 +117,11 @@ class ReplicaGroups:
             lighthouse_addr=cfg.lighthouse, replica_id=f"group_{cfg.replica_id}",
             hostname=cfg.hostname or socket.gethostname(), checkpoint_transport=transport,
             init_sync=False)  # every group initialises the same weights from the seed
-        self.manager.load_state_dict({"step": state.step, "batches_committed": 0})  # after a durable resume
+        saved = manager_state.saved or {}
+        if saved.get("step") != state.step:  # none saved (a checkpoint without fault tolerance, or none)
+            saved = {"step": state.step, "batches_committed": 0}
+        self.manager.load_state_dict(saved)
+        manager_state.manager = self.manager
         self.participants, self.shares, self.index = 0, 0, 0  # the quorum's groups; the batch's shares; ours
         self.quorum_s = self.transfer_s = self.load_s = 0.0
         self.started = 0.0  # time.time() when the step's quorum was asked for
@@ -151,7 +174,7 @@ class ReplicaGroups:
             row = {"step": step + 1, "committed": result.committed, "participants": self.participants,
                    "index": self.index, "samples": [first, per_group],
                    "tokens": data.dataset.target_count(SampleRange(first, per_group)),
-                   "global_tokens": data.global_target_tokens,
+                   "global_tokens": data.global_target_tokens, "batches_committed": self.manager.batches_committed(),
                    "loss": result.loss, "healed": self.healed, "quorum_s": round(self.quorum_s, 4),
                    "transfer_s": round(self.transfer_s, 4), "load_s": round(self.load_s, 4),
                    "step_s": round(result.seconds, 4), "started": self.started, "time": time.time()}

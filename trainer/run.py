@@ -181,14 +181,16 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     throughput = Throughput(mcfg, t.seq_len, world.world_size, config.logging.peak_tflops)  # MFU
     guards = None  # the silent-corruption and loss-spike guards (recovery/guards/)
     guards = build_guards(rc.guards, run_dir, model, world, parallel, probe, metrics)  # unit: guards
-    state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, optim_config=config.optim,
-                          rank=world.rank, world_size=world.world_size)  # everything a checkpoint holds
-    probe.weights_version = lambda: state.weights_version  # the probe runs once per set of weights
-    ft_cfg = p.fault_tolerance
+    ft_cfg, manager_state = p.fault_tolerance, None
     if ft_cfg.enabled:  # unit: fault_tolerance (replica groups under torchft; its code is loaded only for them)
-        from recovery.fault_tolerance import writes_checkpoints
+        from recovery.fault_tolerance import ManagerState, writes_checkpoints
+        manager_state = ManagerState()  # the torchft manager's state: a part of the checkpoints
         if not writes_checkpoints(ft_cfg):  # one group writes the durable checkpoints
             config = dataclasses.replace(config, checkpoint=dataclasses.replace(c, interval="0", save_final=False))
+    state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, manager_state,
+                          optim_config=config.optim, rank=world.rank,
+                          world_size=world.world_size)  # everything a checkpoint holds
+    probe.weights_version = lambda: state.weights_version  # the probe runs once per set of weights
     ckpt = checkpoint_manager(config, state, world.rank, world.world_size, dims.layout, world.device, metrics=metrics,
                               fault_hook=injector.maybe_inject, probe=probe)
     shutdown.add(10, "the checkpoint writer", ckpt.close)
@@ -206,7 +208,7 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     replicas = None
     if ft_cfg.enabled:  # unit: fault_tolerance
         from recovery.fault_tolerance import ReplicaGroups
-        replicas = ReplicaGroups(ft_cfg, world, state, plan, parallel.dp_rank, run_dir)
+        replicas = ReplicaGroups(ft_cfg, world, state, manager_state, plan, parallel.dp_rank, run_dir)
         shutdown.add(85, "the torchft manager", replicas.close)
     if world.is_main:  # the launch is accepted (the resume included): now it may say what it runs
         write_run_config(run_dir, resolved, overrides)

@@ -72,6 +72,11 @@ def test_hsdp_groups_through_two_kills_in_the_all_reduce_and_a_cold_restart(tmp_
     assert [d["weights_sha256"] for d in a] == [d["weights_sha256"] for d in b] and len(a) == 2
     cold = [r for r in rows1 if r["healed"] and r["started"] > second.launches[3]]
     assert cold, "after losing every group, group 1 took group 0's state (resumed from its durable checkpoint)"
+    restarted = [r for r in rows0 if r["committed"] and r["started"] > first.launches[1]]
+    before = {r["step"]: r for r in rows0 if r["committed"] and r["started"] < first.launches[1]}
+    resumed_at = restarted[0]["step"] - 1  # the checkpoint's step
+    assert resumed_at % 2 == 0 and restarted[0]["batches_committed"] == \
+        before[resumed_at]["batches_committed"] + restarted[0]["participants"], "torchft's count is the checkpoint's"
     _report(rows0, rows1, second.launches, committed, voted_away, worst)
 
 
