@@ -46,6 +46,7 @@ from parallel import collectives
 log = logging.getLogger("trainer")
 
 LOG_NAME = "fault_tolerance.jsonl"  # one row per step attempt, written by each group's rank 0
+QUORUM_ATTEMPTS = 3  # quorums that fail in a row before the group stops (its torchrun restarts it)
 
 
 def writes_checkpoints(cfg) -> bool:
@@ -140,11 +141,17 @@ class ReplicaGroups:
         start, self.started = time.perf_counter(), time.time()
         self.transfer_s = self.load_s = 0.0
         self.healed = False
-        self.manager.start_quorum()
+        for attempt in range(1, QUORUM_ATTEMPTS + 1):  # a quorum that failed (a peer lost during it) is asked again
+            self.manager.start_quorum()
+            n, index = self.manager.num_participants(), self.manager.participating_rank()
+            if index is not None and not self.manager.errored():
+                break
+            log.warning("replica group %d: quorum attempt %d of %d failed: %s", self.cfg.replica_id, attempt,
+                        QUORUM_ATTEMPTS, self.manager.errored())
+        else:
+            raise RuntimeError(f"replica group {self.cfg.replica_id}: {QUORUM_ATTEMPTS} quorums failed in a row "
+                               f"({self.manager.errored()}); is the Lighthouse at {self.cfg.lighthouse} up?")
         self.quorum_s = time.perf_counter() - start
-        n, index = self.manager.num_participants(), self.manager.participating_rank()
-        if index is None or self.manager.errored():
-            raise RuntimeError(f"replica group {self.cfg.replica_id}: the quorum failed ({self.manager.errored()})")
         if self.manager.current_step() != self.state.step:
             raise RuntimeError(f"replica group {self.cfg.replica_id}: torchft is at step "
                                f"{self.manager.current_step()} but the training state at step {self.state.step}")
@@ -163,7 +170,9 @@ class ReplicaGroups:
         collectives.all_reduce_across_replicas(tensors, self.manager)
 
     def commit(self) -> bool:
-        """Every group applies the step, or none does (a peer lost during the all-reduce)."""
+        """This group applies the step only when each of its ranks summed it with every group of the quorum; a
+        group that lost a peer during the all-reduce runs the step again, and a group left behind so takes its
+        peers' state at the next quorum."""
         return self.manager.should_commit()
 
     def end_step(self, step: int, result, data) -> None:
