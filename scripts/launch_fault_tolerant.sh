@@ -7,6 +7,8 @@
 #   scripts/launch_fault_tolerant.sh +experiment=debug
 #   GROUPS_N=2 NPROC=2 RUN_DIR=outputs/ft scripts/launch_fault_tolerant.sh +experiment=debug
 #
+# Each group's agent is scripts/torchrun_preemptible.py: it runs train.py's checks once before its workers, and
+# SIGTERM or SIGUSR1 to it (this script passes a SIGTERM on to every group) saves and stops the group.
 # Group g runs in RUN_DIR/group_g (its metrics, its fault_tolerance.jsonl); group 0 writes the durable
 # checkpoints. The Lighthouse binds LIGHTHOUSE_BIND (default 127.0.0.1:29510: this host only); it is the one
 # process every group needs (a single point of failure) and stops when this script ends.
@@ -31,9 +33,10 @@ LIGHTHOUSE_PID=$!
 PIDS=()
 stop() { kill "${PIDS[@]}" "$LIGHTHOUSE_PID" 2>/dev/null || true; }
 trap stop EXIT
+trap 'kill -TERM "${PIDS[@]}" 2>/dev/null || true' TERM
 
 for ((g = 0; g < GROUPS_N; g++)); do
-  "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" --max-restarts "${MAX_RESTARTS:-3}" \
+  "$PYTHON" scripts/torchrun_preemptible.py --standalone --nproc-per-node "$NPROC" --max-restarts "${MAX_RESTARTS:-3}" \
     train.py "$@" run_dir="$RUN_DIR/group_$g" parallel.fault_tolerance.enabled=true \
     parallel.fault_tolerance.lighthouse="http://$LIGHTHOUSE_BIND" parallel.fault_tolerance.groups="$GROUPS_N" \
     parallel.fault_tolerance.min_replicas="$MIN_REPLICAS" parallel.fault_tolerance.replica_id="$g" \
@@ -42,6 +45,10 @@ for ((g = 0; g < GROUPS_N; g++)); do
 done
 status=0
 for pid in "${PIDS[@]}"; do
-  wait "$pid" || status=$?
+  while true; do  # a trapped SIGTERM interrupts wait: wait again until the group has ended
+    rc=0; wait "$pid" || rc=$?
+    kill -0 "$pid" 2>/dev/null || break
+  done
+  (( rc == 0 )) || status=$rc
 done
 exit "$status"
