@@ -20,7 +20,7 @@ from support.replicas import Group, check_global_batches, lighthouse, overrides,
 
 pytestmark = [pytest.mark.distributed, pytest.mark.rehearsal]
 RTOL = 1e-5
-STEPS = 32
+STEPS = 36
 
 
 def _faults(*entries: str) -> str:
@@ -35,8 +35,8 @@ def test_hsdp_groups_through_two_kills_in_the_all_reduce_and_a_cold_restart(tmp_
     root = tmp_path / "ft"
     root.mkdir()
     saves = {"checkpoint.interval": 2, "checkpoint.async_mode": "async", "checkpoint.keep_last": 3}
-    kills = _faults("{kind: sigkill, phase: gradients, step: 6, rank: 0}",
-                    "{kind: sigkill, phase: gradients, step: 14, rank: 1}")
+    kills = _faults("{kind: sigkill, phase: gradients, step: 10, rank: 0}",
+                    "{kind: sigkill, phase: gradients, step: 18, rank: 1}")
     with lighthouse(tmp_path / "lighthouse.log") as address:
         first = Group(root, pydoc_data, STEPS, address, 0, nproc=2, extra={**saves, "+recovery.faults": _faults()})
         second = Group(root, pydoc_data, STEPS, address, 1, nproc=2, extra={"+recovery.faults": kills})
@@ -48,7 +48,7 @@ def test_hsdp_groups_through_two_kills_in_the_all_reduce_and_a_cold_restart(tmp_
                 code = second.proc.wait(240)
                 assert code != 0, f"group 1 finished ({code}) before its fault:\n{second.text()}"
                 second.start()
-            wait_for("both groups in step 22", lambda: any(r["step"] >= 22 and r["participants"] == 2
+            wait_for("both groups in step 26", lambda: any(r["step"] >= 26 and r["participants"] == 2
                                                             for r in first.rows()), [first, second])
             stop(first.proc)  # every group lost: SIGKILL from outside, both together
             stop(second.proc)
@@ -64,6 +64,7 @@ def test_hsdp_groups_through_two_kills_in_the_all_reduce_and_a_cold_restart(tmp_
 
     rows0, rows1 = first.rows(), second.rows()
     voted_away = [r["step"] for r in rows0 if not r["committed"]]
+    assert {10, 18} <= set(voted_away), f"each kill in the all-reduce voids that step on the survivor: {voted_away}"
     committed = check_global_batches(rows0, rows1, STEPS, unlogged=3)
     losses = step_losses(first.run_dir)
     worst = max(abs(losses[k] - expected[k]) / abs(expected[k]) for k in expected)
