@@ -251,7 +251,7 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
                             across_replicas=replicas and replicas.all_reduce, commit=replicas and replicas.commit)
         if replicas is not None:
             replicas.end_step(step, result, data)
-            if not result.committed:  # a peer was lost during the step: every group runs it again
+            if not result.committed:  # a peer was lost during the step: this group runs it again
                 continue
         if not warmed_up:  # warm-up done: a hung peer should now fail fast (the first step this process ran: a
             # group that took its peers' state at the quorum starts at theirs)

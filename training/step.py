@@ -96,8 +96,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
 
     Under parallel.fault_tolerance (recovery/fault_tolerance.py), ``across_replicas(tensors)`` sums this rank's
     loss and gradient shards over the replica groups in place, once backward is done; ``commit()``, after the
-    step's reduction, says whether every group may apply it: when not, the gradients are dropped and nothing
-    else changes (no update, no LR step), and the result says ``committed=False``."""
+    step's reduction, says whether this group may apply it (torchft's vote): when not, the gradients are dropped
+    and nothing else changes (no update, no LR step), and the result says ``committed=False``."""
     start = time.perf_counter()
     lr = optimizer.param_groups[0]["lr"]
     if global_tokens is None:
