@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from metrics.records import step_losses
+from metrics.records import read_metrics, step_losses
 from support.launch import run_train
 from support.replicas import GLOBAL, Group, check_global_batches, lighthouse, overrides, wait_for
 
@@ -69,6 +69,12 @@ def test_a_killed_group_rejoins_and_every_step_trains_the_global_batch(tmp_path,
     print(f"fault tolerance: max relative loss difference {worst:.2e} over {steps} steps "
           f"({'bitwise' if worst == 0 else 'not bitwise'}); alone after the kill at steps {alone}")
     assert worst <= RTOL
+    # the guards' inputs (each step's loss and gradient norm) are the same bits in both groups: their verdicts agree
+    rows = {g: {r["step"]: r for r in read_metrics(group.run_dir)} for g, group in enumerate((survivor, victim))}
+    shared = [r["step"] for r in committed if r["participants"] == 2 and r["step"] in rows[1]]  # a step together
+    assert len(shared) >= 5, shared
+    assert all((rows[0][k]["loss"], rows[0][k]["grad_norm"]) == (rows[1][k]["loss"], rows[1][k]["grad_norm"])
+               for k in shared)
     (a,), (b,) = survivor.digests(), victim.digests()
     assert a["step"] == b["step"] == steps
     assert a["weights_sha256"] == b["weights_sha256"], "both groups end with the same weights"
