@@ -118,6 +118,17 @@ class DataPipeline:
         self.close()
         self.samples_consumed += count
 
+    def set_split(self, plan: BatchPlan, dp_rank: int) -> None:
+        """Read the next steps as data-parallel rank ``dp_rank`` of ``plan`` (same global batch, another number
+        of ranks): the replica groups of a step's quorum share the global batch (recovery/fault_tolerance.py).
+        The loader restarts at the current position when the split changes; the global order is the same."""
+        if plan.global_batch_size != self.plan.global_batch_size:
+            raise ValueError(f"set_split: the global batch is {self.plan.global_batch_size} sequences, not "
+                             f"{plan.global_batch_size}")
+        if (plan, dp_rank) != (self.plan, self.dp_rank):
+            self.close()
+            self.plan, self.dp_rank = plan, dp_rank
+
     def upcoming_sample_ids(self) -> List[np.ndarray]:
         """Sequence ids of this rank's micro-batches in the next step (what it will load)."""
         return [self.order.sequence_ids(np.arange(r.start, r.start + r.count))

@@ -134,6 +134,23 @@ def all_gather(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None) 
     return out
 
 
+def all_reduce_across_replicas(tensors: Sequence[torch.Tensor], manager) -> None:
+    """The sum of each tensor over the replica groups of a torchft quorum (``manager``: a ``torchft.Manager``;
+    recovery/fault_tolerance.py), in place: one message per dtype. A peer lost during it raises nothing here:
+    the manager records the error and the step's commit vote fails, so the sums are never used."""
+    by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    pending = []
+    for group in by_dtype.values():
+        flat = torch.cat([t.reshape(-1) for t in group])
+        pending.append((group, flat, manager.allreduce(flat, reduce_op=dist.ReduceOp.SUM)))
+    for group, flat, work in pending:
+        work.wait()
+        for t, piece in zip(group, flat.split([t.numel() for t in group])):
+            t.copy_(piece.view(t.shape))
+
+
 # -- control values, on the control group (or the caller's gloo group) ----------------------------
 def _control_or(group: Optional[dist.ProcessGroup]) -> Optional[dist.ProcessGroup]:
     return group if group is not None else control_group()

@@ -17,9 +17,15 @@ a ring neighbour of the lost node failed too since the last completed snapshot (
 some rank's state gone) does the job reload from storage, back to the last committed durable
 save. The analytic counterpart is ``goodput`` in scripts/plan_checkpointing.py.
 
+Replica groups under torchft (``simulate_replica_groups``, parallel.fault_tolerance): a failure stops the
+surviving groups for the measured pause and the step they run again; the lost group rejoins after the measured
+rejoin time, and meanwhile the others train the whole global batch at (live groups / groups) of the rate.
+
     python -m planner.simulate --blocking-s 0.05 --write-s 0.4 --restart-s 12 --step-s 0.1
     python -m planner.simulate --blocking-s 0.05 --write-s 0.4 --restart-s 12 --step-s 0.1 \\
         --durable-reload-s 30 --memory-stall-s 0.05 --memory-restore-s 2 --devices-per-node 8
+    python -m planner.simulate --blocking-s 0.03 --write-s 0.6 --restart-s 16.6 --step-s 0.14 \
+        --ft-pause-s 5 --ft-rejoin-s 16.9 --devices 1000 10000 100000
 """
 
 from __future__ import annotations
@@ -305,6 +311,87 @@ def simulate_two_tier(policy: TwoTier, mtbf_s: float, total_s: float | None = No
                          sum(x.double_losses for x in out) / max(1, n_fail))
 
 
+@dataclass(frozen=True)
+class ReplicaGroupsResult:
+    ratio: float  # useful work / wall time, mean over trials
+    ratio_std: float
+    failures_per_trial: float
+    all_out_per_trial: float  # times every group was out at once (then the job waited for the first one back)
+
+
+def _replica_groups_trial(groups: int, pause_s: float, rejoin_s: float, step_s: float, mtbf_s: float,
+                          total_s: float, rng: random.Random) -> tuple:
+    """Failures strike uniformly chosen groups (cluster MTBF ``mtbf_s``). A live group's failure stops the others
+    for the pause and the step they run again; the group is out for ``rejoin_s``, and meanwhile the live groups
+    train the whole global batch at live/groups of the full rate. A failure of a group already out restarts its
+    rejoin."""
+    wall = done = 0.0
+    back_at: List[float] = []  # when each group that is out rejoins
+    failures = all_out = 0
+    fail_at = rng.expovariate(1.0 / mtbf_s)
+    while done < total_s:
+        back_at.sort()
+        live = groups - len(back_at)
+        next_back = back_at[0] if back_at else math.inf
+        finish_at = wall + (total_s - done) * groups / live if live else math.inf
+        now = min(fail_at, next_back, finish_at)
+        done = min(total_s, done + (now - wall) * live / groups)
+        wall = now
+        if now == finish_at:
+            break
+        if now == next_back:
+            back_at.pop(0)
+            continue
+        failures += 1
+        fail_at = wall + rng.expovariate(1.0 / mtbf_s)
+        group = rng.randrange(groups)
+        if group < len(back_at):  # one of the groups already out: its rejoin starts again
+            back_at[group] = wall + rejoin_s
+            continue
+        if live > 1:
+            wall += pause_s + step_s  # the survivors wait for the quorum, then run the lost step again
+        else:
+            all_out += 1
+        back_at.append(wall + rejoin_s)
+    return total_s / wall, failures, all_out
+
+
+def simulate_replica_groups(groups: int, pause_s: float, rejoin_s: float, step_s: float, mtbf_s: float,
+                            total_s: float | None = None, trials: int = 20, seed: int = 0) -> ReplicaGroupsResult:
+    """parallel.fault_tolerance's recovery (docs/recovery-runbook.md): the effective training-time ratio with
+    ``groups`` replica groups, the survivors' measured ``pause_s`` per failure and a group's ``rejoin_s`` (start-up
+    and state transfer). Left out: the durable saves' cost, and the work lost when every group is out at once
+    (counted in ``all_out_per_trial``: the job then resumes from a durable checkpoint)."""
+    for name, value in (("pause_s", pause_s), ("rejoin_s", rejoin_s), ("step_s", step_s)):
+        _check_seconds(name, value)
+    _check_seconds("mtbf_s", mtbf_s, positive=True)
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups={groups!r}: must be a whole number >= 1")
+    total_s = total_s if total_s is not None else 200 * mtbf_s
+    rng = random.Random(seed)
+    out = [_replica_groups_trial(groups, pause_s, rejoin_s, step_s, mtbf_s, total_s, rng) for _ in range(trials)]
+    ratios = [r for r, _, _ in out]
+    return ReplicaGroupsResult(statistics.fmean(ratios), statistics.pstdev(ratios),
+                               statistics.fmean(f for _, f, _ in out), statistics.fmean(a for _, _, a in out))
+
+
+def report_replica_groups(pause_s: float, rejoin_s: float, step_s: float, devices_per_group: int,
+                          device_mtbf_hours: float = DEFAULT_DEVICE_MTBF_HOURS, devices=(1000, 10000),
+                          trials: int = 20) -> str:
+    lines = [f"replica groups (torchft): pause {pause_s:.1f} s per failure, rejoin {rejoin_s:.1f} s, step "
+             f"{step_s:.3f} s, {devices_per_group} devices per group",
+             f"{'devices':>8} {'groups':>7} {'MTBF':>9} {'sim ratio':>10} {'+-':>7} {'formula':>8} {'fails/trial':>11} "
+             f"{'all out':>8}"]
+    for n in devices:
+        m = cluster_mtbf_s(device_mtbf_hours, n)
+        groups = max(1, n // devices_per_group)
+        res = simulate_replica_groups(groups, pause_s, rejoin_s, step_s, m, trials=trials)
+        formula = 1 - (pause_s + step_s + rejoin_s / groups) / m
+        lines.append(f"{n:>8} {groups:>7} {m / 3600:>7.2f} h {res.ratio:>10.4f} {res.ratio_std:>7.4f} {formula:>8.4f} "
+                     f"{res.failures_per_trial:>11.0f} {res.all_out_per_trial:>8.1f}")
+    return "\n".join(lines)
+
+
 def report(blocking_s: float, write_s: float, restart_s: float, step_s: float,
            device_mtbf_hours: float = DEFAULT_DEVICE_MTBF_HOURS, devices=(1000, 10000), trials: int = 20) -> str:
     lines = [f"inputs: blocking C={blocking_s:.3f} s, background write W={write_s:.3f} s, "
@@ -378,8 +465,20 @@ def main(argv=None) -> None:
     two.add_argument("--durable-reload-s", type=float, default=0.0,
                      help="storage read on top of --restart-s (0: the measured MTTR includes it)")
     two.add_argument("--devices-per-node", type=int, default=8)
+    ft = p.add_argument_group("replica groups under torchft (given --ft-pause-s; parallel.fault_tolerance)")
+    ft.add_argument("--ft-pause-s", type=float, default=None, help="measured survivors' pause per failure")
+    ft.add_argument("--ft-rejoin-s", type=float, default=0.0, help="measured rejoin: start-up and state transfer")
+    ft.add_argument("--devices-per-group", type=int, default=8)
     a = p.parse_args(argv)
     print(report(a.blocking_s, a.write_s, a.restart_s, a.step_s, a.device_mtbf_hours, a.devices, a.trials))
+    if a.ft_pause_s is not None:
+        if a.devices_per_group < 1:
+            p.error(f"--devices-per-group={a.devices_per_group}: must be >= 1")
+        try:
+            print(report_replica_groups(a.ft_pause_s, a.ft_rejoin_s, a.step_s, a.devices_per_group,
+                                        a.device_mtbf_hours, a.devices, a.trials))
+        except ValueError as exc:
+            p.error(str(exc))
     if a.memory_stall_s is not None:
         if a.devices_per_node < 1:
             p.error(f"--devices-per-node={a.devices_per_node}: must be >= 1")

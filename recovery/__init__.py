@@ -9,6 +9,8 @@
                  boundary and exits 0), stragglers, the elastic batch log, checkpoint.interval=auto
   interval.py    Young/Daly checkpoint interval from measured costs and the cluster MTBF
   config.py      the recovery section
+  fault_tolerance.py  replica groups under torchft (parallel.fault_tolerance): a lost group does not stop the
+                 others, a restarted one takes the live state from a peer, the global batch is kept
   guards/        silent-corruption and loss-spike guards, rollback to a verified checkpoint
 The rehearsal tooling (restart supervisor, kill-point chains) is in rehearsal/, the failure simulator in planner/.
 """

@@ -34,6 +34,7 @@ SLOWEST_FIRST = (
     "test_parallel.py",  # 43 s
     "test_checkpoint_trust.py",  # 40 s
     "test_recovery_launch.py",  # 40 s
+    "test_fault_tolerance.py",  # 40 s: two torchft replica groups, one killed and restarted
     "test_recovery_elastic.py",  # 35 s
     "test_async_process.py",  # 33 s: writer processes start an interpreter per rank
     "test_data_engines.py",  # datatrove's executor, megatron-core's writer

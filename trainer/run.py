@@ -7,6 +7,7 @@ train.py (the Hydra entry point) calls ``run``; so does the rehearsal supervisor
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import math
@@ -180,8 +181,15 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     throughput = Throughput(mcfg, t.seq_len, world.world_size, config.logging.peak_tflops)  # MFU
     guards = None  # the silent-corruption and loss-spike guards (recovery/guards/)
     guards = build_guards(rc.guards, run_dir, model, world, parallel, probe, metrics)  # unit: guards
-    state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, optim_config=config.optim,
-                          rank=world.rank, world_size=world.world_size)  # everything a checkpoint holds
+    ft_cfg, manager_state = p.fault_tolerance, None
+    if ft_cfg.enabled:  # unit: fault_tolerance (replica groups under torchft; its code is loaded only for them)
+        from recovery.fault_tolerance import ManagerState, writes_checkpoints
+        manager_state = ManagerState()  # the torchft manager's state: a part of the checkpoints
+        if not writes_checkpoints(ft_cfg):  # one group writes the durable checkpoints
+            config = dataclasses.replace(config, checkpoint=dataclasses.replace(c, interval="0", save_final=False))
+    state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, manager_state,
+                          optim_config=config.optim, rank=world.rank,
+                          world_size=world.world_size)  # everything a checkpoint holds
     probe.weights_version = lambda: state.weights_version  # the probe runs once per set of weights
     ckpt = checkpoint_manager(config, state, world.rank, world.world_size, dims.layout, world.device, metrics=metrics,
                               fault_hook=injector.maybe_inject, probe=probe)
@@ -197,6 +205,11 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
         from checkpoint.interop.init_from import apply_init_from
         resumed = apply_init_from(mcfg.init_from, state, ckpt, resumed, world.device,
                                   (rc.read_retries, rc.read_retry_backoff_s))
+    replicas = None
+    if ft_cfg.enabled:  # unit: fault_tolerance
+        from recovery.fault_tolerance import ReplicaGroups
+        replicas = ReplicaGroups(ft_cfg, world, state, manager_state, plan, parallel.dp_rank, run_dir)
+        shutdown.add(85, "the torchft manager", replicas.close)
     if world.is_main:  # the launch is accepted (the resume included): now it may say what it runs
         write_run_config(run_dir, resolved, overrides)
     start_step = state.step
@@ -217,10 +230,14 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     shutdown.add(85, "the garbage collection schedule", collection.close)
     grad_stats = GradStats(model, world.device, loss_copies=world.world_size // dims.dp)  # loss and norms
     recent: list[float] = []
-    step = start_step
+    step, warmed_up = start_step, False
     while step < t.steps:
         t0 = time.perf_counter()
         rt.phase("data_wait", step + 1)
+        if replicas is not None:  # the step's quorum (a rejoining group takes its peers' state here) and split
+            step = replicas.start_step(data)
+            if step >= t.steps:
+                break
         micro_batches = data.next_micro_batches(step)
         rt.phase("step", step + 1, model)
         result = train_step(model, optimizer, scheduler, precision, micro_batches, t.grad_clip,
@@ -230,9 +247,16 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
                             allow_update=lambda stats: rt.allow_update(step + 1, stats),
                             after_backward=lambda: rt.inject("gradients", step + 1, model=model),
                             global_tokens=data.global_target_tokens, grad_stats=grad_stats,
-                            step_flags=rt.step_flags)  # preemption and the like ride the step's reduction
-        if step == start_step:  # warm-up done: a hung peer should now fail fast
+                            step_flags=rt.step_flags,  # preemption and the like ride the step's reduction
+                            across_replicas=replicas and replicas.all_reduce, commit=replicas and replicas.commit)
+        if replicas is not None:
+            replicas.end_step(step, result, data)
+            if not result.committed:  # a peer was lost during the step: this group runs it again
+                continue
+        if not warmed_up:  # warm-up done: a hung peer should now fail fast (the first step this process ran: a
+            # group that took its peers' state at the quorum starts at theirs)
             set_collective_timeout(p.collective_timeout_after_first_step_s, parallel.process_groups())
+            warmed_up = True
         if ema is not None:
             ema.update()
         state.record_step(result.target_tokens, plan.global_batch_size)
@@ -265,6 +289,8 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
             break
         collection.step(step + 1)
         step += 1
+    if replicas is not None:
+        replicas.finish(model)
     if state.step >= t.steps:
         ckpt.discard_memory()  # finished: the memory tier's snapshots would only hold the node's memory
     log.info("done: %d steps, run dir %s", state.step, run_dir)

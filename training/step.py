@@ -51,6 +51,7 @@ class StepResult:
     skipped: bool = False  # the guards vetoed the update (recovery/guards)
     flags: Tuple[bool, ...] = ()  # each of ``step_flags()``: true on some rank
     local_seconds: float = 0.0  # this rank's own work, before it waits for its peers (the straggler report)
+    committed: bool = True  # false: the replica groups voted the step away (recovery/fault_tolerance.py)
 
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -71,7 +72,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
                allow_update: Optional[Callable[[StepStats], bool]] = None,
                global_tokens: Optional[int] = None, grad_stats: Optional[GradStats] = None,
                after_backward: Optional[Callable[[], None]] = None,
-               step_flags: Optional[Callable[[], Sequence[bool]]] = None) -> StepResult:
+               step_flags: Optional[Callable[[], Sequence[bool]]] = None,
+               across_replicas: Optional[Callable[[List[torch.Tensor]], None]] = None,
+               commit: Optional[Callable[[], bool]] = None) -> StepResult:
     """``before_micro_batch(last)`` lets the parallel wrappers skip gradient syncs between
     accumulation micro-steps; ``loss_parallel``: the logits are vocabulary-sharded DTensors;
     ``after_backward()`` runs once the gradients are complete (fault injection);
@@ -89,7 +92,12 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     ``local_seconds`` is the time no peer can stretch: ``data_seconds`` (the loop's work before the
     step, which issues no collective) plus, on CUDA, the device time of forward and backward (two
     events on the compute stream). On CPU the forward and backward are left out: their wall time
-    includes FSDP's collectives, which wait for the slowest rank."""
+    includes FSDP's collectives, which wait for the slowest rank.
+
+    Under parallel.fault_tolerance (recovery/fault_tolerance.py), ``across_replicas(tensors)`` sums this rank's
+    loss and gradient shards over the replica groups in place, once backward is done; ``commit()``, after the
+    step's reduction, says whether this group may apply it (torchft's vote): when not, the gradients are dropped
+    and nothing else changes (no update, no LR step), and the result says ``committed=False``."""
     start = time.perf_counter()
     lr = optimizer.param_groups[0]["lr"]
     if global_tokens is None:
@@ -122,13 +130,21 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     if events:
         events[1].record()
 
-    if after_backward is not None:
+    if after_backward is not None:  # (before the sum across replica groups: a fault there reaches every group)
         after_backward()
+    if across_replicas is not None:
+        across_replicas([loss_sum] + [getattr(p.grad, "_local_tensor", p.grad) for p in model.parameters()
+                                      if p.grad is not None])
     if precision.scaler is not None:
         precision.scaler.unscale_(optimizer)
     stats = stats_of.reduce(loss_sum, global_tokens, step_flags() if step_flags is not None else ())
     # (the one collective and the one host sync, after which the events' times can be read)
     device_seconds = events[0].elapsed_time(events[1]) / 1000 if events else 0.0
+    if commit is not None and not commit():
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss=stats.loss, grad_norm=stats.grad_norm, lr=lr, target_tokens=int(global_tokens),
+                          seconds=time.perf_counter() - start, data_seconds=data_seconds, flags=stats.flags,
+                          local_seconds=data_seconds + device_seconds, committed=False)
     skipped = allow_update is not None and not allow_update(stats)  # sees the gradients before clipping
     if grad_clip > 0:
         stats_of.clip(stats.grad_norm, grad_clip)

@@ -126,6 +126,9 @@ def load_checkpoint(state: TrainingState, path: Path, *, seed: int, verify: bool
             log.warning("the checkpoint has no guard statistics (saved by an older version): the guards "
                         "warm up again, so alarms may differ from an uninterrupted run")
             continue
+        if component == "torchft":  # saved without parallel.fault_tolerance: torchft starts at the checkpoint's step
+            sd.pop("torchft")
+            continue
         raise CheckpointError(f"{path} has no '{component}' state (it holds: "
                               f"{sorted({k.split('.')[0] for k in keys})}); it was saved by a run without it")
     dcp.load(sd, storage_reader=reader, process_group=process_group, no_dist=not collectives.distributed())

@@ -81,16 +81,17 @@ def rng_key(rank: int) -> str:
 
 
 class TrainingState(Stateful):
-    """Everything that changes the trajectory; ``state_dict`` is what a checkpoint holds. ``data`` and
-    ``guards`` are any objects with ``state_dict``/``load_state_dict``; ``scaler`` (fp16) and ``ema`` may be
-    None. ``optim_config`` (cfg.optim): after a load the optimizer's hyperparameters and the LR at the
+    """Everything that changes the trajectory; ``state_dict`` is what a checkpoint holds. ``data``, ``guards``
+    and ``torchft`` (parallel.fault_tolerance: the torchft manager's own state, recovery/fault_tolerance.py) are
+    any objects with ``state_dict``/``load_state_dict``; ``scaler`` (fp16), ``ema``, ``guards`` and ``torchft``
+    may be None. ``optim_config`` (cfg.optim): after a load the optimizer's hyperparameters and the LR at the
     restored step come from it (training/schedule.py:apply_config), so a resume may change the schedule."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler,
-                 scaler=None, data=None, ema=None, guards=None, *, optim_config=None, rank: int = 0,
+                 scaler=None, data=None, ema=None, guards=None, torchft=None, *, optim_config=None, rank: int = 0,
                  world_size: int = 1):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.scaler, self.data, self.ema, self.guards = scaler, data, ema, guards
+        self.scaler, self.data, self.ema, self.guards, self.torchft = scaler, data, ema, guards, torchft
         self.optim_config = optim_config
         self.rank, self.world_size = rank, world_size
         self.step = 0  # optimizer steps done
@@ -111,6 +112,7 @@ class TrainingState(Stateful):
         names += ["data"] if self.data is not None and hasattr(self.data, "state_dict") else []
         names += ["ema"] if self.ema is not None else []
         names += ["guards"] if self.guards is not None else []
+        names += ["torchft"] if self.torchft is not None else []
         return names
 
     def state_dict(self) -> Dict[str, Any]:
@@ -131,6 +133,8 @@ class TrainingState(Stateful):
             sd["ema"] = self.ema.state_dict()
         if self.guards is not None:
             sd["guards"] = pack(self.guards.state_dict())
+        if self.torchft is not None:
+            sd["torchft"] = pack(self.torchft.state_dict())
         return sd
 
     def load_state_dict(self, sd: Dict[str, Any]) -> None:
@@ -154,6 +158,8 @@ class TrainingState(Stateful):
             self.ema.load_state_dict(sd["ema"])
         if "guards" in sd and self.guards is not None:
             self.guards.load_state_dict(unpack(sd["guards"]))
+        if "torchft" in sd and self.torchft is not None:
+            self.torchft.load_state_dict(unpack(sd["torchft"]))
         if "progress" in sd:
             progress = unpack(sd["progress"])
             self.step, self.tokens, self.samples = progress["step"], progress["tokens"], progress["samples"]

@@ -198,3 +198,27 @@ def test_problems_by_rank_names_the_ranks_that_met_each_and_at_most_eight():
     many = [["slow"] if r % 2 else [] for r in range(512)]
     assert collectives.problems_by_rank(many) == ["slow (on 256 of 512 ranks: 1, 3, 5, 7, 9, 11, 13, 15, ...)"]
     assert collectives.problems_by_rank([[], []]) == []
+
+
+class _TwoIdenticalReplicas:
+    """A stand-in torchft manager: the other replica group holds the same values, so a sum doubles them."""
+
+    def __init__(self):
+        self.messages = []
+
+    def allreduce(self, tensor, reduce_op):
+        assert reduce_op == torch.distributed.ReduceOp.SUM  # summed, not torchft's default average
+        self.messages.append(tensor.dtype)
+        tensor.mul_(2)
+        return type("Work", (), {"wait": lambda self: True})()
+
+
+def test_replica_sums_are_one_message_per_dtype_written_back_in_place():
+    loss = torch.tensor(3.5, dtype=torch.float64)
+    grads = [torch.arange(6, dtype=torch.float32).view(2, 3), torch.ones(4, dtype=torch.float32)]
+    manager = _TwoIdenticalReplicas()
+    collectives.all_reduce_across_replicas([loss] + grads, manager)
+    assert sorted(map(str, manager.messages)) == ["torch.float32", "torch.float64"]
+    assert loss.item() == 7.0 and grads[0].shape == (2, 3)
+    assert torch.equal(grads[0], 2 * torch.arange(6, dtype=torch.float32).view(2, 3))
+    assert torch.equal(grads[1], torch.full((4,), 2.0))

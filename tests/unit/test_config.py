@@ -76,6 +76,27 @@ def test_bad_values_are_named(overrides, message):
         validate_config(cfg)
 
 
+FT = ["parallel.fault_tolerance.enabled=true", "parallel.fault_tolerance.lighthouse=http://127.0.0.1:29510"]
+
+
+@pytest.mark.parametrize("overrides, world, message", [
+    (["parallel.fault_tolerance.enabled=true"], None, "needs parallel.fault_tolerance.lighthouse"),
+    (FT + ["parallel.fault_tolerance.min_replicas=3"], None,
+     "min_replicas=3 is above parallel.fault_tolerance.groups=2: no step could ever commit"),
+    (FT + ["parallel.fault_tolerance.replica_id=2"], None,
+     "replica_id=2 is not below parallel.fault_tolerance.groups=2"),
+    (FT + ["parallel.dp_replicate=2"], 2, "parallel.dp_replicate=2: each replica group is its own torchrun job"),
+    (FT + ["parallel.fault_tolerance.quorum_timeout_s=200"], None,
+     "recovery.timeouts.data_wait=120 s is not above parallel.fault_tolerance.quorum_timeout_s \\+ timeout_s"),
+    # the debug batch (16 = micro 8 x 2 ranks) cannot split over 3 groups of 1 rank: a quorum of 3 would stop
+    (FT + ["parallel.fault_tolerance.groups=3"], 1, "with 3 replica groups of 1 data-parallel ranks"),
+])
+def test_bad_fault_tolerance_values_are_named(overrides, world, message):
+    cfg = compose_cfg("+experiment=debug", *overrides)
+    with pytest.raises(ConfigError, match=message):
+        validate_config(cfg, world)
+
+
 def test_all_problems_are_reported_together():
     cfg = compose_cfg("+experiment=debug", "model.n_heads=5", "optim.warmup_steps=500")
     with pytest.raises(ConfigError) as err:

@@ -59,6 +59,30 @@ def test_rank_slices_tile_the_global_batch_for_every_divisor():
             assert covered == list(range(120, 132)), (dp, micro)
 
 
+def test_replica_groups_read_the_global_batches_whatever_the_quorum(pydoc_data, reference):
+    """parallel.fault_tolerance: two one-rank groups share each global batch between the groups of the step's
+    quorum (set_split); while group 1 is out group 0 reads all of it, and group 1 rejoins from group 0's data
+    state (what a peer's state hands it): every step's batch is the uninterrupted run's
+    (recovery/fault_tolerance.py)."""
+    quorum = [2, 2, 1, 1, 1, 2, 2, 1, 2, 2, 2, 2]  # groups in each step's quorum (group 1 out when 1)
+    groups = [pipeline(data_config(pydoc_data), dp=1, rank=0) for _ in range(2)]
+    rows = []
+    for step, n in enumerate(quorum):
+        if n == 2 and groups[1].step != step:  # rejoining: the live group's position
+            groups[1].load_state_dict(groups[0].state_dict())
+        parts = []
+        for index in range(n):
+            groups[index].set_split(make_batch_plan(8, 2, n), index)
+            ids = np.concatenate(groups[index].upcoming_sample_ids())
+            micro = groups[index].next_micro_batches(step)
+            parts.append((ids, torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro])))
+        rows.append(tuple(np.concatenate([p[0] for p in parts]) if i == 0 else torch.cat([p[i] for p in parts])
+                          for i in range(3)))
+    for pipe in groups:
+        pipe.close()
+    assert_same_batches(rows, reference)
+
+
 def test_resume_is_exact_across_num_workers_and_dp(pydoc_data, reference):
     """Saved at step 5 by two ranks with 2 workers each; resumed at dp 1/2/4, 0 or 3 workers."""
     saved_at = 5

@@ -161,3 +161,19 @@ def test_bad_planner_options_name_the_value(argv, message, capsys):
     with pytest.raises(SystemExit):
         plan.main(["--no-plots", *argv])
     assert message in capsys.readouterr().err
+
+
+# -- replica groups under torchft (parallel.fault_tolerance; docs/recovery-runbook.md) -------------------------------
+def test_replica_groups_lose_the_pause_a_step_and_the_out_groups_share():
+    """A failure costs the survivors the pause and the step run again, then the job runs at (G - 1)/G of its rate
+    until the group is back: the simulator agrees with 1 - (P + s + R/G) / M to first order, and without failures
+    nothing is lost."""
+    from planner.simulate import simulate_replica_groups
+
+    mtbf = cluster_mtbf_s(50_000, 10_000)
+    for groups in (8, 1250):
+        res = simulate_replica_groups(groups, pause_s=5.0, rejoin_s=600.0, step_s=12.9, mtbf_s=mtbf, trials=10)
+        formula = 1 - (5.0 + 12.9 + 600.0 / groups) / mtbf
+        assert res.ratio == pytest.approx(formula, abs=3e-4), (groups, res, formula)
+    idle = simulate_replica_groups(8, pause_s=5.0, rejoin_s=600.0, step_s=1.0, mtbf_s=1e15, total_s=1e4, trials=2)
+    assert idle.ratio == 1.0 and idle.failures_per_trial == 0

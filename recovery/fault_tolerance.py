@@ -1,0 +1,208 @@
+"""Replica groups managed by torchft (``parallel.fault_tolerance``): a lost group does not stop the others, a
+restarted group takes the live training state from a peer, and every step still trains on exactly the global
+batch of the uninterrupted run, in the same order.
+
+Each replica group is its own torchrun job: dp_shard x tp ranks, FSDP2 on the group's own mesh, as without
+fault tolerance. Across groups a ``torchft.Manager`` per rank (one Lighthouse per job) agrees a quorum at the
+start of every step, sums each rank's gradient shards with the same rank of the other groups in the quorum, and
+votes whether the step may be applied. The trainer (trainer/run.py) calls this module at three points; a run
+without fault tolerance never imports it (nor torchft):
+
+    ft = ReplicaGroups(cfg, world, state, plan, dp_rank, run_dir)     # after the resume
+    step = ft.start_step(data)                                         # the quorum; may heal this group
+    result = train_step(..., across_replicas=ft.all_reduce, commit=ft.commit)
+    ft.end_step(step, result, data)                                    # a step voted away is read again
+
+The global batch is kept (``preserve_batch``): the quorum says how many groups take part in this step (n) and
+which one this group is (i); the global batch is split over n x dp ranks with the arithmetic of an elastic
+restart (data/batching.py: more accumulation micro-steps when n is smaller), this group's ranks being dp
+ranks i x dp to (i + 1) x dp - 1. Each micro-batch's loss is divided by the global batch's token count
+(training/step.py) and the gradients are summed across groups, not averaged, so the gradient is the global
+batch's whatever n is. torchft's own default (``preserve_batch=false``) keeps each group's share fixed: a
+missing group's samples are skipped.
+
+The quorum is synchronous (``use_async_quorum=False``): with the async quorum torchft reads FSDP2's state dict
+from its quorum thread during backward, which crashed here. State moves between groups over the process group
+(``PGTransport``), not torchft's HTTP transport, which advertises the host name and listens on every interface.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+from data.batching import BatchPlan, SampleRange, make_batch_plan
+from parallel import collectives
+
+log = logging.getLogger("trainer")
+
+LOG_NAME = "fault_tolerance.jsonl"  # one row per step attempt, written by each group's rank 0
+QUORUM_ATTEMPTS = 3  # quorums that fail in a row before the group stops (its torchrun restarts it)
+
+
+def writes_checkpoints(cfg) -> bool:
+    """Durable saves are written by replica group 0 alone (every group holds the same state); a cold start of
+    the others takes the state from group 0 at their first quorum."""
+    return not cfg.enabled or cfg.replica_id == 0
+
+
+class ManagerState:
+    """The torchft manager's own state (its step and its count of committed batches) as a part of the training
+    state: group 0's durable checkpoints hold it, and a cold start hands it back to the manager. Built before the
+    resume (the manager is made after it); once the manager exists, its live state is what a save takes."""
+
+    def __init__(self):
+        self.saved: Optional[Dict[str, int]] = None  # from a durable checkpoint
+        self.manager = None
+
+    def state_dict(self) -> Dict[str, int]:
+        return dict(self.manager.state_dict() if self.manager is not None else self.saved or {})
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        if self.manager is None:  # once it exists, a peer's state reaches the manager through torchft itself
+            self.saved = {k: int(v) for k, v in state.items()}
+
+
+class ReplicaGroups:
+    """This rank's torchft manager, and the step's split of the global batch."""
+
+    def __init__(self, cfg, world, state, manager_state: ManagerState, plan: BatchPlan, dp_rank: int,
+                 run_dir: Path):
+        """``cfg``: parallel.fault_tolerance; ``state``: the TrainingState (what a rejoining group receives), whose
+        ``manager_state`` (its ``torchft`` part) the durable resume filled; ``plan`` and ``dp_rank``: this group's
+        own batch plan and this rank's place in it."""
+        try:
+            from torchft import Manager
+            from torchft.checkpointing.pg_transport import PGTransport
+            from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+        except ImportError as exc:
+            raise ImportError(f"parallel.fault_tolerance.enabled=true needs torchft ({exc}): install the project "
+                              "with its ft extra (pip install -e '.[ft]')") from exc
+
+        self.cfg, self.state, self.world, self.run_dir = cfg, state, world, run_dir
+        self.group_plan, self.group_dp_rank = plan, dp_rank
+        self.log_path = Path(run_dir) / LOG_NAME if world.is_main else None
+        timeout = timedelta(seconds=cfg.timeout_s)
+        self._store = None
+        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:  # torchrun's store
+            addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        else:  # a group of one process started without torchrun: a store of its own, on loopback
+            self._store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            addr, port = "127.0.0.1", self._store.port
+        self.pg = ProcessGroupNCCL(timeout) if world.device.type == "cuda" else ProcessGroupGloo(timeout)
+        transport = PGTransport(self.pg, timeout=timeout, device=world.device)
+        receive = transport.recv_checkpoint
+
+        def timed_receive(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return receive(*args, **kwargs)
+            finally:
+                self.transfer_s = time.perf_counter() - start
+
+        transport.recv_checkpoint = timed_receive  # the weight transfer's own time, for the log
+        self.manager = Manager(
+            pg=self.pg, load_state_dict=self._load, state_dict=state.state_dict,
+            min_replica_size=cfg.min_replicas, use_async_quorum=False, timeout=timeout,
+            quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s), connect_timeout=timeout,
+            rank=world.rank, world_size=world.world_size, store_addr=addr, store_port=port,
+            lighthouse_addr=cfg.lighthouse, replica_id=f"group_{cfg.replica_id}",
+            hostname=cfg.hostname or socket.gethostname(), checkpoint_transport=transport,
+            init_sync=False)  # every group initialises the same weights from the seed
+        saved = manager_state.saved or {}
+        if saved.get("step") != state.step:  # none saved (a checkpoint without fault tolerance, or none)
+            saved = {"step": state.step, "batches_committed": 0}
+        self.manager.load_state_dict(saved)
+        manager_state.manager = self.manager
+        self.participants, self.shares, self.index = 0, 0, 0  # the quorum's groups; the batch's shares; ours
+        self.quorum_s = self.transfer_s = self.load_s = 0.0
+        self.started = 0.0  # time.time() when the step's quorum was asked for
+        self.healed = False
+        self._data_before: dict = {}
+
+    def _load(self, state_dict) -> None:
+        """A peer's training state (weights, optimizer, schedule, data position, step), received at the quorum."""
+        start = time.perf_counter()
+        self.state.load_state_dict(state_dict)
+        self.load_s, self.healed = time.perf_counter() - start, True
+
+    def start_step(self, data) -> int:
+        """The step's quorum (it waits for a lost peer to be declared dead, and heals this group when it is
+        behind), then this rank's share of the global batch. Returns the step to run (0-based: steps done)."""
+        start, self.started = time.perf_counter(), time.time()
+        self.transfer_s = self.load_s = 0.0
+        self.healed = False
+        for attempt in range(1, QUORUM_ATTEMPTS + 1):  # a quorum that failed (a peer lost during it) is asked again
+            self.manager.start_quorum()
+            n, index = self.manager.num_participants(), self.manager.participating_rank()
+            if index is not None and not self.manager.errored():
+                break
+            log.warning("replica group %d: quorum attempt %d of %d failed: %s", self.cfg.replica_id, attempt,
+                        QUORUM_ATTEMPTS, self.manager.errored())
+        else:
+            raise RuntimeError(f"replica group {self.cfg.replica_id}: {QUORUM_ATTEMPTS} quorums failed in a row "
+                               f"({self.manager.errored()}); is the Lighthouse at {self.cfg.lighthouse} up?")
+        self.quorum_s = time.perf_counter() - start
+        if self.manager.current_step() != self.state.step:
+            raise RuntimeError(f"replica group {self.cfg.replica_id}: torchft is at step "
+                               f"{self.manager.current_step()} but the training state at step {self.state.step}")
+        dp = self.group_plan.dp_size
+        G, micro = self.group_plan.global_batch_size, self.group_plan.micro_batch_size
+        self.participants = n
+        if not self.cfg.preserve_batch:  # torchft's own semantics: a fixed share per group
+            n, index = self.cfg.groups, self.cfg.replica_id
+        self.shares, self.index = n, index
+        data.set_split(make_batch_plan(G, micro, n * dp), index * dp + self.group_dp_rank)
+        self._data_before = data.state_dict()
+        return self.state.step
+
+    def all_reduce(self, tensors: List[torch.Tensor]) -> None:
+        """Sum this rank's loss and gradient shards over the groups of the quorum (training/step.py)."""
+        collectives.all_reduce_across_replicas(tensors, self.manager)
+
+    def commit(self) -> bool:
+        """This group applies the step only when each of its ranks summed it with every group of the quorum; a
+        group that lost a peer during the all-reduce runs the step again, and a group left behind so takes its
+        peers' state at the next quorum."""
+        return self.manager.should_commit()
+
+    def end_step(self, step: int, result, data) -> None:
+        """Log the attempt of 0-based ``step``; one voted away is read again at the next quorum."""
+        if self.log_path is not None:
+            per_group = self.group_plan.global_batch_size // self.shares
+            first = int(self._data_before["samples_consumed"]) + self.index * per_group
+            row = {"step": step + 1, "committed": result.committed, "participants": self.participants,
+                   "index": self.index, "samples": [first, per_group],
+                   "tokens": data.dataset.target_count(SampleRange(first, per_group)),
+                   "global_tokens": data.global_target_tokens, "batches_committed": self.manager.batches_committed(),
+                   "loss": result.loss, "healed": self.healed, "quorum_s": round(self.quorum_s, 4),
+                   "transfer_s": round(self.transfer_s, 4), "load_s": round(self.load_s, 4),
+                   "step_s": round(result.seconds, 4), "started": self.started, "time": time.time()}
+            with open(self.log_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        if not result.committed:
+            log.warning("replica group %d: step %d voted away (a peer was lost); it is read again",
+                        self.cfg.replica_id, step + 1)
+            data.load_state_dict(self._data_before)
+
+    def finish(self, model: torch.nn.Module) -> None:
+        """The end of the run: a digest of this rank's weights in the log (every group's must be the same)."""
+        digest = hashlib.sha256()
+        for name, tensor in model.state_dict().items():
+            local = getattr(tensor, "_local_tensor", tensor).detach().cpu().contiguous().reshape(-1)
+            digest.update(name.encode() + local.view(torch.uint8).numpy().tobytes())
+        row = {"final": True, "step": self.state.step, "rank": self.world.rank, "weights_sha256": digest.hexdigest()}
+        with open(Path(self.run_dir) / f"weights-rank{self.world.rank}.json", "w") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)

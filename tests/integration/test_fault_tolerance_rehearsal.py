@@ -1,0 +1,105 @@
+"""parallel.fault_tolerance's acceptance rehearsal (marked rehearsal: .ci/run runs it after the suite): two replica
+groups of 2 ranks each (FSDP2 dp_shard 2 inside each group, torchft across them), group 0 saving asynchronously
+every 2 steps. Group 1 is SIGKILLed twice inside the gradient step (the fault fires on one of its ranks just
+before the all-reduce across groups, while the peers are in it), restarted each time, then both groups are
+SIGKILLed from outside and restarted together: group 0 resumes from its durable checkpoint, group 1 takes the
+state from it. Throughout, every step trains on the uninterrupted run's global batch and its losses stay within
+RTOL; both groups end with bitwise equal weights, rank by rank. It prints the measured pauses and rejoin times.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from metrics.records import step_losses
+from support.launch import run_train
+from support.processes import stop
+from support.replicas import Group, check_global_batches, lighthouse, overrides, wait_for
+
+pytestmark = [pytest.mark.distributed, pytest.mark.rehearsal]
+RTOL = 1e-5
+STEPS = 36
+
+
+def _faults(*entries: str) -> str:
+    return "[" + ", ".join(["{kind: slow, phase: step, step: -1, rank: -1, delay_s: 0.4}", *entries]) + "]"
+
+
+def test_hsdp_groups_through_two_kills_in_the_all_reduce_and_a_cold_restart(tmp_path, pydoc_data):
+    baseline = tmp_path / "baseline"  # the uninterrupted run: one process, no fault tolerance
+    run_train(overrides(baseline, pydoc_data, STEPS))
+    expected = step_losses(baseline)
+
+    root = tmp_path / "ft"
+    root.mkdir()
+    saves = {"checkpoint.interval": 2, "checkpoint.async_mode": "async", "checkpoint.keep_last": 3}
+    kills = _faults("{kind: sigkill, phase: gradients, step: 10, rank: 0}",
+                    "{kind: sigkill, phase: gradients, step: 18, rank: 1}")
+    with lighthouse(tmp_path / "lighthouse.log") as address:
+        first = Group(root, pydoc_data, STEPS, address, 0, nproc=2, extra={**saves, "+recovery.faults": _faults()})
+        second = Group(root, pydoc_data, STEPS, address, 1, nproc=2, extra={"+recovery.faults": kills})
+        try:
+            first.start()  # group 0 first: it runs every step (group 1 joins at its first quorum)
+            wait_for("group 0's first step", lambda: first.rows(), [first])
+            second.start()
+            for _ in range(2):  # each kill inside the all-reduce: group 1 stops, the test restarts it
+                code = second.proc.wait(240)
+                assert code != 0, f"group 1 finished ({code}) before its fault:\n{second.text()}"
+                second.start()
+            wait_for("both groups in step 26", lambda: any(r["step"] >= 26 and r["participants"] == 2
+                                                            for r in first.rows()), [first, second])
+            stop(first.proc)  # every group lost: SIGKILL from outside, both together
+            stop(second.proc)
+            first.start()  # group 0 first, from its durable checkpoint; then group 1, which takes its state
+            wait_for("group 0's first step after the restart",
+                     lambda: any(r["started"] > first.launches[1] for r in first.rows()), [first])
+            second.start()
+            first.finish()
+            second.finish()
+        finally:
+            first.close()
+            second.close()
+
+    rows0, rows1 = first.rows(), second.rows()
+    voted_away = [r["step"] for r in rows0 if not r["committed"]]
+    assert {10, 18} <= set(voted_away), f"each kill in the all-reduce voids that step on the survivor: {voted_away}"
+    committed = check_global_batches(rows0, rows1, STEPS, unlogged=3)
+    losses = step_losses(first.run_dir)
+    worst = max(abs(losses[k] - expected[k]) / abs(expected[k]) for k in expected)
+    assert worst <= RTOL, worst
+    a, b = first.digests(), second.digests()
+    assert [d["weights_sha256"] for d in a] == [d["weights_sha256"] for d in b] and len(a) == 2
+    cold = [r for r in rows1 if r["healed"] and r["started"] > second.launches[3]]
+    assert cold, "after losing every group, group 1 took group 0's state (resumed from its durable checkpoint)"
+    restarted = [r for r in rows0 if r["committed"] and r["started"] > first.launches[1]]
+    before = {r["step"]: r for r in rows0 if r["committed"] and r["started"] < first.launches[1]}
+    resumed_at = restarted[0]["step"] - 1  # the checkpoint's step
+    assert resumed_at % 2 == 0 and restarted[0]["batches_committed"] == \
+        before[resumed_at]["batches_committed"] + restarted[0]["participants"], "torchft's count is the checkpoint's"
+    _report(rows0, rows1, second.launches, committed, voted_away, worst)
+
+
+def _report(rows0, rows1, launches, committed, voted_away, worst) -> None:
+    """The numbers docs/measurements.md records: the survivor's pause per failure, the rejoin split, the step
+    time alone and together."""
+    together = [r["step_s"] for r in committed if r["participants"] == 2]  # train_step alone (no injected delay)
+    alone = [r["step_s"] for r in committed if r["participants"] == 1]
+    ordered = sorted(rows0, key=lambda r: r["time"])
+    gaps = [after["time"] - before["time"] for before, after in zip(ordered, ordered[1:])]
+    normal = statistics.median(gaps)  # a step's interval, the injected delay included
+    done = [r for r in ordered if r["committed"]]
+    pauses = []  # per kill inside the all-reduce: from the last step before it to the first step after, less a step
+    for lost in (r for r in ordered if not r["committed"]):
+        before = max((r for r in done if r["time"] < lost["time"]), key=lambda r: r["time"])
+        after = min((r for r in done if r["time"] > lost["time"]), key=lambda r: r["time"])
+        pauses.append(round(after["time"] - before["time"] - normal, 2))
+    for launch in launches[1:3]:  # the two restarts after a kill inside the all-reduce
+        healed = next(r for r in rows1 if r["healed"] and r["started"] > launch)
+        print(f"rejoin: start-up {healed['started'] - launch:.2f} s, quorum and transfer {healed['quorum_s']:.2f} s "
+              f"(transfer {healed['transfer_s']:.3f} s, load {healed['load_s']:.3f} s), first step "
+              f"{healed['step_s']:.2f} s")
+    print(f"survivor's pause per kill, over a normal step interval ({normal:.2f} s): {pauses} s; steps voted away: "
+          f"{voted_away}; train_step together {statistics.median(together):.3f} s (median), alone "
+          f"{statistics.median(alone) if alone else float('nan'):.3f} s; max relative loss difference {worst:.2e}")

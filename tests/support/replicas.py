@@ -1,0 +1,125 @@
+"""Replica groups under torchft for the tests (parallel.fault_tolerance): a Lighthouse on loopback, a group's
+run forked from the warm parent, its fault_tolerance.jsonl, and the check that every step trained on the
+global batch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Dict, Iterator, List
+
+from recovery.fault_tolerance import LOG_NAME
+from rehearsal.processes import free_port, kill_tree
+from rehearsal.runs import debug_overrides
+from support.launch import ROOT, python_or_torchrun
+from support.processes import start, stop
+
+GLOBAL, MICRO = 8, 2
+LIGHTHOUSE = Path(sys.executable).parent / "torchft_lighthouse"
+
+
+@contextmanager
+def lighthouse(log_path: Path, heartbeat_ms: int = 1000) -> Iterator[str]:
+    """A Lighthouse on 127.0.0.1; a group without a heartbeat for ``heartbeat_ms`` leaves the quorum."""
+    port = free_port()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([str(LIGHTHOUSE), "--bind", f"127.0.0.1:{port}", "--min_replicas", "1",
+                                 "--join_timeout_ms", "1000", "--quorum_tick_ms", "50",
+                                 "--heartbeat_timeout_ms", str(heartbeat_ms)],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            kill_tree(proc.pid)
+            proc.wait()
+
+
+def overrides(run_dir: Path, data: Path, steps: int, extra: Dict[str, object] | None = None) -> List[str]:
+    return debug_overrides(run_dir, data, steps, {"training.global_batch_size": GLOBAL,
+                                                  "training.micro_batch_size": MICRO, **(extra or {})})
+
+
+class Group:
+    """Replica group ``index``'s run in ``root/group_N`` (``nproc`` ranks), forked from the warm parent."""
+
+    def __init__(self, root: Path, data: Path, steps: int, address: str, index: int, nproc: int = 1,
+                 extra: Dict[str, object] | None = None):
+        self.run_dir, self.index = root / f"group_{index}", index
+        self.args = python_or_torchrun(nproc, str(ROOT / "train.py"), *overrides(self.run_dir, data, steps, {
+            "parallel.fault_tolerance.enabled": "true", "parallel.fault_tolerance.lighthouse": address,
+            "parallel.fault_tolerance.replica_id": index, "parallel.fault_tolerance.hostname": "127.0.0.1",
+            "parallel.fault_tolerance.quorum_timeout_s": 30, "parallel.fault_tolerance.timeout_s": 10,
+            **(extra or {})}))
+        self.root, self.proc, self.log, self.launches = root, None, None, []
+
+    def start(self) -> "Group":
+        if self.log is not None:
+            self.log.close()
+        self.log = open(self.root / f"group_{self.index}.{len(self.launches)}.log", "w")
+        self.launches.append(time.time())
+        self.proc = start(self.args, self.log, extra_env={"GLOO_SOCKET_IFNAME": "lo"}, warm=True)
+        return self
+
+    def text(self) -> str:
+        return Path(self.log.name).read_text()[-6000:]
+
+    def rows(self) -> List[dict]:
+        path = self.run_dir / LOG_NAME
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def finish(self, timeout: float = 300.0) -> None:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            stop(self.proc)
+            raise
+        assert code == 0, f"group {self.index} failed ({code}):\n{self.text()}"
+
+    def close(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+        if self.log is not None:
+            self.log.close()
+
+    def digests(self) -> List[dict]:
+        return [json.loads(p.read_text()) for p in sorted(self.run_dir.glob("weights-rank*.json"))]
+
+
+def wait_for(what: str, predicate, groups: List[Group], timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        for group in groups:
+            if group.proc.poll() is not None:
+                raise AssertionError(f"group {group.index} exited ({group.proc.returncode}) while waiting for "
+                                     f"{what}:\n{group.text()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} in {timeout} s")
+        time.sleep(0.05)
+
+
+def check_global_batches(first: List[dict], second: List[dict], steps: int, unlogged: int = 1) -> List[dict]:
+    """Every step trained on the uninterrupted run's global batch: group 0's committed row of each step (its last:
+    a step re-run after a restart counts once), with group 1's row of that step when both were in the quorum,
+    tile [(k - 1) x GLOBAL, k x GLOBAL) and their tokens add up to the global batch's. Up to ``unlogged`` steps may
+    lack group 1's row: a kill between its commit and its log line. Returns group 0's rows used, by step."""
+    final = {r["step"]: r for r in first if r["committed"]}
+    assert sorted(final) == list(range(1, steps + 1)), f"group 0 committed steps {sorted(final)}"
+    missing = []
+    for k, row in sorted(final.items()):
+        slices = [row]
+        if row["participants"] == 2:
+            peer = [r for r in second if r["step"] == k and r["committed"] and r["participants"] == 2]
+            if not peer:
+                missing.append(k)
+                continue
+            slices.append(peer[-1])
+        ranges = sorted(tuple(r["samples"]) for r in slices)
+        assert ranges[0][0] == (k - 1) * GLOBAL and sum(c for _, c in ranges) == GLOBAL, (k, ranges)
+        assert all(a + c == b for (a, c), (b, _) in zip(ranges, ranges[1:])), (k, ranges)
+        assert sum(r["tokens"] for r in slices) == row["global_tokens"], (k, slices)
+    assert len(missing) <= unlogged, f"steps without group 1's row: {missing}"
+    return [final[k] for k in sorted(final)]
