@@ -9,55 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List
 
-from configs.keys import AT_LEAST_1, NON_NEGATIVE, SECONDS, Bound, key, section
+from configs.keys import AT_LEAST_1, SECONDS, Bound, key, section
 from model.config import ModelConfig
 from parallel.dims import ParallelDims, check_tensor_parallel_fits, resolve_parallel_dims
+from parallel.fault_tolerance.config import FaultToleranceConfig  # unit: fault_tolerance
 
 DEVICES = ("auto", "cpu", "cuda")
 PARAM_DTYPES = ("fp32", "bf16")
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
-
-
-@dataclass
-class FaultToleranceConfig:
-    """``parallel.fault_tolerance.*``: replica groups managed by torchft (recovery/fault_tolerance.py). Each group is
-    its own torchrun job (dp_shard x tp ranks); a lost group does not stop the others."""
-
-    enabled: bool = key(False, "replica groups managed by torchft: the others go on while one is out, a restarted "
-                        "group takes the live state from a peer (docs/recovery-runbook.md, \"Fault tolerance\")")
-    lighthouse: str = key("", "the torchft Lighthouse's address, e.g. http://127.0.0.1:29510 "
-                          "(scripts/launch_fault_tolerant.sh starts it)")
-    replica_id: int = key(0, "this group's number, 0 to groups - 1; group 0 writes the durable checkpoints",
-                          NON_NEGATIVE)
-    groups: int = key(2, "replica groups the job launches (the batch split is checked for every count the "
-                      "quorum may have, min_replicas to groups)", AT_LEAST_1)
-    min_replicas: int = key(1, "a step commits only with at least this many groups in its quorum", AT_LEAST_1)
-    preserve_batch: bool = key(True, "the groups of a step's quorum read the whole global batch between them (a "
-                               "missing group's micro-batches go to the others); false: torchft's own semantics, "
-                               "each group reads its fixed share and a missing group's samples are skipped")
-    hostname: str = key("", "the address this group's torchft manager advertises to its peers (empty: the host's "
-                        "name); 127.0.0.1 on one host")
-    quorum_timeout_s: float = key(60.0, "a step waits this long for its quorum before failing (a survivor waits "
-                                  "here while a peer's loss is detected)", SECONDS)
-    timeout_s: float = key(30.0, "torchft's operations: the gradient all-reduce across groups, the commit vote, a "
-                           "weight transfer to a rejoining group", SECONDS)
-
-    def check(self) -> List[str]:
-        if not self.enabled:
-            return []
-        out = []
-        if not self.lighthouse:
-            out.append("parallel.fault_tolerance.enabled=true needs parallel.fault_tolerance.lighthouse (the "
-                       "Lighthouse's address, e.g. http://127.0.0.1:29510; scripts/launch_fault_tolerant.sh starts "
-                       "one and passes it)")
-        if self.replica_id >= self.groups:
-            out.append(f"parallel.fault_tolerance.replica_id={self.replica_id} is not below "
-                       f"parallel.fault_tolerance.groups={self.groups}: number the groups 0 to {self.groups - 1}")
-        if self.min_replicas > self.groups:
-            out.append(f"parallel.fault_tolerance.min_replicas={self.min_replicas} is above "
-                       f"parallel.fault_tolerance.groups={self.groups}: no step could ever commit; lower "
-                       f"min_replicas to at most {self.groups} or launch more groups")
-        return out
 
 
 @dataclass
@@ -82,7 +41,8 @@ class ParallelConfig:
     force_fsdp: bool = key(False, "FSDP2 on a size-1 mesh even with one data-parallel rank (a world of 1 then "
                            "starts a process group of one rank; scripts/gpu_check.py runs mixed precision so)")
     loss_parallel: bool = key(False, "tp > 1: cross entropy on vocabulary-sharded logits")
-    fault_tolerance: FaultToleranceConfig = section(FaultToleranceConfig, "replica groups managed by torchft")
+    fault_tolerance: FaultToleranceConfig = section(  # unit: fault_tolerance
+        FaultToleranceConfig, "replica groups managed by torchft")
 
     def layout(self, world_size: int) -> ParallelDims:
         """The mesh at ``world_size`` ranks (ValueError naming the valid layouts when it does not fit)."""

@@ -140,8 +140,9 @@ def value_problems(config: Config, world: World) -> List[str]:
         lambda: config.recovery.check((p.collective_timeout_s, p.collective_timeout_after_first_step_s)),
         lambda: _seq_len_problems(config),
         lambda: _best_metric_problems(config),
-        lambda: _fault_tolerance_problems(config),
     ]
+    ft, rc = p.fault_tolerance, config.recovery  # unit: fault_tolerance
+    checks.append(lambda: ft.problems_with(p.dp_replicate, rc.watchdog, rc.timeouts))  # unit: fault_tolerance
     if all(in_bounds(s) for s in (config.model, p, t)):  # the layout: no search over an absurd value's divisors
         checks.append(lambda: layout_problems(config, world))
     for run_check in checks:
@@ -169,41 +170,17 @@ def _best_metric_problems(config: Config) -> List[str]:
             "eval.interval > 0, or choose best_metric loss or probe_loss"]
 
 
-def _fault_tolerance_problems(config: Config) -> List[str]:
-    """What parallel.fault_tolerance cannot be with the other sections: the group's own mesh, and the watchdog's
-    timeouts against torchft's (a survivor waits for its quorum in the data_wait phase, and for the all-reduce
-    across groups in the step phase: the watchdog must not abort it there)."""
-    p, ft = config.parallel, config.parallel.fault_tolerance
-    if not ft.enabled:
-        return []
-    out = []
-    if p.dp_replicate != 1:
-        out.append(f"parallel.fault_tolerance.enabled=true with parallel.dp_replicate={p.dp_replicate}: each replica "
-                   "group is its own torchrun job whose mesh is dp_shard x tp; set parallel.dp_replicate=1 and launch "
-                   f"{p.dp_replicate} groups (parallel.fault_tolerance.groups={p.dp_replicate}, "
-                   "scripts/launch_fault_tolerant.sh)")
-    rc = config.recovery
-    if rc.watchdog:
-        timeouts = {phase: rc.timeouts.get(phase, rc.timeouts.get("step", 120.0)) for phase in ("data_wait", "step")}
-        for phase, needs, what in (("data_wait", ft.quorum_timeout_s + ft.timeout_s, "quorum_timeout_s + timeout_s "
-                                    "(the quorum and a weight transfer to this group)"),
-                                   ("step", ft.timeout_s, "timeout_s (the all-reduce across groups)")):
-            if timeouts[phase] <= needs:
-                out.append(f"recovery.timeouts.{phase}={timeouts[phase]:g} s is not above parallel.fault_tolerance."
-                           f"{what} = {needs:g} s: the watchdog would abort a survivor waiting on torchft; raise "
-                           f"recovery.timeouts.{phase} above {needs:g} or lower the torchft timeouts")
-    return out
-
-
 def layout_at(config: Config, world_size: int) -> List[str]:
     """The layout at ``world_size`` ranks: the mesh, the tensor-parallel fit and the batch split (under
     parallel.fault_tolerance with preserve_batch, the split at every number of groups a quorum may have)."""
-    p, t, ft = config.parallel, config.training, config.parallel.fault_tolerance
+    p, t = config.parallel, config.training
     found = p.layout_problems(world_size, config.model, t.seq_len)
     if not found and not config.dry_run:  # a plan is about memory: the micro batch is the user's to adjust after it
         dp = p.layout(world_size).dp
-        groups = range(ft.min_replicas, ft.groups + 1) if ft.preserve_batch else [ft.groups]
-        for count in groups if ft.enabled else [1]:
+        counts = range(1, 2)  # data-parallel groups of dp ranks in a step
+        if p.fault_tolerance.enabled:  # unit: fault_tolerance
+            counts = p.fault_tolerance.quorum_sizes()
+        for count in counts:
             try:
                 make_batch_plan(t.global_batch_size, t.micro_batch_size, dp * count)
             except ValueError as exc:

@@ -181,11 +181,11 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     throughput = Throughput(mcfg, t.seq_len, world.world_size, config.logging.peak_tflops)  # MFU
     guards = None  # the silent-corruption and loss-spike guards (recovery/guards/)
     guards = build_guards(rc.guards, run_dir, model, world, parallel, probe, metrics)  # unit: guards
-    ft_cfg, manager_state = p.fault_tolerance, None
-    if ft_cfg.enabled:  # unit: fault_tolerance (replica groups under torchft; its code is loaded only for them)
+    manager_state = None  # the torchft manager's state: a part of the checkpoints
+    if p.fault_tolerance.enabled:  # unit: fault_tolerance (replica groups under torchft; loaded only for them)
         from recovery.fault_tolerance import ManagerState, writes_checkpoints
-        manager_state = ManagerState()  # the torchft manager's state: a part of the checkpoints
-        if not writes_checkpoints(ft_cfg):  # one group writes the durable checkpoints
+        manager_state = ManagerState()
+        if not writes_checkpoints(p.fault_tolerance):  # one group writes the durable checkpoints
             config = dataclasses.replace(config, checkpoint=dataclasses.replace(c, interval="0", save_final=False))
     state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, manager_state,
                           optim_config=config.optim, rank=world.rank,
@@ -206,9 +206,9 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
         resumed = apply_init_from(mcfg.init_from, state, ckpt, resumed, world.device,
                                   (rc.read_retries, rc.read_retry_backoff_s))
     replicas = None
-    if ft_cfg.enabled:  # unit: fault_tolerance
+    if p.fault_tolerance.enabled:  # unit: fault_tolerance
         from recovery.fault_tolerance import ReplicaGroups
-        replicas = ReplicaGroups(ft_cfg, world, state, manager_state, plan, parallel.dp_rank, run_dir)
+        replicas = ReplicaGroups(p.fault_tolerance, world, state, manager_state, plan, parallel.dp_rank, run_dir)
         shutdown.add(85, "the torchft manager", replicas.close)
     if world.is_main:  # the launch is accepted (the resume included): now it may say what it runs
         write_run_config(run_dir, resolved, overrides)

@@ -30,6 +30,8 @@ UNITS = {
     "raw": (["checkpoint/durable/raw.py"], "checkpoint.format=raw", "checkpoint.format='raw': choose one of ['dcp']"),
     "interop": (["checkpoint/interop", "model/hf.py"], "model.init_from=/weights", "model.init_from"),
     "guards": (["recovery/guards"], "recovery.guards.enabled=false", "recovery.guards"),
+    "fault_tolerance": (["recovery/fault_tolerance.py", "parallel/fault_tolerance"],
+                        "parallel.fault_tolerance.enabled=true", "parallel.fault_tolerance"),
 }
 COPIED = ("configs", "model", "parallel", "data", "training", "metrics", "checkpoint", "recovery", "trainer",
           "scripts", "train.py")
