@@ -231,6 +231,7 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
                             after_backward=lambda: rt.inject("gradients", step + 1, model=model),
                             global_tokens=data.global_target_tokens, grad_stats=grad_stats,
                             step_flags=rt.step_flags)  # preemption and the like ride the step's reduction
+        ckpt.took_step(result.first_loss)  # the probe of a save made after the previous step
         if step == start_step:  # warm-up done: a hung peer should now fail fast
             set_collective_timeout(p.collective_timeout_after_first_step_s, parallel.process_groups())
         if ema is not None:
