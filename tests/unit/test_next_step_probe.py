@@ -70,7 +70,10 @@ def test_an_async_save_runs_no_probe_and_a_wrong_load_is_refused_before_the_firs
         assert forwards == []  # the save's blocking part ran no forward
         next_batch = probe.next_micro_batch()
         third = _step(state, ckpt)  # its first micro-batch's loss completes step 2's manifest
-        ckpt.wait()
+        _step(state, ckpt)
+        ckpt.after_step(4, 5.0, probe_from_next_step=True)
+        ckpt.wait()  # before the next step (a preemption's wait): the probe is computed now, on the same weights
+        fifth = _step(state, ckpt)
     finally:
         ckpt.close()
     path = ckpt.root / "step_00000002"
@@ -79,6 +82,10 @@ def test_an_async_save_runs_no_probe_and_a_wrong_load_is_refused_before_the_firs
     assert manifest.probe_method == NEXT_MICRO_BATCH
     assert manifest.probe_samples == [next_batch.start, next_batch.count]
     assert manifest.probe_loss == float(third.first_loss) / tokens
+    settled = read_manifest(ckpt.root / "step_00000004")
+    assert settled.probe_method == NEXT_MICRO_BATCH
+    assert settled.probe_loss == float(fifth.first_loss) / state.data.dataset.target_count(
+        type(next_batch)(*settled.probe_samples))  # the value the step after computes
 
     def load(path):
         state, probe, ckpt = _run(cfg, world)
