@@ -287,12 +287,12 @@ class CheckpointManager:
     def took_step(self, first_loss: Optional[torch.Tensor]) -> None:
         """After the step that follows a save with a deferred probe (every rank, right after its update):
         ``first_loss``, the summed loss of this rank's first micro-batch (training/step.py), completes the
-        save's manifest. On rank 0 that micro-batch is the probe's samples; other ranks' commits take none."""
+        save's manifest. On rank 0 that micro-batch is the probe's samples; other ranks' commits take none. The
+        host reads it on the saver's thread, so the step after a save adds no host sync."""
         if self._next_probe is None:
             return
         (samples, future), self._next_probe = self._next_probe, None
-        tokens = self.state.data.dataset.target_count(samples)
-        future.set_result(float(first_loss) / tokens)
+        future.set_result(first_loss / self.state.data.dataset.target_count(samples))  # the commit reads it
 
     def _settle_probe(self) -> None:
         """A deferred probe whose step has not come (a save or wait before it: preemption, a direct caller): run

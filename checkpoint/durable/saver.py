@@ -388,7 +388,7 @@ class CheckpointSaver:
         step = manifest.step
         files = collect_acknowledgements(staging, self.world_size, self.commit_timeout_s, attempt=self.attempt)
         if probe_loss is not None:
-            manifest = dataclasses.replace(manifest, probe_loss=probe_loss.result())
+            manifest = dataclasses.replace(manifest, probe_loss=float(probe_loss.result()))
         meta = staging / ".metadata"
         files[".metadata"] = FileEntry(meta.stat().st_size, checksum_file(meta, self.checksum_algorithm)
                                        if self.checksum_algorithm else None)
