@@ -166,8 +166,10 @@ class CheckpointManager:
 
     @property
     def writing(self) -> Optional[Tuple[int, Callable[[], bool]]]:
-        """(step, is_done) of the background write in flight, or None. ``is_done`` is thread-safe."""
-        return self.saver.in_flight
+        """(step, is_done) of the background write in flight, or None. ``is_done`` is thread-safe. None too while
+        the save waits for its probe from the next step: the watchdog's write timer (recovery/runtime.py) starts
+        once that step has run, so a hang of the training thread meanwhile is the step timer's, not the write's."""
+        return None if self._next_probe is not None else self.saver.in_flight
 
     def load(self, path: Path, verify: Optional[VerifyHook] = None) -> Manifest:
         """Load the committed checkpoint at ``path`` into the state (every rank together), then run
