@@ -11,8 +11,8 @@ at the same layout). Two batches, named by the manifest's ``probe_method``:
   which compares checkpoints on one batch) and the shadow guard: global samples [0, PROBE_SEQUENCES)
   of the sample order, one sequence at a time: the same at every layout and micro-batch size.
 
-It must stay cheap at 70B: it runs at every durable save, for the shadow guard and at every durable
-resume (a memory snapshot runs none: checkpoint/memory/snapshot.py compares its bytes). So one sequence
+The fixed batch must stay cheap at 70B: it runs at the saves above, for the shadow guard and at their
+resumes (a memory snapshot runs none: checkpoint/memory/snapshot.py compares its bytes). So one sequence
 at a time, and with ``loss_parallel`` on the vocabulary-sharded logits: its largest tensor is one
 sequence's logits of this rank's vocabulary shard, in fp32, never the full logits (4 x 8192 x 128256 at
 70B: 16.8 GB in fp32; tests/unit/test_probe.py). The value is cached per ``weights_version`` (the
