@@ -296,23 +296,39 @@ class CheckpointManager:
         (samples, future), self._next_probe = self._next_probe, None
         future.set_result(first_loss / self.state.data.dataset.target_count(samples))  # the commit reads it
 
+    def _abandon_or_settle_probe(self) -> None:
+        """``close``'s treatment of a deferred probe (its docstring says which)."""
+        if self._next_probe is None:
+            return
+        if self.world_size == 1:
+            try:
+                self._settle_probe()
+                return
+            except Exception as exc:  # noqa: BLE001 - the error that ended the run may have broken the model too
+                log.warning("the probe of the checkpoint of step %s could not be computed: %s", self.last_saved_step,
+                            exc)
+        log.warning("checkpoint of step %s is left uncommitted: the run stopped before the step that brings "
+                    "its probe", self.last_saved_step)
+        self._next_probe[1].cancel()
+        self._next_probe = None
+
     def _settle_probe(self) -> None:
         """A deferred probe whose step has not come (a save or wait before it: preemption, a direct caller): run
         it now, on the saved weights (no step since). Every rank calls this at the same point (collectives)."""
         if self._next_probe is not None:
-            (samples, future), self._next_probe = self._next_probe, None
-            future.set_result(self.probe.of_samples(samples))
+            samples, future = self._next_probe
+            value = self.probe.of_samples(samples)  # if it raises, the save stays pending (close abandons it)
+            self._next_probe = None
+            future.set_result(value)
 
     def close(self) -> None:
         """Wait for the in-flight save and for retention; report. A last save the storage refused
         raises here with on_save_error=stop (an alarm either way). A save still waiting for the next step's
-        probe is abandoned, uncommitted: the run stops on an error (on its way out, no rank may run a
-        collective the others are not in); the normal paths settle it first."""
-        if self._next_probe is not None:
-            log.warning("checkpoint of step %s is left uncommitted: the run stopped before the step that brings "
-                        "its probe", self.last_saved_step)
-            self._next_probe[1].cancel()
-            self._next_probe = None
+        probe (the run stops on an error before that step; the normal paths settle it first) commits in a
+        one-rank run, whose probe runs no collective (the weights are the saved ones: no step came); with
+        more ranks it is left uncommitted, since on an error's way out no rank may run a collective the others
+        are not in."""
+        self._abandon_or_settle_probe()
         try:
             if self.memory is not None:
                 self.memory.close()
