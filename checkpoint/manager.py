@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from concurrent import futures
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -30,6 +31,7 @@ from checkpoint.durable.lease import check_lease
 from checkpoint.durable.loader import load_checkpoint
 from checkpoint.durable.manifest import (
     LOAD_ERRORS,
+    NEXT_MICRO_BATCH,
     CheckpointError,
     ConfigMismatch,
     Manifest,
@@ -48,6 +50,7 @@ from checkpoint.durable.saver import CheckpointSaveError, CheckpointSaver, Fault
 from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config, schedule_changes
 from checkpoint.state.training_state import TrainingState
 from checkpoint.storage import location
+from data.batching import SampleRange
 from parallel import collectives
 
 log = logging.getLogger("trainer")
@@ -95,6 +98,7 @@ class CheckpointManager:
             from checkpoint.memory.tier import MemoryTier
             self.memory = MemoryTier.of(c.memory, self, run_name)
         self.last_saved_step: Optional[int] = None
+        self._next_probe: Optional[Tuple[SampleRange, Future]] = None  # a save's probe the next step brings
         self.save_failure: Optional[CheckpointSaveError] = None  # on_save_error=stop: raised once agreed
 
     def record_eval(self, step: int, val_loss: float) -> None:
@@ -142,11 +146,13 @@ class CheckpointManager:
 
     def collect(self) -> None:
         """Wait for the save in flight (if any); a failure of the storage is handled as after a step."""
+        self._settle_probe()
         self._storage_guard(self.saver.wait)
         self._report()
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is done on this rank, and report it (raises its failure)."""
+        self._settle_probe()
         self.saver.wait()
         self._report()
 
@@ -160,8 +166,10 @@ class CheckpointManager:
 
     @property
     def writing(self) -> Optional[Tuple[int, Callable[[], bool]]]:
-        """(step, is_done) of the background write in flight, or None. ``is_done`` is thread-safe."""
-        return self.saver.in_flight
+        """(step, is_done) of the background write in flight, or None. ``is_done`` is thread-safe. None too while
+        the save waits for its probe from the next step: the watchdog's write timer (recovery/runtime.py) starts
+        once that step has run, so a hang of the training thread meanwhile is the step timer's, not the write's."""
+        return None if self._next_probe is not None else self.saver.in_flight
 
     def load(self, path: Path, verify: Optional[VerifyHook] = None) -> Manifest:
         """Load the committed checkpoint at ``path`` into the state (every rank together), then run
@@ -197,15 +205,19 @@ class CheckpointManager:
             return False
         return step % self.interval == 0 or (self.cfg.save_final and step == self.steps)
 
-    def after_step(self, step: int, loss: float,
-                   verified_gate: Optional[Callable[[], Optional[str]]] = None) -> List[SaveRecord]:
+    def after_step(self, step: int, loss: float, verified_gate: Optional[Callable[[], Optional[str]]] = None,
+                   probe_from_next_step: bool = False) -> List[SaveRecord]:
         """Call after every optimizer step (1-based ``step``): saves when due; returns the records of the
         saves finished since the last call. ``verified_gate()``, asked only when a save happens, gives the
-        reason it must not be marked verified (or None). A save the storage refused does not raise here."""
+        reason it must not be marked verified (or None). ``probe_from_next_step``: the loop runs another step
+        and hands its first micro-batch's loss to ``took_step``: an async save takes it as its probe instead of
+        running one. A save the storage refused does not raise here."""
         if self.due(step):
+            self._settle_probe()
             self._storage_guard(self.saver.wait)  # the previous save's outcome first
             if self.save_failure is None:  # with on_save_error=stop the run ends at this step: no new save
-                self._storage_guard(lambda: self.save(step, loss, verified_gate() if verified_gate else None))
+                self._storage_guard(lambda: self.save(step, loss, verified_gate() if verified_gate else None,
+                                                      probe_from_next_step))
         else:
             self._storage_guard(self.saver.poll)
         if self.memory is not None:
@@ -241,6 +253,7 @@ class CheckpointManager:
     def raise_save_failure(self) -> None:
         """Every rank agreed that a save failed with on_save_error=stop: raise it here too (this
         rank's own copy of the failure, once its side of that save has finished)."""
+        self._settle_probe()
         self._storage_guard(self.saver.wait)
         failure, self.save_failure = self.save_failure, None
         if failure is None:
@@ -248,19 +261,74 @@ class CheckpointManager:
                                   "stopping with checkpoint.on_save_error=stop")
         raise failure
 
-    def save(self, step: int, loss: Optional[float], unverified_reason: Optional[str] = None) -> None:
-        """Save now (preemption, the loop's due saves); ``unverified_reason``: not marked verified."""
+    def save(self, step: int, loss: Optional[float], unverified_reason: Optional[str] = None,
+             probe_from_next_step: bool = False) -> None:
+        """Save now (preemption, the loop's due saves); ``unverified_reason``: not marked verified;
+        ``probe_from_next_step``: as ``after_step``'s."""
         started = time.perf_counter()  # the probe (in the manifest's build) counts in the blocking time
-        manifest = self.build_manifest(step, loss)
+        self._settle_probe()
+        deferred = probe_from_next_step and self._probe_deferrable()
+        samples = self.probe.next_micro_batch() if deferred else None
+        manifest = self.build_manifest(step, loss, NEXT_MICRO_BATCH if deferred else None, samples)
         if unverified_reason is not None:
             manifest.verified, manifest.unverified_reason = False, unverified_reason
             log.warning("checkpoint %s will not be marked verified: %s", manifest.checkpoint_id, unverified_reason)
-        self.saver.save(self.state.state_dict(), manifest, started)
+        probe_loss = Future() if deferred else None
+        self.saver.save(self.state.state_dict(), manifest, started, probe_loss)
+        if deferred:
+            self._next_probe = (samples, probe_loss)
         self.last_saved_step = step
+
+    def _probe_deferrable(self) -> bool:
+        """Whether a save may take the next step's loss as its probe: a background commit (async modes), a
+        probe that can (no dropout), and checkpoints not ranked by probe loss (the fixed batch compares them).
+        Config only: the same on every rank."""
+        return (self.cfg.async_mode != "sync" and self.probe is not None and getattr(self.probe, "deferrable", False)
+                and self.cfg.best_metric != "probe_loss")
+
+    def took_step(self, first_loss: Optional[torch.Tensor]) -> None:
+        """After the step that follows a save with a deferred probe (every rank, right after its update):
+        ``first_loss``, the summed loss of this rank's first micro-batch (training/step.py), completes the
+        save's manifest. On rank 0 that micro-batch is the probe's samples; other ranks' commits take none. The
+        host reads it on the saver's thread, so the step after a save adds no host sync."""
+        if self._next_probe is None:
+            return
+        (samples, future), self._next_probe = self._next_probe, None
+        future.set_result(first_loss / self.state.data.dataset.target_count(samples))  # the commit reads it
+
+    def _abandon_or_settle_probe(self) -> None:
+        """``close``'s treatment of a deferred probe (its docstring says which)."""
+        if self._next_probe is None:
+            return
+        if self.world_size == 1:
+            try:
+                self._settle_probe()
+                return
+            except Exception as exc:  # noqa: BLE001 - the error that ended the run may have broken the model too
+                log.warning("the probe of the checkpoint of step %s could not be computed: %s", self.last_saved_step,
+                            exc)
+        log.warning("checkpoint of step %s is left uncommitted: the run stopped before the step that brings "
+                    "its probe", self.last_saved_step)
+        self._next_probe[1].cancel()
+        self._next_probe = None
+
+    def _settle_probe(self) -> None:
+        """A deferred probe whose step has not come (a save or wait before it: preemption, a direct caller): run
+        it now, on the saved weights (no step since). Every rank calls this at the same point (collectives)."""
+        if self._next_probe is not None:
+            samples, future = self._next_probe
+            value = self.probe.of_samples(samples)  # if it raises, the save stays pending (close abandons it)
+            self._next_probe = None
+            future.set_result(value)
 
     def close(self) -> None:
         """Wait for the in-flight save and for retention; report. A last save the storage refused
-        raises here with on_save_error=stop (an alarm either way)."""
+        raises here with on_save_error=stop (an alarm either way). A save still waiting for the next step's
+        probe (the run stops on an error before that step; the normal paths settle it first) commits in a
+        one-rank run, whose probe runs no collective (the weights are the saved ones: no step came); with
+        more ranks it is left uncommitted, since on an error's way out no rank may run a collective the others
+        are not in."""
+        self._abandon_or_settle_probe()
         try:
             if self.memory is not None:
                 self.memory.close()
@@ -273,11 +341,14 @@ class CheckpointManager:
             raise failure
 
     # -- helpers ---------------------------------------------------------------------------
-    def build_manifest(self, step: int, loss: Optional[float], probe_method: Optional[str] = None) -> Manifest:
+    def build_manifest(self, step: int, loss: Optional[float], probe_method: Optional[str] = None,
+                       probe_samples: Optional[SampleRange] = None) -> Manifest:
         """The manifest of a save of ``step``; sets the state's metadata to match (before its state dict is
         taken). Runs the probe, whose loss post-load verification compares, unless ``probe_method`` names
-        another proof of the weights (the memory tier's: checkpoint/memory/snapshot.py)."""
+        another proof of the weights (the memory tier's: checkpoint/memory/snapshot.py) or one that comes
+        later (NEXT_MICRO_BATCH, of ``probe_samples``: the saver fills it in)."""
         probe_loss = self.probe() if self.probe is not None and probe_method is None else None
+        later = probe_method == NEXT_MICRO_BATCH
         s, gbs = self.state, self.global_batch_size
         s.meta = {"wall_clock": time.time(), "config_hash": self.config_hash, "world_size": self.world_size,
                   "layout": dict(self.layout), "global_batch_size": gbs, "loss": loss, "probe_loss": probe_loss}
@@ -287,7 +358,8 @@ class CheckpointManager:
             world_size=self.world_size, layout=dict(self.layout), init_from=self.init_from,
             global_batch_size=gbs, loss=loss, probe_loss=probe_loss, checksum_algorithm=None,
             probe_method=probe_method or (getattr(self.probe, "method", None) if probe_loss is not None else None),
-            probe_kernels=getattr(self.probe, "kernels", None) if probe_loss is not None else None,
+            probe_kernels=getattr(self.probe, "kernels", None) if probe_loss is not None or later else None,
+            probe_samples=[probe_samples.start, probe_samples.count] if later else None,
             components=s.components(),
             val_loss=self._eval[1] if self._eval is not None and self._eval[0] == step else None)
 

@@ -141,7 +141,7 @@ class RecoveryRuntime:
         if ckpt.due(step):
             self.beat("checkpoint_snapshot", step)
         gate = self.guards.take_verified_block if self.guards is not None else None
-        records = ckpt.after_step(step, loss, verified_gate=gate)
+        records = ckpt.after_step(step, loss, verified_gate=gate, probe_from_next_step=step < self.steps)
         for auto in self.autos:
             auto.record(step_s, records if auto.tier == "durable" else ckpt.memory.take_records(),
                         first=not self._first_step_done)

@@ -5,10 +5,11 @@ written is what training had, nor that it was restored into the right places. Af
 
   step   the restored step counter equals the manifest's;
   LR     the optimizer's LR equals this run's schedule at that step;
-  probe  the stored probe loss is reproduced: bitwise at the same layout on the same device and
-         kernels (the manifest's ``probe_kernels``), else within ``probe_rtol_reshard`` (another
-         reduction order changes the last bits). A memory snapshot has none: its restore compared
-         every applied tensor with the snapshot's bytes (checkpoint/memory/snapshot.py).
+  probe  the stored probe loss is reproduced, on the batch its ``probe_method`` names (recovery/probe.py):
+         bitwise at the same layout on the same device and kernels (the manifest's ``probe_kernels``),
+         else within ``probe_rtol_reshard`` (another reduction order changes the last bits). A memory
+         snapshot has none: its restore compared every applied tensor with the snapshot's bytes
+         (checkpoint/memory/snapshot.py).
 
 Only a failure that means the bytes are wrong (the step, the probe on unchanged weights) is returned:
 the manager marks the checkpoint BAD and falls back to the previous one. A config change never condemns
@@ -89,12 +90,12 @@ class ResumeVerifier:
         # (recovery/probe.py kernel_identity); otherwise within probe_rtol_reshard, as across layouts
         same_kernels = manifest.probe_kernels is not None and manifest.probe_kernels == getattr(
             self.probe, "kernels", None)
-        same_probe = same_layout and same_kernels and manifest.probe_method == getattr(self.probe, "method", None)
+        same_probe = same_layout and same_kernels and manifest.probe_method in getattr(self.probe, "methods", ())
         config_changed = manifest.config_hash != self.config_hash
         probe_now, probe_s = None, None
         bytes_checked = manifest.probe_method == APPLIED_BYTES  # a memory snapshot (checkpoint/memory/snapshot.py)
         if manifest.probe_loss is not None and self.probe is not None:
-            probe_now = self.probe()
+            probe_now = self.probe.value_for(manifest.probe_method, manifest.probe_samples)
             probe_s = getattr(self.probe, "last_seconds", None)
             matches = probe_matches(manifest.probe_loss, probe_now, same_probe, self.cfg.probe_rtol_reshard)
             if not matches and config_changed:

@@ -82,7 +82,8 @@ class Shutdown:
 class GarbageCollection:
     """Python's garbage collector on a fixed step schedule (training.gc_interval), as torchtitan does:
     left automatic, it pauses each rank at its own moments, and a pause on one rank stalls every
-    collective. Automatic collection is off from here to the end of the run; a generation-1 collection
+    collective. Automatic collection is off from the resume (a full collection inside its object
+    collectives measured 0.14 s of CPU at 6.2M parameters) to the end of the run; a generation-1 collection
     runs at the end of every ``interval``-th step, the same steps on every rank (0: automatic)."""
 
     def __init__(self, interval: int):
@@ -200,6 +201,8 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     shutdown.add(80, "the watchdog", rt.close)
     ckpt.preflight(attempt)  # room for the saves to come, on every rank
     metrics.attempt = attempt  # metrics.jsonl rows name it from now on (metrics/records.py)
+    collection = GarbageCollection(t.gc_interval)  # before the load too: its pauses would stretch it, on each rank
+    shutdown.add(85, "the garbage collection schedule", collection.close)
     resumed = rt.resume(state, probe, dims, plan)  # verified, with bounded fallback
     if mcfg.init_from:  # unit: interop (pretrained weights at step 0; its code is loaded only for them)
         from checkpoint.interop.init_from import apply_init_from
@@ -226,8 +229,6 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     )
 
     model.train()
-    collection = GarbageCollection(t.gc_interval)
-    shutdown.add(85, "the garbage collection schedule", collection.close)
     grad_stats = GradStats(model, world.device, loss_copies=world.world_size // dims.dp)  # loss and norms
     recent: list[float] = []
     step, warmed_up = start_step, False
@@ -253,6 +254,7 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
             replicas.end_step(step, result, data)
             if not result.committed:  # a peer was lost during the step: this group runs it again
                 continue
+        ckpt.took_step(result.first_loss)  # the probe of a save made after the previous step
         if not warmed_up:  # warm-up done: a hung peer should now fail fast (the first step this process ran: a
             # group that took its peers' state at the quorum starts at theirs)
             set_collective_timeout(p.collective_timeout_after_first_step_s, parallel.process_groups())

@@ -52,6 +52,9 @@ class StepResult:
     flags: Tuple[bool, ...] = ()  # each of ``step_flags()``: true on some rank
     local_seconds: float = 0.0  # this rank's own work, before it waits for its peers (the straggler report)
     committed: bool = True  # false: the replica groups voted the step away (recovery/fault_tolerance.py)
+    # the summed token loss of this rank's first micro-batch (float64), computed before the update: an async
+    # save's probe (recovery/probe.py NEXT_MICRO_BATCH), read on the host only by the manager that needs it
+    first_loss: Optional[torch.Tensor] = None
 
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -110,6 +113,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     stats_of = grad_stats or GradStats(model, device, loss_copies=_loss_copies(dp_group))
 
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    first_loss = None
     events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if device.type == "cuda" else []
     if events:
         events[0].record()
@@ -126,7 +130,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
             if precision.scaler is not None:
                 scaled = precision.scaler.scale(scaled)
             scaled.backward()
-        loss_sum += global_value(micro_loss.detach()).double()
+        micro_sum = global_value(micro_loss.detach()).double()
+        first_loss = micro_sum if first_loss is None else first_loss
+        loss_sum += micro_sum
     if events:
         events[1].record()
 
@@ -159,7 +165,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedul
     return StepResult(
         loss=stats.loss, grad_norm=stats.grad_norm, lr=lr, target_tokens=int(global_tokens),
         seconds=time.perf_counter() - start, data_seconds=data_seconds, skipped=skipped, flags=stats.flags,
-        local_seconds=data_seconds + device_seconds,
+        local_seconds=data_seconds + device_seconds, first_loss=first_loss,
     )
 
 

@@ -29,6 +29,9 @@ CHUNK = 16 << 20  # bytes read at a time to checksum a file
 # ``probe_method`` of a restore that compared every applied tensor with the saved bytes (no probe loss: a
 # memory snapshot, checkpoint/memory/snapshot.py); post-load verification then checks step and LR only.
 APPLIED_BYTES = "applied-bytes"
+# ``probe_method`` of a probe loss taken from the step after an async save (recovery/probe.py says how): the
+# mean token loss of global samples ``probe_samples``, filled in by the commit.
+NEXT_MICRO_BATCH = "next-step-first-micro-batch"
 
 
 class CheckpointError(RuntimeError):
@@ -155,6 +158,7 @@ class Manifest:
     # same way on the same kernels; None in manifests written before they were recorded.
     probe_method: Optional[str] = None
     probe_kernels: Optional[Dict] = None
+    probe_samples: Optional[List[int]] = None  # [start, count] of the global samples of a NEXT_MICRO_BATCH probe
 
     @property
     def total_bytes(self) -> int:

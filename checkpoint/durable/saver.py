@@ -261,10 +261,13 @@ class CheckpointSaver:
         return self.rank == 0
 
     # -- the training thread --------------------------------------------------------------
-    def save(self, state_dict: Dict, manifest: Manifest, started: Optional[float] = None) -> None:
+    def save(self, state_dict: Dict, manifest: Manifest, started: Optional[float] = None,
+             probe_loss: Optional[Future] = None) -> None:
         """Save ``state_dict`` as ``manifest.step``. Records of finished saves (this one in sync
         mode, the previous one in async mode) are collected with ``finished``. ``started``: when
-        the save began on the training thread (before its manifest's probe), for its blocking time."""
+        the save began on the training thread (before its manifest's probe), for its blocking time.
+        ``probe_loss`` (async modes): the manifest's probe loss, known later (the next step's); the
+        coordinator's commit waits for it (recovery/probe.py NEXT_MICRO_BATCH)."""
         t0 = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - t0
@@ -278,6 +281,7 @@ class CheckpointSaver:
         writer = WRITERS[self.storage_format](staging, self.checksum_algorithm)
         self.fault_hook("checkpoint_snapshot", step)
         if self.mode == "sync":
+            assert probe_loss is None, "a sync save commits before the next step"
             try:
                 dcp.save(state_dict, storage_writer=writer, process_group=self.process_group, no_dist=_no_dist(),
                          planner=_planner())
@@ -296,7 +300,7 @@ class CheckpointSaver:
             raise self._failed(exc, step, staging)
         blocking = time.perf_counter() - t0
         self._in_flight = self._executor.submit(self._persist, upload, writer, staging, manifest, blocking,
-                                               waited)
+                                               waited, probe_loss)
         self._in_flight_step = step
 
     def _folder(self, step: int) -> Loc:
@@ -344,17 +348,18 @@ class CheckpointSaver:
 
     # -- background (async) or inline (sync) ------------------------------------------------
     def _persist(self, upload: Future, writer: _StoreWriter, staging: Loc, manifest: Manifest,
-                 blocking: float, waited: float) -> SaveRecord:
+                 blocking: float, waited: float, probe_loss: Optional[Future] = None) -> SaveRecord:
         t0 = time.perf_counter()
         try:
             upload.result()  # DCP write done on every rank (its final gather), .metadata written
-            size, committed = self._finish(staging, manifest, writer)
+            size, committed = self._finish(staging, manifest, writer, probe_loss)
         except BaseException as exc:
             raise self._failed(exc, manifest.step, staging)
         return SaveRecord(manifest.step, manifest.checkpoint_id, self.mode, blocking, waited,
                           time.perf_counter() - t0, size, committed)
 
-    def _finish(self, staging: Loc, manifest: Manifest, writer: _StoreWriter) -> tuple:
+    def _finish(self, staging: Loc, manifest: Manifest, writer: _StoreWriter,
+                probe_loss: Optional[Future] = None) -> tuple:
         """Acknowledge (every rank), then collect, commit and move ``latest`` (coordinator).
         Each of the two phases ends with an agreement, so all ranks succeed or fail it together."""
         step = manifest.step
@@ -367,7 +372,8 @@ class CheckpointSaver:
         self._agreed("acknowledging the checkpoint files", ack)
         committed: List[Manifest] = []
         self._agreed("committing the checkpoint",
-                     lambda: committed.append(self._commit(staging, manifest)) if self.is_coordinator else None)
+                     lambda: committed.append(self._commit(staging, manifest, probe_loss))
+                     if self.is_coordinator else None)
         if not committed:
             return 0, False
         manifest = committed[0]
@@ -376,10 +382,13 @@ class CheckpointSaver:
             self.after_commit(manifest)
         return manifest.total_bytes, True
 
-    def _commit(self, staging: Loc, manifest: Manifest) -> Manifest:
-        """Coordinator: collect the acknowledgements, create the manifest (the commit), move ``latest``."""
+    def _commit(self, staging: Loc, manifest: Manifest, probe_loss: Optional[Future] = None) -> Manifest:
+        """Coordinator: collect the acknowledgements, create the manifest (the commit), move ``latest``. A
+        ``probe_loss`` still to come is waited for: no manifest without its probe (cancelled: uncommitted)."""
         step = manifest.step
         files = collect_acknowledgements(staging, self.world_size, self.commit_timeout_s, attempt=self.attempt)
+        if probe_loss is not None:
+            manifest = dataclasses.replace(manifest, probe_loss=float(probe_loss.result()))
         meta = staging / ".metadata"
         files[".metadata"] = FileEntry(meta.stat().st_size, checksum_file(meta, self.checksum_algorithm)
                                        if self.checksum_algorithm else None)
