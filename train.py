@@ -72,6 +72,15 @@ def _prints(exc: BaseException) -> bool:
     return os.environ.get("LOCAL_RANK", "0") == "0" or not isinstance(exc, ConfigError)
 
 
+def _report(exc: BaseException) -> None:
+    """A user error's message, once, by the rank that prints it (the run calls this before its shutdown)."""
+    if isinstance(exc, USER_ERRORS) and _prints(exc) and not getattr(exc, "reported", False):
+        rank = None if getattr(exc, "agreed", False) else os.environ.get("RANK")  # agreed: every rank's
+        print(f"\nerror{f' (rank {rank})' if rank else ''}: {type(exc).__name__}: {exc}\n", file=sys.stderr,
+              flush=True)
+        exc.reported = True
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> None:
     global _composed
@@ -87,13 +96,12 @@ def main(cfg: DictConfig) -> None:
                 return
             dry_run(config)
             return
-        run(cfg, list(HydraConfig.get().overrides.task))  # checks the launch first (trainer/preflight.py)
+        run(cfg, list(HydraConfig.get().overrides.task), report=_report)  # checks the launch (trainer/preflight.py)
     except USER_ERRORS as exc:
-        rank = None if getattr(exc, "agreed", False) else os.environ.get("RANK")  # agreed: every rank's
-        if _prints(exc):
-            print(f"\nerror{f' (rank {rank})' if rank else ''}: {type(exc).__name__}: {exc}\n", file=sys.stderr)
-        else:  # the agent stops every rank once one exits: leave the printing rank time to print
+        if not _prints(exc):  # the agent stops every rank once one exits: leave the printing rank time to print
             time.sleep(SILENT_RANK_WAIT_S)
+        else:
+            _report(exc)  # unless the run did, before its shutdown
         sys.exit(CONFIG_EXIT_CODE if isinstance(exc, (ConfigError, ConfigMismatch, LiveOwner)) else 1)
 
 

@@ -101,13 +101,16 @@ class GarbageCollection:
             gc.enable()
 
 
-def run(cfg: DictConfig, overrides: List[str]) -> None:
+def run(cfg: DictConfig, overrides: List[str], report: Callable[[BaseException], None] = lambda exc: None) -> None:
+    """``report(exc)`` says why the run stopped before the shutdown, which may take a while (a store that does not
+    answer) or be cut short: the launcher stops every rank once one has exited."""
     shutdown = Shutdown()
     try:
         _run(cfg, overrides, shutdown)
     except BaseException as exc:
         if not isinstance(exc, ConfigError) and not getattr(exc, "agreed", False):  # a refused launch never ran
             log.error("run stopped by %s; shutting down", type(exc).__name__)
+        report(exc)
         shutdown.close(exc)
         raise
     shutdown.close(None)
