@@ -2,7 +2,7 @@
 (real processes); shared code in the ``support`` package (tests/support/), programs that tests run as separate
 processes in tests/support/workers/.
 
-The suite runs on two pytest-xdist workers, a file per worker at a time (``-n 2 --dist loadfile``
+The suite runs on three pytest-xdist workers, a file per worker at a time (``-n 3 --dist loadfile``
 in pyproject.toml): one file's module fixtures (a shared training run) are built once.
 """
 
@@ -15,8 +15,8 @@ import pytest
 pytest.register_assert_rewrite("support")  # support's asserts report their values, as in a test module
 
 # The files that take longest (seconds of one worker in the suite on the idle 2-core machine, the other
-# worker busy too; 2026-12-03), started first so that the two workers end together rather than one
-# waiting for the other.
+# worker busy too; 2026-12-03), started first so that the workers end together rather than one
+# waiting for the others.
 SLOWEST_FIRST = (
     "test_memory_tier.py",  # 237 s: two torchrun agents as two nodes
     "test_s3_checkpoints.py",  # 105 s: 2-rank runs against a local S3 server
