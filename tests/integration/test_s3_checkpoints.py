@@ -75,7 +75,8 @@ def test_save_retention_resume_and_reshard_on_s3_equal_the_local_disk(s3, local,
         ours, theirs = root / f"step_{step:08d}", local / "checkpoints" / f"step_{step:08d}"
         verify_checkpoint(ours)
         # Every tensor (model, optimizer, torch's generator...). The files' sizes may differ by a few bytes: the
-        # pickled state of Python's global generator, which boto3 draws its retry jitter from, is in them.
+        # pickled state of Python's global generator is in them, and the S3 client draws from it (botocore's retry
+        # jitter calls random.random(); nothing in the trainer does).
         a, b = load_tensors(ours, ""), load_tensors(theirs, "")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     inspect = load_script("inspect_checkpoints").rows  # the inspect script lists S3 as it lists the disk
