@@ -304,8 +304,8 @@ def floor_worker(rank: int, port: int, model: str, reps: int, shm: Path, out: Pa
     import torch.distributed as dist
 
     from checkpoint.durable.manifest import hasher
-    from checkpoint.memory.snapshot import CHUNK
     from checkpoint.memory.tier import MemoryTier, persist
+    from rehearsal.bench import CHUNK  # the floors' own chunk, not the tier's: the floors do not move with the code
 
     def cpu() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)

@@ -23,7 +23,7 @@ import os
 import pickle
 import struct
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -33,7 +33,8 @@ from checkpoint.durable.staging import host_buffer
 STEP_DIR = "step_{:08d}"  # a step's copies: STEP_DIR/rankR.snap and its commit, rankR.json
 MAGIC = b"LLMSNAP1"
 _HEAD = struct.Struct("<8sQ")
-CHUNK = 64 << 20  # bytes written and hashed at a time
+CHUNK = 64 << 20  # bytes hashed at a time when a whole buffer is checked (checksum_buffer)
+PIECE = 1 << 20  # bytes hashed then written at a time: small enough to stay in a core's cache in between
 
 
 class SnapshotError(RuntimeError):
@@ -132,28 +133,73 @@ class FlatStager:
         self._region = None
 
 
+class HashedWriter:
+    """Writes buffers back to back to ``path`` (through ``path.tmp`` and a rename), hashing each
+    piece of ``PIECE`` bytes just after writing it, while it is still in the cache: one pass over
+    the bytes from memory, the checksum of exactly the bytes handed to the file. A failure is kept,
+    not raised (``error``): the caller may be in the middle of a transfer it must finish (the
+    replica, PeerGroup.exchange), so later writes are dropped and ``finish`` raises it. ``before_write``
+    runs before each write as part of it (the fault hook: an injected ENOSPC fails it like a real one)."""
+
+    def __init__(self, path: Path, algorithm: str, before_write: Optional[Callable[[], None]] = None):
+        self.path, self.tmp = path, path.with_name(path.name + ".tmp")
+        self.before_write = before_write
+        self.hash, self.size, self.error = hasher(algorithm), 0, None
+        self._file = None
+        try:
+            self._file = open(self.tmp, "wb", buffering=0)
+        except OSError as exc:
+            self.error = exc
+
+    def write(self, part) -> None:
+        if self.error is not None:
+            return
+        part = memoryview(part.numpy() if isinstance(part, torch.Tensor) else part).cast("B")
+        try:
+            if self.before_write is not None:
+                self.before_write()
+            for start in range(0, len(part), PIECE):
+                piece = part[start:start + PIECE]
+                self.hash.update(piece)  # hashed before the write pulls it through the cache a second time
+                while len(piece):
+                    n = self._file.write(piece)
+                    piece = piece[n:]
+                    self.size += n
+        except Exception as exc:  # noqa: BLE001 - kept for finish(); the caller may still be receiving
+            self.error = exc
+            self.abort()
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.tmp.unlink(missing_ok=True)
+
+    def finish(self) -> Tuple[int, str]:
+        """(size, checksum) once the file is in place; the first failure, raised."""
+        if self.error is not None:
+            self.abort()
+            raise self.error
+        try:
+            self._file.close()
+            self._file = None
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        return self.size, self.hash.hexdigest()
+
+
 def write_parts(path: Path, parts, algorithm: str) -> Tuple[int, str]:
-    """Write ``parts`` (buffers) back to back to ``path`` (through ``path.tmp`` and a rename), hashing
-    each piece as it is written (one pass over the bytes); returns (size, checksum)."""
-    h = hasher(algorithm)
-    tmp = path.with_name(path.name + ".tmp")
-    size = 0
-    try:
-        with open(tmp, "wb", buffering=0) as f:
-            for part in parts:
-                part = memoryview(part.numpy() if isinstance(part, torch.Tensor) else part).cast("B")
-                for start in range(0, len(part), CHUNK):
-                    piece = part[start:start + CHUNK]
-                    while len(piece):
-                        n = f.write(piece)
-                        h.update(piece[:n])
-                        piece = piece[n:]
-                        size += n
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-    return size, h.hexdigest()
+    """Write ``parts`` (buffers) back to back to ``path``, hashed as written (HashedWriter); returns
+    (size, checksum)."""
+    writer = HashedWriter(path, algorithm)
+    for part in parts:
+        writer.write(part)
+    return writer.finish()
 
 
 def write_snapshot(path: Path, staged, algorithm: str) -> Tuple[int, str]:

@@ -591,12 +591,15 @@ def test_shared_memory_filling_up_mid_run_skips_snapshots_and_training_goes_on(t
 @pytest.mark.distributed
 def test_one_ranks_failure_in_a_snapshot_fails_it_on_every_rank_and_the_next_ones_complete(tmp_path, pydoc_data):
     """Rank 1 alone fails inside the background half of a snapshot, past the agreement on the write:
-    at step 6 after its replica arrived (an exception, as from a failed rename), at step 10 at its
-    commit files (ENOSPC). Every rank must count that snapshot as failed at the same agreement and go
-    on in step: every other snapshot complete on both nodes (a rank that left the protocol early would
-    leave its peer waiting out the tier's 20 s timeout, and every later snapshot failing)."""
+    at step 6 after its replica arrived (an exception, as from a failed rename), at step 8 at the
+    replica's first write, before its bytes arrive (ENOSPC: the rest of the stream must still be
+    received), at step 10 at its commit files (ENOSPC). Every rank must count that snapshot as failed
+    at the same agreement and go on in step: every other snapshot complete on both nodes (a rank that
+    left the protocol early would leave its peer waiting out the tier's 20 s timeout, and every later
+    snapshot failing)."""
     run_dir, steps = tmp_path / "run", 12
     faults = [{"kind": "exception", "phase": "memory_replica", "step": 6, "rank": 1},
+              {"kind": "disk_full", "phase": "memory_replica_write", "step": 8, "rank": 1},
               {"kind": "disk_full", "phase": "memory_commit", "step": 10, "rank": 1}]
     args = overrides(run_dir, pydoc_data, tmp_path / "shm", [
         faults_override(faults), f"training.steps={steps}", "checkpoint.interval=0", "checkpoint.commit_timeout_s=20"])
@@ -604,9 +607,11 @@ def test_one_ranks_failure_in_a_snapshot_fails_it_on_every_rank_and_the_next_one
     codes = nodes.run_both()
     assert codes == {0: 0, 1: 0}, nodes.text()[-6000:]
     snapshots = {e["step"]: e["committed"] for e in read_metrics(run_dir, "memory_snapshot")}
-    assert snapshots == {s: s not in (6, 10) for s in range(MEMORY_INTERVAL, steps + 1, MEMORY_INTERVAL)}, snapshots
+    assert snapshots == {s: s not in (6, 8, 10) for s in range(MEMORY_INTERVAL, steps + 1, MEMORY_INTERVAL)}, \
+        snapshots
     log = (tmp_path / "node1-2.log").read_text()
-    assert all(f"memory snapshot of step {s} failed" in log for s in (6, 10)), nodes.text()[-6000:]
+    assert all(f"memory snapshot of step {s} failed" in log for s in (6, 8, 10)), nodes.text()[-6000:]
+    assert "no room for the replica of rank 0" in log, log[-6000:]
 
 
 @pytest.mark.distributed
