@@ -140,15 +140,27 @@ class HashedWriter:
     GiB: 64 MiB written then hashed 0.366 s of CPU, 1 MiB pieces 0.328 s.) A failure is kept,
     not raised (``error``): the caller may be in the middle of a transfer it must finish (the
     replica, PeerGroup.exchange), so later writes are dropped and ``finish`` raises it. ``before_write``
-    runs before each write as part of it (the fault hook: an injected ENOSPC fails it like a real one)."""
+    runs before each write as part of it (the fault hook: an injected ENOSPC fails it like a real one).
 
-    def __init__(self, path: Path, algorithm: str, before_write: Optional[Callable[[], None]] = None):
+    ``reuse``: a file of an older, uncommitted copy (MemoryTier's spares) to write over instead of a
+    new one: a new tmpfs file allocates and clears every page as it is written, which measured 0.26 s
+    of CPU for 0.78 GiB here against 0.19 s for writing over pages the file already holds. The file
+    is cut to the bytes written at the end, so nothing of the old copy is left in it."""
+
+    def __init__(self, path: Path, algorithm: str, before_write: Optional[Callable[[], None]] = None,
+                 reuse: Optional[Path] = None):
         self.path, self.tmp = path, path.with_name(path.name + ".tmp")
         self.before_write = before_write
         self.hash, self.size, self.error = hasher(algorithm), 0, None
         self._file = None
         try:
-            self._file = open(self.tmp, "wb", buffering=0)
+            try:
+                if reuse is None:
+                    raise FileNotFoundError
+                os.replace(reuse, self.tmp)
+                self._file = open(self.tmp, "r+b", buffering=0)
+            except FileNotFoundError:
+                self._file = open(self.tmp, "wb", buffering=0)
         except OSError as exc:
             self.error = exc
 
@@ -185,6 +197,7 @@ class HashedWriter:
             self.abort()
             raise self.error
         try:
+            self._file.truncate(self.size)  # a reused file may have been longer
             self._file.close()
             self._file = None
             os.replace(self.tmp, self.path)
@@ -194,20 +207,21 @@ class HashedWriter:
         return self.size, self.hash.hexdigest()
 
 
-def write_parts(path: Path, parts, algorithm: str) -> Tuple[int, str]:
-    """Write ``parts`` (buffers) back to back to ``path``, hashed as written (HashedWriter); returns
-    (size, checksum)."""
-    writer = HashedWriter(path, algorithm)
+def write_parts(path: Path, parts, algorithm: str, reuse: Optional[Path] = None) -> Tuple[int, str]:
+    """Write ``parts`` (buffers) back to back to ``path``, hashed as written (HashedWriter, over
+    ``reuse`` if it exists); returns (size, checksum)."""
+    writer = HashedWriter(path, algorithm, reuse=reuse)
     for part in parts:
         writer.write(part)
     return writer.finish()
 
 
-def write_snapshot(path: Path, staged, algorithm: str) -> Tuple[int, str]:
-    """Write a staged snapshot (or a state dict, staged here) to ``path``; returns (size, checksum)."""
+def write_snapshot(path: Path, staged, algorithm: str, reuse: Optional[Path] = None) -> Tuple[int, str]:
+    """Write a staged snapshot (or a state dict, staged here) to ``path`` (over ``reuse`` if it
+    exists); returns (size, checksum)."""
     if not isinstance(staged, Staged):
         staged = FlatStager().stage(staged)
-    return write_parts(path, [staged.prefix, staged.region], algorithm)
+    return write_parts(path, [staged.prefix, staged.region], algorithm, reuse)
 
 
 def checksum_buffer(buf, algorithm: str) -> str:

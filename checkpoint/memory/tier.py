@@ -60,6 +60,7 @@ from parallel import collectives
 log = logging.getLogger("trainer")
 
 _TAG_HEADER, _TAG_INFO, _TAG_DATA, _TAG_PREFIX = 11, 12, 13, 14  # the tier's transfers (PeerGroup)
+SPARE_DIR = "spare"  # MemoryTier.spare: files of dropped copies, written over by the next ones
 _TAG_CHUNK = 1 << 16  # + i: the i-th chunk of a replica streamed by exchange()
 STREAM_CHUNK = 8 << 20  # bytes of a replica's chunk on the wire
 STREAM_DEPTH = 3  # chunks a receiver has posted at once: one being written while the next ones arrive
@@ -279,6 +280,35 @@ class MemoryTier:
         """Delete this node's snapshots (the run finished: they would only hold memory)."""
         self.wait()
         drop_steps(self.dir, lambda s: True)
+        shutil.rmtree(self.dir / SPARE_DIR, ignore_errors=True)
+
+    def spare(self, kind: str) -> Path:
+        """Where this rank keeps the file of its ``kind`` copy (own or replica) of a dropped step, to write
+        the next one over (HashedWriter's ``reuse``: no page of the tmpfs to allocate and clear). Preflight
+        counts it as held: the tier never holds more than the newest step and the one being written."""
+        return self.dir / SPARE_DIR / f"rank{self.rank:05d}-{kind}.snap"
+
+    def recycle(self, drop: Callable[[int], bool]) -> None:
+        """``drop_steps``, keeping this rank's two files of the newest dropped step as its spares: their
+        commit files go first, so a kill in between leaves no commit without its copy. (Ranks of one
+        node share the folder: one that deletes a step first leaves the others without spares, and
+        they write new files.)"""
+        steps = sorted((int(p.name[len("step_"):]), p) for p in self.dir.glob("step_*")
+                       if p.name[len("step_"):].isdigit() and drop(int(p.name[len("step_"):])))
+        if steps:
+            old = steps[-1][1]
+            owners = {"own": self.rank, "replica": self.peers.source}
+            try:
+                (self.dir / SPARE_DIR).mkdir(exist_ok=True)
+                for kind, owner in owners.items():
+                    if owner is not None:
+                        (old / f"rank{owner:05d}.json").unlink(missing_ok=True)
+                for kind, owner in owners.items():
+                    if owner is not None and (old / f"rank{owner:05d}.snap").is_file():
+                        os.replace(old / f"rank{owner:05d}.snap", self.spare(kind))
+            except OSError as exc:  # only a lost saving: the next snapshot writes new files
+                log.debug("memory tier: no spare files kept from %s: %s", old, exc)
+        drop_steps(self.dir, drop)
 
     # -- restore ---------------------------------------------------------------------------
     def forget_newer(self, step: int) -> None:
@@ -354,14 +384,15 @@ def persist(tier, step: int, staged: Staged, info: dict, stall: float, waited: f
         d.mkdir(parents=True, exist_ok=True)
         for owner in {tier.rank, tier.peers.source if tier.peers.source is not None else tier.rank}:
             (d / f"rank{owner:05d}.json").unlink(missing_ok=True)  # a commit of an earlier try of this step
-        got["size"], checksum = write_snapshot(d / f"rank{tier.rank:05d}.snap", staged, tier.algorithm)
+        got["size"], checksum = write_snapshot(d / f"rank{tier.rank:05d}.snap", staged, tier.algorithm,
+                                               tier.spare("own"))
         info.update(size=got["size"], checksum=checksum)
 
     def exchange() -> None:
         t1 = time.perf_counter()
         try:
             got["replica"] = tier.peers.exchange(  # the fault hook at each write of the replica (the tests)
-                staged, info, d, lambda: tier.fault_hook("memory_replica_write", step, path=d))
+                staged, info, d, lambda: tier.fault_hook("memory_replica_write", step, path=d), tier.spare("replica"))
             tier.fault_hook("memory_replica", step, path=d)  # the replica is in place (the tests)
         finally:
             got["replica_s"] = time.perf_counter() - t1
@@ -380,7 +411,7 @@ def persist(tier, step: int, staged: Staged, info: dict, stall: float, waited: f
     except GroupError as exc:
         log.error("memory snapshot of step %d failed on rank %d: %s", step, tier.rank, exc)
         return record(False)
-    drop_steps(tier.dir, lambda s: s < step)  # every rank committed step: the older ones can go
+    tier.recycle(lambda s: s < step)  # every rank committed step: the older ones can go
     return record(True)
 
 
@@ -446,14 +477,15 @@ class PeerGroup:
         with self._collective():
             return collectives.agree_on_problems(problem, self.group)
 
-    def exchange(self, staged: Staged, info: dict, d: Path, before_write: Optional[Callable[[], None]] = None) -> dict:
+    def exchange(self, staged: Staged, info: dict, d: Path, before_write: Optional[Callable[[], None]] = None,
+                 reuse: Optional[Path] = None) -> dict:
         """Send this rank's staged snapshot to the peer and receive the source's (``_transfer``), each
         chunk of it written to ``d`` and hashed while the next arrives. A write that fails (a full tmpfs)
         drops the rest of the replica's writes but not its receives, so the sender is never left
-        hanging; the failure is raised once every byte arrived. ``before_write``: HashedWriter's."""
+        hanging; the failure is raised once every byte arrived. ``before_write``, ``reuse``: HashedWriter's."""
         replica_tmp = d / f"replica-from-{self.source:05d}"
         with self._collective():
-            received, writer, size_in = self._transfer(staged, info, replica_tmp, before_write)
+            received, writer, size_in = self._transfer(staged, info, replica_tmp, before_write, reuse)
         if isinstance(received, Exception):  # the source's info did not parse: nothing was written
             raise SnapshotError(f"the replica's description from rank {self.source} is unreadable: {received!r}")
         try:
@@ -468,7 +500,7 @@ class PeerGroup:
         os.replace(replica_tmp, d / f"rank{received['owner']:05d}.snap")
         return received
 
-    def _transfer(self, staged: Staged, info: dict, replica: Path, before_write=None):
+    def _transfer(self, staged: Staged, info: dict, replica: Path, before_write=None, reuse=None):
         """The exchange's bytes on the wire: (the source's info, or the exception parsing it; the
         HashedWriter that holds its snapshot in ``replica``; the size announced). Every send goes from
         the staging buffer itself (not read back from the file), in ``STREAM_CHUNK`` pieces posted at once; the source's
@@ -497,7 +529,7 @@ class PeerGroup:
             work.wait()
         try:
             received = json.loads(info_in.numpy().tobytes())
-            writer = HashedWriter(replica, received["algorithm"], before_write)
+            writer = HashedWriter(replica, received["algorithm"], before_write, reuse)
         except Exception as exc:  # noqa: BLE001 - raised by exchange() once the stream is drained
             received, writer = exc, None
         if writer is not None:
