@@ -545,6 +545,15 @@ class PeerGroup:
             return buf, collectives.irecv(buf, self.source, self.group, _TAG_CHUNK + i)
 
         try:
+            # over a spare file: the chunks go from the socket straight into its pages, hashed there
+            into = writer.mapped(prefix_len + region_len) if writer is not None and region_len else None
+            if into is not None:
+                works = [collectives.irecv(into[prefix_len + at:prefix_len + at + chunk_in], self.source, self.group,
+                                           _TAG_CHUNK + i) for i, at in enumerate(starts)]
+                for i, at in enumerate(starts):
+                    works[i].wait()
+                    writer.hashed(into[prefix_len + at:prefix_len + at + chunk_in])
+                starts = []
             posted = [post(i) for i in range(min(len(self._chunks), len(starts)))]
             for i in range(len(starts)):
                 buf, work = posted[i]
