@@ -162,6 +162,46 @@ def test_a_snapshot_restores_every_leaf_bitwise_and_refuses_another_model(tmp_pa
         apply_snapshot(_tiny_state(0), torch.frombuffer(damaged, dtype=torch.uint8))
 
 
+@pytest.mark.parametrize("spare_bytes", [0, 100, 10**6], ids=["none", "shorter", "longer"])
+def test_a_copy_written_over_a_spare_file_holds_exactly_its_bytes_and_their_checksum(tmp_path, spare_bytes):
+    """The next copy is written over a dropped copy's file (MemoryTier.spare), by writes and, for a
+    replica, received straight into its mapped pages: the file must end up holding exactly the new
+    bytes (nothing of the old file after them, which a restore's read would not see but tmpfs would
+    hold), and the checksum must be that of the file as stored."""
+    from checkpoint.durable.manifest import hasher
+    from checkpoint.memory.snapshot import HashedWriter
+
+    saved = _tiny_state(0)
+    staged_path, spare = tmp_path / "staged.snap", tmp_path / "spare" / "rank00000-own.snap"
+    size, checksum = write_snapshot(staged_path, saved.state_dict(), "xxh3_64")
+    data = staged_path.read_bytes()
+    spare.parent.mkdir()
+
+    def file_checksum(path):
+        h = hasher("xxh3_64")
+        h.update(path.read_bytes())
+        return h.hexdigest()
+
+    for how in ("written", "received"):
+        if spare_bytes:
+            spare.write_bytes(b"\xff" * (spare_bytes if spare_bytes > 100 else size - 100))
+        path = tmp_path / f"{how}.snap"
+        writer = HashedWriter(path, "xxh3_64", reuse=spare)
+        head = 4096
+        writer.write(memoryview(data)[:head])
+        into = writer.mapped(size) if how == "received" else None
+        assert (into is not None) == (how == "received" and bool(spare_bytes))  # only a spare's pages
+        if into is None:
+            writer.write(memoryview(data)[head:])
+        else:  # as gloo would: the bytes land in the mapping, then are hashed there
+            into[head:].copy_(torch.frombuffer(bytearray(data[head:]), dtype=torch.uint8))
+            writer.hashed(into[head:])
+            del into
+        assert writer.finish() == (size, checksum), how
+        assert path.read_bytes() == data and not spare.exists(), how
+        assert file_checksum(path) == checksum, how
+
+
 def _probed_run(tmp_path, durable_interval: int = 0):
     """A world-1 run's pieces in this process: the debug model, its optimizer and schedule, a probe
     that counts its forwards, a checkpoint manager whose memory tier snapshots every 2 steps (the
