@@ -49,15 +49,9 @@ LOG_NAME = "fault_tolerance.jsonl"  # one row per step attempt, written by each 
 QUORUM_ATTEMPTS = 3  # quorums that fail in a row before the group stops (its torchrun restarts it)
 
 
-def writes_checkpoints(cfg) -> bool:
-    """Durable saves are written by replica group 0 alone (every group holds the same state); a cold start of
-    the others takes the state from group 0 at their first quorum."""
-    return not cfg.enabled or cfg.replica_id == 0
-
-
 class ManagerState:
     """The torchft manager's own state (its step and its count of committed batches) as a part of the training
-    state: group 0's durable checkpoints hold it, and a cold start hands it back to the manager. Built before the
+    state: the durable checkpoints hold it (whichever group wrote them), and a cold start hands it back to the manager. Built before the
     resume (the manager is made after it); once the manager exists, its live state is what a save takes."""
 
     def __init__(self):
@@ -127,6 +121,7 @@ class ReplicaGroups:
         self.quorum_s = self.transfer_s = self.load_s = 0.0
         self.started = 0.0  # time.time() when the step's quorum was asked for
         self.healed = False
+        self.writer = False  # this group saves the step's durable checkpoint (writes_checkpoint)
         self._data_before: dict = {}
 
     def _load(self, state_dict) -> None:
@@ -157,13 +152,21 @@ class ReplicaGroups:
                                f"{self.manager.current_step()} but the training state at step {self.state.step}")
         dp = self.group_plan.dp_size
         G, micro = self.group_plan.global_batch_size, self.group_plan.micro_batch_size
-        self.participants = n
+        self.participants, self.writer = n, index == 0
         if not self.cfg.preserve_batch:  # torchft's own semantics: a fixed share per group
             n, index = self.cfg.groups, self.cfg.replica_id
         self.shares, self.index = n, index
         data.set_split(make_batch_plan(G, micro, n * dp), index * dp + self.group_dp_rank)
         self._data_before = data.state_dict()
         return self.state.step
+
+    def writes_checkpoint(self) -> bool:
+        """Whether this group saves this step's durable checkpoint: the groups share checkpoint.dir and the step's
+        quorum names one writer, its first participant (torchft orders them by replica id: group 0 while it is
+        in the quorum, else the lowest id that is). Every group reads the same quorum, so at each step exactly one
+        writes; the writer changes only between steps, and a save still in flight from the previous writer is a
+        step of its own (its own folder). Every rank of a group reads the same quorum: the group agrees."""
+        return self.writer
 
     def all_reduce(self, tensors: List[torch.Tensor]) -> None:
         """Sum this rank's loss and gradient shards over the groups of the quorum (training/step.py)."""

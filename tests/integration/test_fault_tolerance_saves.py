@@ -1,0 +1,101 @@
+"""parallel.fault_tolerance's durable saves: the replica groups share checkpoint.dir and the step's quorum names
+the group that writes (its first participant: group 0 while it is in, else the lowest id that is).
+
+Group 0 is SIGKILLed from outside and kept down across save intervals: group 1 writes committed checkpoints at
+those steps; group 0 restarts (its own lease's next attempt: not refused, not a stale writer), heals from group
+1 and writes again. Then both groups are SIGKILLed and restarted from the newest checkpoint: the resumed steps'
+losses stay within RTOL of the uninterrupted run's, and both groups end with bitwise equal weights.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+from checkpoint.durable.discovery import Listing
+from checkpoint.durable.manifest import read_manifest
+from metrics.records import read_metrics, step_losses
+from support.launch import run_train
+from support.processes import stop
+from support.replicas import Group, lighthouse, overrides, wait_for
+
+pytestmark = pytest.mark.distributed
+RTOL = 1e-5  # as test_fault_tolerance.py: the sum over groups adds the gradients in another order
+STEPS, INTERVAL = 40, 2
+SAVES = {"checkpoint.interval": INTERVAL, "checkpoint.async_mode": "async", "checkpoint.keep_last": STEPS,
+         "+recovery.faults": "[{kind: slow, phase: step, step: -1, rank: -1, delay_s: 0.25}]"}
+
+
+def writers(root: Path) -> Dict[int, int]:
+    """step -> the replica group that wrote its committed checkpoint (its manifest records the writer's config)."""
+    listing = Listing(root / "checkpoints")
+    return {c.step: int(read_manifest(c.path).config["parallel"]["fault_tolerance"]["replica_id"])
+            for c in listing.committed()}
+
+
+def test_any_live_group_writes_the_durable_checkpoints_and_a_cold_restart_resumes(tmp_path, pydoc_data):
+    baseline = tmp_path / "baseline"  # the uninterrupted run: one process, no fault tolerance
+    run_train(overrides(baseline, pydoc_data, STEPS))
+    expected = step_losses(baseline)
+
+    root = tmp_path / "ft"
+    root.mkdir()
+    with lighthouse(tmp_path / "lighthouse.log") as address:
+        first = Group(root, pydoc_data, STEPS, address, 0, extra=SAVES)
+        second = Group(root, pydoc_data, STEPS, address, 1, extra=SAVES)
+        try:
+            first.start()
+            wait_for("group 0's first step", lambda: first.rows(), [first])
+            second.start()
+            wait_for("a step of both groups", lambda: any(r["participants"] == 2 and r["step"] >= 3
+                                                          for r in second.rows()), [first, second])
+            os.kill(first.proc.pid, signal.SIGKILL)  # group 0, the writer, from outside
+            killed = time.time()
+            assert first.proc.wait(30) == -signal.SIGKILL
+            wait_for("two checkpoints of group 1 alone", lambda: len(
+                [s for s, g in writers(root).items() if g == 1]) >= 2, [second])
+            alone = writers(root)
+            first.start()  # restarted: resumes from group 1's checkpoint, then takes the live state
+            wait_for("a checkpoint of the restarted group 0", lambda: any(
+                g == 0 and s > max(alone) for s, g in writers(root).items()), [first, second])
+            stop(first.proc)  # every group lost: both SIGKILLed from outside
+            stop(second.proc)
+            newest = max(writers(root))
+            first.start()
+            wait_for("group 0's first step after the cold restart",
+                     lambda: any(r["started"] > first.launches[2] for r in first.rows()), [first])
+            second.start()
+            first.finish()
+            second.finish()
+        finally:
+            first.close()
+            second.close()
+
+    by_step = writers(root)
+    outage = [r["step"] for r in second.rows() if r["committed"] and r["participants"] == 1 and r["started"] > killed
+              and r["started"] < first.launches[1]]
+    written_alone = sorted(s for s in outage if s % INTERVAL == 0 and s in by_step)
+    assert len(written_alone) >= 2 and all(by_step[s] == 1 for s in written_alone), (outage, by_step)
+    together = [r["step"] for r in first.rows() if r["committed"] and r["participants"] == 2]
+    assert all(by_step[s] == 0 for s in together if s % INTERVAL == 0 and s in by_step), \
+        f"group 0 writes whenever it is in the quorum: {by_step}"
+    assert any(r["healed"] and r["started"] > first.launches[1] for r in first.rows()), "group 0 took the live state"
+    text = "".join(Path(f).read_text() for f in sorted(root.glob("group_*.log")))
+    assert "StaleWriter" not in text and "in use by a live run" not in text, text[-3000:]
+
+    resumed = [r for r in first.rows() if r["committed"] and r["started"] > first.launches[2]]
+    assert resumed[0]["step"] == newest + 1, f"the cold restart resumed from step {newest} (written by group " \
+        f"{by_step[newest]})"
+    logged = [r for group in (first, second) for r in read_metrics(group.run_dir)]  # every launch's every step
+    assert {r["step"] for r in logged} == set(expected)
+    worst = max(abs(r["loss"] - expected[r["step"]]) / abs(expected[r["step"]]) for r in logged)
+    print(f"durable saves by any group: written by group 1 alone at steps {written_alone}, cold restart from step "
+          f"{newest} (group {by_step[newest]}); max relative loss difference {worst:.2e}")
+    assert worst <= RTOL
+    (a,), (b,) = first.digests(), second.digests()
+    assert a["step"] == b["step"] == STEPS and a["weights_sha256"] == b["weights_sha256"]
