@@ -51,8 +51,9 @@ QUORUM_ATTEMPTS = 3  # quorums that fail in a row before the group stops (its to
 
 class ManagerState:
     """The torchft manager's own state (its step and its count of committed batches) as a part of the training
-    state: the durable checkpoints hold it (whichever group wrote them), and a cold start hands it back to the manager. Built before the
-    resume (the manager is made after it); once the manager exists, its live state is what a save takes."""
+    state: the durable checkpoints hold it (whichever group wrote them), and a cold start hands it back to the
+    manager. Built before the resume (the manager is made after it); once the manager exists, its live state is
+    what a save takes."""
 
     def __init__(self):
         self.saved: Optional[Dict[str, int]] = None  # from a durable checkpoint
