@@ -34,9 +34,10 @@ import logging
 import os
 import socket
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -47,6 +48,63 @@ log = logging.getLogger("trainer")
 
 LOG_NAME = "fault_tolerance.jsonl"  # one row per step attempt, written by each group's rank 0
 QUORUM_ATTEMPTS = 3  # quorums that fail in a row before the group stops (its torchrun restarts it)
+
+
+def _address(host: str) -> Tuple[int, str]:
+    """(family, address) that ``host`` resolves to: where this group listens."""
+    family, *_, sockaddr = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0]
+    return family, sockaddr[0]
+
+
+def store_listening_on(host: str) -> "torch.distributed.TCPStore":
+    """A TCPStore server on ``host``'s address alone: c10d's server binds every interface whatever host it is
+    given, but takes a socket already bound and listening (``master_listen_fd``)."""
+    family, address = _address(host)
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.bind((address, 0))
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    return torch.distributed.TCPStore(address, port, is_master=True, wait_for_workers=False,
+                                      master_listen_fd=listener.detach())  # the store owns the socket now
+
+
+def rendezvous_store_on(pg, host: str) -> None:
+    """torchft's process group across groups (``pg``) hosts a store its peers rendezvous on at every new quorum:
+    torchft 2026.10.26 creates it on first use (``get_reconfigure_handle``) on every interface and advertises
+    ``socket.gethostname()``. Here it is created first, on ``host``'s address (``store_listening_on``), and the
+    handle advertises ``host``, as the group's manager does."""
+    store = pg._rendezvous_store = store_listening_on(host)
+    handle = pg.get_reconfigure_handle
+
+    def advertised() -> str:
+        fields = json.loads(handle())
+        fields["store"] = f"{host}:{store.port}"
+        return json.dumps(fields)
+
+    pg.get_reconfigure_handle = advertised
+
+
+@contextmanager
+def manager_server_bound_to(host: str) -> Iterator[None]:
+    """While torchft's ``Manager`` is built, its ``ManagerServer`` (the group's quorum and heartbeat server, run
+    by the group's rank 0) listens on ``host``'s address instead of every interface. torchft 2026.10.26 hardcodes
+    ``bind = f"[::]:{port}"`` in ``Manager.__init__`` and has no setting for it, so this is the one place that
+    changes it: ``torchft.manager.ManagerServer`` is swapped for a wrapper that keeps the port and replaces the
+    address with the one the group advertises (parallel.fault_tolerance.hostname), then swapped back."""
+    import torchft.manager as module
+
+    server = module.ManagerServer
+    family, address = _address(host)
+    address = f"[{address}]" if family == socket.AF_INET6 else address
+
+    def bound(*args, bind: str, **kwargs):
+        return server(*args, bind=f"{address}:{bind.rsplit(':', 1)[1]}", **kwargs)
+
+    module.ManagerServer = bound
+    try:
+        yield
+    finally:
+        module.ManagerServer = server
 
 
 class ManagerState:
@@ -91,9 +149,11 @@ class ReplicaGroups:
         if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:  # torchrun's store
             addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         else:  # a group of one process started without torchrun: a store of its own, on loopback
-            self._store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            self._store = store_listening_on("127.0.0.1")
             addr, port = "127.0.0.1", self._store.port
+        host = cfg.hostname or socket.gethostname()  # what the group advertises, and where it listens
         self.pg = ProcessGroupNCCL(timeout) if world.device.type == "cuda" else ProcessGroupGloo(timeout)
+        rendezvous_store_on(self.pg, host)
         transport = PGTransport(self.pg, timeout=timeout, device=world.device)
         receive = transport.recv_checkpoint
 
@@ -105,14 +165,15 @@ class ReplicaGroups:
                 self.transfer_s = time.perf_counter() - start
 
         transport.recv_checkpoint = timed_receive  # the weight transfer's own time, for the log
-        self.manager = Manager(
-            pg=self.pg, load_state_dict=self._load, state_dict=state.state_dict,
-            min_replica_size=cfg.min_replicas, use_async_quorum=False, timeout=timeout,
-            quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s), connect_timeout=timeout,
-            rank=world.rank, world_size=world.world_size, store_addr=addr, store_port=port,
-            lighthouse_addr=cfg.lighthouse, replica_id=f"group_{cfg.replica_id}",
-            hostname=cfg.hostname or socket.gethostname(), checkpoint_transport=transport,
-            init_sync=False)  # every group initialises the same weights from the seed
+        with manager_server_bound_to(host):  # not torchft's [::]
+            self.manager = Manager(
+                pg=self.pg, load_state_dict=self._load, state_dict=state.state_dict,
+                min_replica_size=cfg.min_replicas, use_async_quorum=False, timeout=timeout,
+                quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s), connect_timeout=timeout,
+                rank=world.rank, world_size=world.world_size, store_addr=addr, store_port=port,
+                lighthouse_addr=cfg.lighthouse, replica_id=f"group_{cfg.replica_id}",
+                hostname=host, checkpoint_transport=transport,
+                init_sync=False)  # every group initialises the same weights from the seed
         saved = manager_state.saved or {}
         if saved.get("step") != state.step:  # none saved (a checkpoint without fault tolerance, or none)
             saved = {"step": state.step, "batches_committed": 0}
