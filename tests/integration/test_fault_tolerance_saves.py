@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Dict
 
 import pytest
+import torch
 
 from checkpoint.durable.discovery import Listing
-from checkpoint.durable.manifest import read_manifest
+from checkpoint.durable.manifest import MANIFEST, read_manifest
+from checkpoint.interop.export import load_tensors
 from metrics.records import read_metrics, step_losses
 from support.launch import run_train
 from support.processes import stop
@@ -29,6 +31,7 @@ RTOL = 1e-5  # as test_fault_tolerance.py: the sum over groups adds the gradient
 STEPS, INTERVAL = 40, 2
 SAVES = {"checkpoint.interval": INTERVAL, "checkpoint.async_mode": "async", "checkpoint.keep_last": STEPS,
          "+recovery.faults": "[{kind: slow, phase: step, step: -1, rank: -1, delay_s: 0.25}]"}
+SAVE_DELAY = 8.0  # s the in-flight save is held up: room for the joining group's start and transfer
 
 
 def writers(root: Path) -> Dict[int, int]:
@@ -99,3 +102,65 @@ def test_any_live_group_writes_the_durable_checkpoints_and_a_cold_restart_resume
     assert worst <= RTOL
     (a,), (b,) = first.digests(), second.digests()
     assert a["step"] == b["step"] == STEPS and a["weights_sha256"] == b["weights_sha256"]
+
+
+def checkpoint_tensors(path: Path) -> Dict[str, torch.Tensor]:
+    """The model's and the optimizer's tensors of the committed checkpoint at ``path``, whole."""
+    return {f"{prefix}{name}": t for prefix in ("model.", "optim.") for name, t in load_tensors(path, prefix).items()}
+
+
+def test_a_save_in_flight_while_a_joining_group_takes_the_live_state(tmp_path, pydoc_data):
+    """Group 0, alone, saves step SAVED asynchronously, and its persist is held up (a slow fault at
+    checkpoint_write, SAVE_DELAY s); group 1 is started once that save is in flight and takes the live state (a
+    later step) from group 0 before the save commits. The save commits and holds exactly step SAVED's state (the
+    uninterrupted run's checkpoint of that step, bitwise); the transfer gave group 1 the live state (every step
+    after it has the same loss in both groups, and both end with bitwise equal weights)."""
+    steps, saved = 20, 10
+    saves = {"checkpoint.interval": saved, "checkpoint.async_mode": "async", "checkpoint.keep_last": 5,
+             "checkpoint.save_final": "false"}
+    baseline = tmp_path / "baseline"  # the uninterrupted run, saving the same step
+    run_train(overrides(baseline, pydoc_data, steps, saves))
+    expected = step_losses(baseline)
+
+    root = tmp_path / "ft"
+    root.mkdir()
+    faults = ("[{kind: slow, phase: step, step: -1, rank: -1, delay_s: 0.5}, "
+              f"{{kind: slow, phase: checkpoint_write, step: {saved}, rank: -1, delay_s: {SAVE_DELAY}}}]")
+    extra = {**saves, "+recovery.faults": faults}
+    with lighthouse(tmp_path / "lighthouse.log") as address:
+        first = Group(root, pydoc_data, steps, address, 0, extra=extra)
+        second = Group(root, pydoc_data, steps, address, 1, extra=extra)
+        try:
+            first.start()
+            wait_for(f"group 0's save of step {saved} in flight", lambda: any(
+                c.step == saved and not c.committed for c in Listing(root / "checkpoints").checkpoints()), [first])
+            second.start()
+            wait_for("group 1's transfer", lambda: any(r["healed"] for r in second.rows()), [first, second])
+            first.finish()
+            second.finish()
+        finally:
+            first.close()
+            second.close()
+
+    (healed,) = [r for r in second.rows() if r["healed"]]
+    (ckpt,) = [c for c in Listing(root / "checkpoints").committed() if c.step == saved]
+    committed_at = (Path(str(ckpt.path)) / MANIFEST).stat().st_mtime
+    transferred_at = healed["started"] + healed["quorum_s"]
+    print(f"save in flight during a transfer: group 1 took step {healed['step'] - 1}'s state "
+          f"({healed['transfer_s']:.3f} s) {committed_at - transferred_at:.2f} s before step {saved}'s save committed")
+    assert healed["step"] - 1 > saved and transferred_at < committed_at, \
+        f"the transfer (of step {healed['step'] - 1}, done at {transferred_at:.2f}) came while the save of step " \
+        f"{saved} was in flight (committed at {committed_at:.2f})"
+    ours = checkpoint_tensors(Path(str(ckpt.path)))
+    (reference,) = [c for c in Listing(baseline / "checkpoints").committed() if c.step == saved]
+    theirs = checkpoint_tensors(Path(str(reference.path)))
+    differ = [k for k in ours if not torch.equal(ours[k], theirs.get(k))]
+    assert ours.keys() == theirs.keys() and not differ, f"the checkpoint holds step {saved}'s state: {differ}"
+
+    losses = [{r["step"]: r["loss"] for r in read_metrics(group.run_dir)} for group in (first, second)]
+    after = [k for k in losses[1] if k >= healed["step"]]
+    assert after and all(losses[0][k] == losses[1][k] for k in after), "the same state in both groups after the transfer"
+    worst = max(abs(losses[0][k] - expected[k]) / abs(expected[k]) for k in expected)
+    assert worst <= RTOL, worst
+    (a,), (b,) = first.digests(), second.digests()
+    assert a["step"] == b["step"] == steps and a["weights_sha256"] == b["weights_sha256"]
