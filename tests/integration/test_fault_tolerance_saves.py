@@ -159,7 +159,7 @@ def test_a_save_in_flight_while_a_joining_group_takes_the_live_state(tmp_path, p
 
     losses = [{r["step"]: r["loss"] for r in read_metrics(group.run_dir)} for group in (first, second)]
     after = [k for k in losses[1] if k >= healed["step"]]
-    assert after and all(losses[0][k] == losses[1][k] for k in after), "the same state in both groups after the transfer"
+    assert after and all(losses[0][k] == losses[1][k] for k in after), "both groups' state is the same after it"
     worst = max(abs(losses[0][k] - expected[k]) / abs(expected[k]) for k in expected)
     assert worst <= RTOL, worst
     (a,), (b,) = first.digests(), second.digests()
