@@ -164,3 +164,36 @@ def test_a_save_in_flight_while_a_joining_group_takes_the_live_state(tmp_path, p
     assert worst <= RTOL, worst
     (a,), (b,) = first.digests(), second.digests()
     assert a["step"] == b["step"] == steps and a["weights_sha256"] == b["weights_sha256"]
+
+
+def test_groups_preempted_together_save_each_step_once(tmp_path, pydoc_data):
+    """SIGTERM to both groups at once (a job-wide preemption): each group stops at a step boundary and the
+    preemption save is written by that step's writer alone; the other group, whose state is the same, leaves
+    without saving. No step is saved twice (two saves of one step would race for its folder)."""
+    extra = {"checkpoint.interval": 1000, "checkpoint.save_final": "false", **{"+recovery.faults": SAVES[
+        "+recovery.faults"]}}
+    root = tmp_path / "ft"
+    root.mkdir()
+    with lighthouse(tmp_path / "lighthouse.log") as address:
+        groups = [Group(root, pydoc_data, STEPS, address, g, extra=extra) for g in (0, 1)]
+        try:
+            groups[0].start()
+            wait_for("group 0's first step", lambda: groups[0].rows(), groups[:1])
+            groups[1].start()
+            wait_for("a step of both groups", lambda: any(r["participants"] == 2 and r["step"] >= 3
+                                                          for r in groups[1].rows()), groups)
+            for group in groups:
+                os.kill(group.proc.pid, signal.SIGTERM)
+            for group in groups:
+                group.finish(60)  # preempted: a clean exit
+        finally:
+            for group in groups:
+                group.close()
+    folders = [c.checkpoint_id for c in Listing(root / "checkpoints").checkpoints()]
+    by_step = writers(root)
+    last = {g: max(r["step"] for r in group.rows() if r["committed"]) for g, group in enumerate(groups)}
+    assert len(folders) == len(by_step) >= 1, f"each step saved once: {folders}"
+    for step, writer in by_step.items():  # the writer of each step is the first group of its quorum
+        rows = [r for r in groups[writer].rows() if r["step"] == step and r["committed"]]
+        assert rows and rows[-1]["index"] == 0, (step, writer, rows)
+    assert max(by_step) == max(last.values()), f"the newest step is saved: {by_step}, last steps {last}"
