@@ -34,7 +34,7 @@ import logging
 import os
 import socket
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -151,9 +151,10 @@ class ReplicaGroups:
         else:  # a group of one process started without torchrun: a store of its own, on loopback
             self._store = store_listening_on("127.0.0.1")
             addr, port = "127.0.0.1", self._store.port
-        host = cfg.hostname or socket.gethostname()  # what the group advertises, and where it listens
+        host = cfg.hostname or socket.gethostname()  # what the group advertises
         self.pg = ProcessGroupNCCL(timeout) if world.device.type == "cuda" else ProcessGroupGloo(timeout)
-        rendezvous_store_on(self.pg, host)
+        if cfg.hostname:  # and where it listens; unset: torchft's own binds, every interface (the host's name
+            rendezvous_store_on(self.pg, host)  # may resolve to a loopback address locally, e.g. 127.0.1.1)
         transport = PGTransport(self.pg, timeout=timeout, device=world.device)
         receive = transport.recv_checkpoint
 
@@ -165,7 +166,7 @@ class ReplicaGroups:
                 self.transfer_s = time.perf_counter() - start
 
         transport.recv_checkpoint = timed_receive  # the weight transfer's own time, for the log
-        with manager_server_bound_to(host):  # not torchft's [::]
+        with manager_server_bound_to(host) if cfg.hostname else nullcontext():  # not torchft's [::]
             self.manager = Manager(
                 pg=self.pg, load_state_dict=self._load, state_dict=state.state_dict,
                 min_replica_size=cfg.min_replicas, use_async_quorum=False, timeout=timeout,

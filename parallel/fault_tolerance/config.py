@@ -28,8 +28,9 @@ class FaultToleranceConfig:
     preserve_batch: bool = key(True, "the groups of a step's quorum read the whole global batch between them (a "
                                "missing group's micro-batches go to the others); false: torchft's own semantics, "
                                "each group reads its fixed share and a missing group's samples are skipped")
-    hostname: str = key("", "the address this group's torchft manager advertises to its peers (empty: the host's "
-                        "name); 127.0.0.1 on one host")
+    hostname: str = key("", "the address this group's torchft manager advertises to its peers, and the only one "
+                        "its servers listen on; 127.0.0.1 on one host (empty: the host's name is advertised and "
+                        "torchft listens on every interface)")
     quorum_timeout_s: float = key(60.0, "a step waits this long for its quorum before failing (a survivor waits "
                                   "here while a peer's loss is detected)", SECONDS)
     timeout_s: float = key(30.0, "torchft's operations: the gradient all-reduce across groups, the commit vote, a "
