@@ -107,6 +107,17 @@ def manager_server_bound_to(host: str) -> Iterator[None]:
         module.ManagerServer = server
 
 
+def resharded(model: torch.nn.Module) -> None:
+    """FSDP2 modules back to their sharded parameters. After a no-grad forward (the probe that verifies a durable
+    resume) FSDP2 keeps a module's gathered copies registered, and loading a peer's state then fails: the
+    optimizer's sharded parameters are not the model's (torch's set_state_dict: KeyError on a DTensor)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()  # a no-op where sharded already
+
+
 class ManagerState:
     """The torchft manager's own state (its step and its count of committed batches) as a part of the training
     state: the durable checkpoints hold it (whichever group wrote them), and a cold start hands it back to the
@@ -168,7 +179,7 @@ class ReplicaGroups:
         transport.recv_checkpoint = timed_receive  # the weight transfer's own time, for the log
         with manager_server_bound_to(host) if cfg.hostname else nullcontext():  # not torchft's [::]
             self.manager = Manager(
-                pg=self.pg, load_state_dict=self._load, state_dict=state.state_dict,
+                pg=self.pg, load_state_dict=self._load, state_dict=self._state_dict,
                 min_replica_size=cfg.min_replicas, use_async_quorum=False, timeout=timeout,
                 quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s), connect_timeout=timeout,
                 rank=world.rank, world_size=world.world_size, store_addr=addr, store_port=port,
@@ -187,9 +198,15 @@ class ReplicaGroups:
         self.writer = False  # this group saves the step's durable checkpoint (writes_checkpoint)
         self._data_before: dict = {}
 
+    def _state_dict(self) -> dict:
+        """This group's training state, sent to a group behind it at the quorum (sharded, as ``_load`` takes it)."""
+        resharded(self.state.model)
+        return self.state.state_dict()
+
     def _load(self, state_dict) -> None:
         """A peer's training state (weights, optimizer, schedule, data position, step), received at the quorum."""
         start = time.perf_counter()
+        resharded(self.state.model)
         self.state.load_state_dict(state_dict)
         self.load_s, self.healed = time.perf_counter() - start, True
 
