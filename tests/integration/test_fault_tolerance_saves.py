@@ -167,7 +167,8 @@ def test_a_save_in_flight_while_a_joining_group_takes_the_live_state(tmp_path, p
 
 
 def test_groups_preempted_together_save_each_step_once(tmp_path, pydoc_data):
-    """SIGTERM to both groups at once (a job-wide preemption): each group stops at a step boundary and the
+    """A second launch of a running group into the shared folder is refused (each group's own lease). Then
+    SIGTERM to both groups at once (a job-wide preemption): each group stops at a step boundary and the
     preemption save is written by that step's writer alone; the other group, whose state is the same, leaves
     without saving. No step is saved twice (two saves of one step would race for its folder)."""
     extra = {"checkpoint.interval": 1000, "checkpoint.save_final": "false", **{"+recovery.faults": SAVES[
@@ -182,6 +183,12 @@ def test_groups_preempted_together_save_each_step_once(tmp_path, pydoc_data):
             groups[1].start()
             wait_for("a step of both groups", lambda: any(r["participants"] == 2 and r["step"] >= 3
                                                           for r in groups[1].rows()), groups)
+            duplicate = Group(root, pydoc_data, STEPS, address, 1, extra=extra)  # group 1 launched twice
+            duplicate.index = "1-again"  # its own log file
+            code = duplicate.start().proc.wait(60)
+            duplicate.close()
+            assert code != 0 and "checkpoint.dir: " in duplicate.text() and \
+                "is in use by a live run" in duplicate.text(), f"{code}: {duplicate.text()}"
             for group in groups:
                 os.kill(group.proc.pid, signal.SIGTERM)
             for group in groups:
