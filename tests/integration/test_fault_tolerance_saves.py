@@ -109,16 +109,22 @@ def checkpoint_tensors(path: Path) -> Dict[str, torch.Tensor]:
     return {f"{prefix}{name}": t for prefix in ("model.", "optim.") for name, t in load_tensors(path, prefix).items()}
 
 
-def test_a_save_in_flight_while_a_joining_group_takes_the_live_state(tmp_path, pydoc_data):
-    """Group 0, alone, saves step SAVED asynchronously, and its persist is held up (a slow fault at
-    checkpoint_write, SAVE_DELAY s); group 1 is started once that save is in flight and takes the live state (a
-    later step) from group 0 before the save commits. The save commits and holds exactly step SAVED's state (the
-    uninterrupted run's checkpoint of that step, bitwise); the transfer gave group 1 the live state (every step
-    after it has the same loss in both groups, and both end with bitwise equal weights)."""
-    steps, saved = 20, 10
+@pytest.mark.parametrize("alone", [1, pytest.param(0, marks=pytest.mark.rehearsal)])
+def test_a_save_in_flight_while_a_joining_group_takes_the_live_state(tmp_path, pydoc_data, alone):
+    """Group ``alone`` trains alone (so it writes the saves), saves step SAVED asynchronously, and its persist is
+    held up (a slow fault at checkpoint_write, SAVE_DELAY s); the other group is started once that save is in
+    flight and takes the live state (a later step) from it before the save commits. The save commits and holds
+    exactly step SAVED's state (the uninterrupted run's checkpoint of that step, bitwise); the transfer gave the
+    joining group the live state (every step after it has the same loss in both groups, both end with bitwise
+    equal weights). With group 1 alone (the suite's case) the writer changes while its save is in flight: group
+    0, once in the quorum, writes step 2 x SAVED, which commits before group 1's older save does; with group 0
+    alone (marked rehearsal) the writer stays group 0, and the run ends before its next save (which would wait
+    for this one, longer than the Lighthouse waits for a straggler before it forms a quorum without it)."""
+    saved = 10
+    steps = 24 if alone else 18
     saves = {"checkpoint.interval": saved, "checkpoint.async_mode": "async", "checkpoint.keep_last": 5,
              "checkpoint.save_final": "false"}
-    baseline = tmp_path / "baseline"  # the uninterrupted run, saving the same step
+    baseline = tmp_path / "baseline"  # the uninterrupted run, saving the same steps
     run_train(overrides(baseline, pydoc_data, steps, saves))
     expected = step_losses(baseline)
 
@@ -128,14 +134,15 @@ def test_a_save_in_flight_while_a_joining_group_takes_the_live_state(tmp_path, p
               f"{{kind: slow, phase: checkpoint_write, step: {saved}, rank: -1, delay_s: {SAVE_DELAY}}}]")
     extra = {**saves, "+recovery.faults": faults}
     with lighthouse(tmp_path / "lighthouse.log") as address:
-        first = Group(root, pydoc_data, steps, address, 0, extra=extra)
-        second = Group(root, pydoc_data, steps, address, 1, extra=extra)
+        first = Group(root, pydoc_data, steps, address, alone, extra=extra)
+        second = Group(root, pydoc_data, steps, address, 1 - alone, extra=extra)
         try:
             first.start()
-            wait_for(f"group 0's save of step {saved} in flight", lambda: any(
+            wait_for(f"group {alone}'s save of step {saved} in flight", lambda: any(
                 c.step == saved and not c.committed for c in Listing(root / "checkpoints").checkpoints()), [first])
             second.start()
-            wait_for("group 1's transfer", lambda: any(r["healed"] for r in second.rows()), [first, second])
+            wait_for("the joining group's transfer", lambda: any(r["healed"] for r in second.rows()),
+                     [first, second])
             first.finish()
             second.finish()
         finally:
@@ -143,15 +150,20 @@ def test_a_save_in_flight_while_a_joining_group_takes_the_live_state(tmp_path, p
             second.close()
 
     (healed,) = [r for r in second.rows() if r["healed"]]
-    (ckpt,) = [c for c in Listing(root / "checkpoints").committed() if c.step == saved]
-    committed_at = (Path(str(ckpt.path)) / MANIFEST).stat().st_mtime
+    committed = {c.step: c for c in Listing(root / "checkpoints").committed()}
+    written = {saved: alone, 2 * saved: 0} if alone else {saved: 0}  # each step's writer: its quorum's first group
+    assert writers(root) == written
+    at = {k: (Path(str(c.path)) / MANIFEST).stat().st_mtime for k, c in committed.items()}
     transferred_at = healed["started"] + healed["quorum_s"]
-    print(f"save in flight during a transfer: group 1 took step {healed['step'] - 1}'s state "
-          f"({healed['transfer_s']:.3f} s) {committed_at - transferred_at:.2f} s before step {saved}'s save committed")
-    assert healed["step"] - 1 > saved and transferred_at < committed_at, \
+    print(f"save in flight during a transfer: group {1 - alone} took step {healed['step'] - 1}'s state "
+          f"({healed['transfer_s']:.3f} s) {at[saved] - transferred_at:.2f} s before step {saved}'s save committed"
+          + (f"; group 0's step {2 * saved} committed {at[saved] - at[2 * saved]:.2f} s before it" if alone else ""))
+    assert healed["step"] - 1 > saved and transferred_at < at[saved], \
         f"the transfer (of step {healed['step'] - 1}, done at {transferred_at:.2f}) came while the save of step " \
-        f"{saved} was in flight (committed at {committed_at:.2f})"
-    ours = checkpoint_tensors(Path(str(ckpt.path)))
+        f"{saved} was in flight (committed at {at[saved]:.2f})"
+    if alone:  # the new writer's save committed while the previous writer's older one was still in flight
+        assert at[2 * saved] < at[saved], at
+    ours = checkpoint_tensors(Path(str(committed[saved].path)))
     (reference,) = [c for c in Listing(baseline / "checkpoints").committed() if c.step == saved]
     theirs = checkpoint_tensors(Path(str(reference.path)))
     differ = [k for k in ours if not torch.equal(ours[k], theirs.get(k))]
