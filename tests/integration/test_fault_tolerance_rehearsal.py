@@ -1,10 +1,12 @@
 """parallel.fault_tolerance's acceptance rehearsal (marked rehearsal: .ci/run runs it after the suite): two replica
-groups of 2 ranks each (FSDP2 dp_shard 2 inside each group, torchft across them), group 0 saving asynchronously
-every 2 steps. Group 1 is SIGKILLed twice inside the gradient step (the fault fires on one of its ranks just
-before the all-reduce across groups, while the peers are in it), restarted each time, then both groups are
-SIGKILLed from outside and restarted together: group 0 resumes from its durable checkpoint, group 1 takes the
-state from it. Throughout, every step trains on the uninterrupted run's global batch and its losses stay within
-RTOL; both groups end with bitwise equal weights, rank by rank. It prints the measured pauses and rejoin times.
+groups of 2 ranks each (FSDP2 dp_shard 2 inside each group, torchft across them), saving asynchronously every 2
+steps into their shared checkpoint folder (each step's save by the first group of its quorum). Group 1 is
+SIGKILLed twice inside the gradient step (the fault fires on one of its ranks just before the all-reduce across
+groups, while the peers are in it), restarted each time (it resumes from the newest durable checkpoint, then takes
+the live state), then both groups are SIGKILLed from outside and restarted together: group 0 resumes from the
+newest durable checkpoint, group 1 (started once group 0 has stepped) takes the live state from it. Throughout,
+every step trains on the uninterrupted run's global batch and its losses stay within RTOL; both groups end with
+bitwise equal weights, rank by rank. It prints the measured pauses and rejoin times.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def test_hsdp_groups_through_two_kills_in_the_all_reduce_and_a_cold_restart(tmp_
                     "{kind: sigkill, phase: gradients, step: 18, rank: 1}")
     with lighthouse(tmp_path / "lighthouse.log") as address:
         first = Group(root, pydoc_data, STEPS, address, 0, nproc=2, extra={**saves, "+recovery.faults": _faults()})
-        second = Group(root, pydoc_data, STEPS, address, 1, nproc=2, extra={"+recovery.faults": kills})
+        second = Group(root, pydoc_data, STEPS, address, 1, nproc=2, extra={**saves, "+recovery.faults": kills})
         try:
             first.start()  # group 0 first: it runs every step (group 1 joins at its first quorum)
             wait_for("group 0's first step", lambda: first.rows(), [first])

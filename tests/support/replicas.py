@@ -44,7 +44,8 @@ def overrides(run_dir: Path, data: Path, steps: int, extra: Dict[str, object] | 
 
 
 class Group:
-    """Replica group ``index``'s run in ``root/group_N`` (``nproc`` ranks), forked from the warm parent."""
+    """Replica group ``index``'s run in ``root/group_N`` (``nproc`` ranks), forked from the warm parent; the groups
+    share ``root/checkpoints`` (as scripts/launch_fault_tolerant.sh's do)."""
 
     def __init__(self, root: Path, data: Path, steps: int, address: str, index: int, nproc: int = 1,
                  extra: Dict[str, object] | None = None):
@@ -53,7 +54,7 @@ class Group:
             "parallel.fault_tolerance.enabled": "true", "parallel.fault_tolerance.lighthouse": address,
             "parallel.fault_tolerance.replica_id": index, "parallel.fault_tolerance.hostname": "127.0.0.1",
             "parallel.fault_tolerance.quorum_timeout_s": 30, "parallel.fault_tolerance.timeout_s": 10,
-            **(extra or {})}))
+            "checkpoint.dir": root / "checkpoints", **(extra or {})}))  # one checkpoint.dir for every group
         self.root, self.proc, self.log, self.launches = root, None, None, []
 
     def start(self) -> "Group":
