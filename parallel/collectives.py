@@ -151,6 +151,18 @@ def all_reduce_across_replicas(tensors: Sequence[torch.Tensor], manager) -> None
             t.copy_(piece.view(t.shape))
 
 
+def agree_max_across_replicas(values: Sequence[float], manager, device: torch.device) -> Optional[List[float]]:
+    """The element-wise maximum of ``values`` over the replica groups of a torchft quorum (``manager``), for a
+    decision every group must take alike (recovery/fault_tolerance.py: the guards' verdict, a rollback's target).
+    Every rank of every group in the quorum calls it with its group's agreed values; None when a peer was lost
+    during it (torchft records the error instead of raising: the result would not be every group's)."""
+    t = torch.tensor(list(values), dtype=torch.float64, device=device)
+    manager.allreduce(t, reduce_op=dist.ReduceOp.MAX).wait()
+    if manager.errored() is not None:
+        return None
+    return [float(v) for v in t.cpu().tolist()]
+
+
 # -- control values, on the control group (or the caller's gloo group) ----------------------------
 def _control_or(group: Optional[dist.ProcessGroup]) -> Optional[dist.ProcessGroup]:
     return group if group is not None else control_group()
