@@ -214,6 +214,7 @@ class ReplicaGroups:
 
         request = error = None
         try:
+            self._replica_check(guards, step)  # first: a collective every group runs at the same steps
             guards.after_update(step)
         except RollbackRequested as exc:
             request = exc
@@ -264,6 +265,28 @@ class ReplicaGroups:
                         "step %d to step %d; its state comes at the next quorum", self.cfg.replica_id, step, target)
             ckpt.log_event(step, kind="rollback", to_step=target, reason=request.reason, replica_group=True)
         return target
+
+    def _replica_check(self, guards, step: int) -> None:
+        """Every ``recovery.guards.replica_interval`` steps with two groups or more in the quorum: each rank's
+        weight fingerprint against the same rank's of the other groups (the guards' replica check, across groups
+        here: each group is its own torchrun job). Weights that differ (a bit flipped in one group that no loss
+        noticed) are a replica alarm, which rolls back (recovery/guards/guard.py)."""
+        from recovery.guards.guard import Anomaly, disagreeing_replicas, param_fingerprint
+
+        every, count, index = guards.cfg.replica_interval, self.manager.num_participants(), \
+            self.manager.participating_rank()
+        if every <= 0 or step % every or count < 2 or index is None:
+            return
+        fingerprints = collectives.gather_across_replicas(int(param_fingerprint(guards.model, self.world.device)),
+                                                          index, count, self.manager, self.world.device)
+        bad = disagreeing_replicas(fingerprints) if fingerprints is not None else []
+        if not collectives.any_rank(bool(bad)):  # this group's ranks agree: one rank's shard differing is enough
+            return
+        who = f"quorum rank(s) {bad} of {count} differ from the majority" if 0 < len(bad) < count else \
+            f"all {count} groups disagree (no majority{' with 2 groups' if count == 2 else ''})" if bad else \
+            "on another rank of this group"
+        guards._escalate(step, "replica", [Anomaly("replica_group_fingerprint", float(len(bad)), 0.0,
+                                                   f"weights differ across replica groups: {who}")])
 
     def finish(self, model: torch.nn.Module) -> None:
         """The end of the run: a digest of this rank's weights in the log (every group's must be the same)."""

@@ -16,7 +16,7 @@ import pytest
 from metrics.records import step_losses
 from support.launch import run_train
 from support.processes import stop
-from support.replicas import Group, check_global_batches, lighthouse, overrides, wait_for
+from support.replicas import Group, check_global_batches, check_rollback_pair, lighthouse, overrides, wait_for
 
 pytestmark = [pytest.mark.distributed, pytest.mark.rehearsal]
 RTOL = 1e-5
@@ -103,3 +103,12 @@ def _report(rows0, rows1, launches, committed, voted_away, worst) -> None:
     print(f"survivor's pause per kill, over a normal step interval ({normal:.2f} s): {pauses} s; steps voted away: "
           f"{voted_away}; train_step together {statistics.median(together):.3f} s (median), alone "
           f"{statistics.median(alone) if alone else float('nan'):.3f} s; max relative loss difference {worst:.2e}")
+
+
+def test_a_flip_no_loss_notices_is_caught_by_the_fingerprints_across_groups(tmp_path, pydoc_data):
+    """Bit 0 of a weight flipped in group 1 only: no loss or gradient alarm, but the weights' fingerprints compared
+    across the groups every 4 steps (recovery.guards.replica_interval) differ at step 12: both groups raise the
+    replica alarm there and roll back to group 0's checkpoint of step 8, as one process does after the louder flip
+    (check_rollback_pair)."""
+    check_rollback_pair(tmp_path, pydoc_data, bit=0, extra={"recovery.guards.replica_interval": 4},
+                        alarms=[(12, "rollback")])
