@@ -28,6 +28,7 @@ from its quorum thread during backward, which crashed here. State moves between 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -53,6 +54,18 @@ def writes_checkpoints(cfg) -> bool:
     """Durable saves are written by replica group 0 alone (every group holds the same state); a cold start of
     the others takes the state from group 0 at their first quorum."""
     return not cfg.enabled or cfg.replica_id == 0
+
+
+def group_memory_tier(cfg, memory, root: Path):
+    """This group's checkpoint.memory: snapshots by the group that writes the durable checkpoints only, in a folder
+    of its group's own (root/group_<id>: the groups of one host share a run_name, so they would write the same
+    files). Another group's own snapshots could not be trusted on a restart: it may resume one at the very step a
+    peer reached by training alone meanwhile (the same step, other bits: the sum over other groups), and torchft,
+    seeing equal steps, would heal neither. So a restarted group takes the live state from a peer, and when every
+    group was lost, group 0 resumes its snapshot and the others take the state from it, as with durable
+    checkpoints. ``root``: the tier's folder on this node without replica groups."""
+    own = Path(root) / f"group_{cfg.replica_id}"
+    return dataclasses.replace(memory, root=str(own), interval=memory.interval if writes_checkpoints(cfg) else "0")
 
 
 class ManagerState:

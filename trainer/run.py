@@ -191,6 +191,11 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
         manager_state = ManagerState()
         if not writes_checkpoints(p.fault_tolerance):  # one group writes the durable checkpoints
             config = dataclasses.replace(config, checkpoint=dataclasses.replace(c, interval="0", save_final=False))
+        if c.memory.enabled:  # unit: memory (so does the memory tier, in a folder of its group's own)
+            from checkpoint.memory.tier import memory_root
+            from recovery.fault_tolerance import group_memory_tier
+            memory = group_memory_tier(p.fault_tolerance, c.memory, memory_root(c.memory, config.run_name))
+            config = dataclasses.replace(config, checkpoint=dataclasses.replace(config.checkpoint, memory=memory))
     state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, manager_state,
                           optim_config=config.optim, rank=world.rank,
                           world_size=world.world_size)  # everything a checkpoint holds

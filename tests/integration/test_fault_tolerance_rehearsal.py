@@ -10,10 +10,11 @@ RTOL; both groups end with bitwise equal weights, rank by rank. It prints the me
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import pytest
 
-from metrics.records import step_losses
+from metrics.records import read_metrics, step_losses
 from support.launch import run_train
 from support.processes import stop
 from support.replicas import Group, check_global_batches, check_rollback_pair, lighthouse, overrides, wait_for
@@ -112,3 +113,58 @@ def test_a_flip_no_loss_notices_is_caught_by_the_fingerprints_across_groups(tmp_
     (check_rollback_pair)."""
     check_rollback_pair(tmp_path, pydoc_data, bit=0, extra={"recovery.guards.replica_interval": 4},
                         alarms=[(12, "rollback")])
+
+
+
+def test_the_memory_tier_with_groups_one_lost_then_every_group_lost(tmp_path, pydoc_data):
+    """checkpoint.memory with replica groups, one memory root for both (as the launcher's groups share one run_name
+    on a host): group 0, which writes the durable checkpoints, takes the snapshots too, in root/group_0; group 1
+    takes none. Group 1 SIGKILLed and restarted takes the live state from group 0; then both SIGKILLed and
+    restarted: group 0 resumes its snapshot (no durable checkpoint exists), group 1 takes the state from it. Every
+    step trains the global batch, the losses stay within RTOL of one process, the weights end bitwise equal."""
+    steps = 30
+    baseline = tmp_path / "baseline"
+    run_train(overrides(baseline, pydoc_data, steps))
+    expected = step_losses(baseline)
+
+    root, shm = tmp_path / "ft", tmp_path / "shm"
+    root.mkdir()
+    memory = {"checkpoint.memory.interval": 2, "checkpoint.memory.root": shm, "checkpoint.memory.replicas": 0,
+              "+recovery.faults": _faults().replace("0.4", "0.25")}
+    with lighthouse(tmp_path / "lighthouse.log") as address:
+        first, second = (Group(root, pydoc_data, steps, address, g, extra=memory) for g in (0, 1))
+        try:
+            first.start()
+            wait_for("group 0's first step", lambda: first.rows(), [first])
+            second.start()
+            wait_for("both groups in step 10", lambda: any(r["step"] >= 10 and r["participants"] == 2
+                                                            for r in second.rows()), [first, second])
+            stop(second.proc)  # one group lost
+            second.start()
+            wait_for("both groups in step 18", lambda: any(r["step"] >= 18 and r["participants"] == 2 and
+                                                            r["started"] > second.launches[1]
+                                                            for r in second.rows()), [first, second])
+            stop(first.proc)  # every group lost, the nodes (the memory root) live
+            stop(second.proc)
+            first.start()  # group 0 first, from its snapshot; then group 1, which takes its state
+            wait_for("group 0's first step after the restart",
+                     lambda: any(r["started"] > first.launches[1] for r in first.rows()), [first])
+            second.start()
+            first.finish()
+            second.finish()
+        finally:
+            first.close()
+            second.close()
+
+    resumes = [read_metrics(g.run_dir, "resume") for g in (first, second)]
+    assert [r["source"] for r in resumes[0]] == ["memory"] and resumes[1] == [], resumes
+    assert Path(resumes[0][0]["path"]).parent == shm / "group_0" and resumes[0][0]["step"] >= 10, resumes[0]
+    assert not (shm / "group_1").exists() and not any(p.name.startswith("step_") for p in shm.iterdir())
+    for launch in second.launches[1:]:  # each restart of group 1 took the live state from group 0
+        assert [r for r in second.rows() if r["healed"] and r["started"] > launch], launch
+    check_global_batches(first.rows(), second.rows(), steps, unlogged=2)
+    losses = step_losses(first.run_dir)
+    worst = max(abs(losses[k] - expected[k]) / abs(expected[k]) for k in expected)
+    assert worst <= RTOL, worst
+    (a,), (b,) = first.digests(), second.digests()
+    assert a["weights_sha256"] == b["weights_sha256"] and a["step"] == b["step"] == steps
