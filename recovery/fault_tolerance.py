@@ -81,9 +81,8 @@ class ManagerState:
         return dict(self.manager.state_dict() if self.manager is not None else self.saved or {})
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
-        # Once the manager exists, a peer's state reaches it through torchft itself; a rollback's load is read here
-        # (ReplicaGroups.guard_step_boundary).
-        self.saved = {k: int(v) for k, v in state.items()}
+        if self.manager is None:  # once it exists, a peer's state reaches the manager through torchft itself
+            self.saved = {k: int(v) for k, v in state.items()}
 
 
 class ReplicaGroups:
@@ -208,98 +207,16 @@ class ReplicaGroups:
                         self.cfg.replica_id, step + 1)
             data.load_state_dict(self._data_before)
 
-    def agree_guards(self, guards, manager_state: ManagerState) -> None:
-        """The guards' verdict at each step boundary is agreed across the groups of the quorum, and a rollback
-        is done alike (``guard_step_boundary``); None or guards that are off: nothing to agree."""
-        if guards is not None and guards.cfg.enabled:
-            guards.across_groups, self.manager_state = self, manager_state
+    def writes(self) -> bool:
+        """This group writes the durable checkpoints (a rollback loads them here; the others heal from it)."""
+        return writes_checkpoints(self.cfg)
 
-    def guard_step_boundary(self, guards, step: int, ckpt, data, before_load) -> Optional[int]:
-        """The guards' checks after the update of 1-based ``step`` (recovery/guards/guard.py), agreed across the
-        groups of the quorum: a rollback asked for by any group's guards is done by every group, so none trains
-        on while another goes back. The groups that write the durable checkpoints load the verified target
-        (recovery/guards/rollback.py, the data skip and the re-save included); the others take that state from
-        them at the next quorum (torchft heals a group behind the quorum's step), so every group holds the same
-        bits. Each group's ranks agree among themselves first (the guards' own agreement); every rank of every
-        group reaches each agreement point here, also when its group's guards raised, which then stops that group
-        alone (a lost group to the others). Returns the step to go on from after a rollback, else None."""
-        from recovery.guards.rollback import RollbackError, RollbackRequested, roll_back
-
-        request = error = None
-        try:
-            self._replica_check(guards, step)  # first: a collective every group runs at the same steps
-            guards.after_update(step)
-        except RollbackRequested as exc:
-            request = exc
-        except Exception as exc:  # noqa: BLE001 - raised after the agreement, which the peers wait for
-            error = exc
-        writer = writes_checkpoints(self.cfg)
-        agreed = collectives.agree_max_across_replicas([request is not None, error is not None, writer],
-                                                       self.manager, self.world.device)
-        if error is not None:
-            raise error
-        if agreed is None:  # a peer was lost during the agreement: this group's own verdict (torchft's next
-            agreed = [request is not None, 0.0, writer]  # quorum heals whichever group is behind)
-        if not agreed[0]:
-            return None
-        if request is None:
-            request = RollbackRequested(step, "another replica group's guards asked for a rollback")
-            from recovery.guards.guard import Anomaly
-            guards._alarm(step, "replica_group", "rollback", [Anomaly("replica_group", 1.0, 0.0, request.reason)])
-        if not agreed[2]:
-            raise RollbackError(f"{request}, but no replica group of the quorum writes the durable checkpoints "
-                                f"(replica group 0 does, parallel.fault_tolerance.replica_id=0): restart it, or "
-                                f"restart from a known-good checkpoint with checkpoint.resume=<path>")
-        before_load()
-        target, failure = -1, None
-        if writer:
-            def follow(loaded: int) -> None:  # torchft's step is the training state's again (start_step checks)
-                saved = self.manager_state.saved or {}
-                committed = saved.get("batches_committed", self.manager.batches_committed())
-                self.manager.load_state_dict({"step": loaded, "batches_committed": committed})
-            try:
-                target = roll_back(request, guards, ckpt, data, after_load=follow)
-            except Exception as exc:  # noqa: BLE001 - the others learn it at the next agreement, then all stop
-                failure = exc
-        agreed = collectives.agree_max_across_replicas([target, failure is not None], self.manager,
-                                                       self.world.device)
-        if failure is not None:
-            raise failure
-        if agreed is None or agreed[1] or agreed[0] < 0:
-            raise RollbackError(f"{request}: the replica group that writes the durable checkpoints could not roll "
-                                f"back{' (lost during the agreement)' if agreed is None else ''}; see its log")
-        target = int(agreed[0])
-        if not writer:  # behind the writer's step: torchft's next quorum sends this group the rolled-back state
-            guards.rollbacks += 1
-            guards.after_rollback()
-            ckpt.discard_memory()
-            self.manager.load_state_dict({"step": target - 1, "batches_committed": self.manager.batches_committed()})
-            log.warning("replica group %d: rolled back with the group that writes the durable checkpoints from "
-                        "step %d to step %d; its state comes at the next quorum", self.cfg.replica_id, step, target)
-            ckpt.log_event(step, kind="rollback", to_step=target, reason=request.reason, replica_group=True)
-        return target
-
-    def _replica_check(self, guards, step: int) -> None:
-        """Every ``recovery.guards.replica_interval`` steps with two groups or more in the quorum: each rank's
-        weight fingerprint against the same rank's of the other groups (the guards' replica check, across groups
-        here: each group is its own torchrun job). Weights that differ (a bit flipped in one group that no loss
-        noticed) are a replica alarm, which rolls back (recovery/guards/guard.py)."""
-        from recovery.guards.guard import Anomaly, disagreeing_replicas, param_fingerprint
-
-        every, count, index = guards.cfg.replica_interval, self.manager.num_participants(), \
-            self.manager.participating_rank()
-        if every <= 0 or step % every or count < 2 or index is None:
-            return
-        fingerprints = collectives.gather_across_replicas(int(param_fingerprint(guards.model, self.world.device)),
-                                                          index, count, self.manager, self.world.device)
-        bad = disagreeing_replicas(fingerprints) if fingerprints is not None else []
-        if not collectives.any_rank(bool(bad)):  # this group's ranks agree: one rank's shard differing is enough
-            return
-        who = f"quorum rank(s) {bad} of {count} differ from the majority" if 0 < len(bad) < count else \
-            f"all {count} groups disagree (no majority{' with 2 groups' if count == 2 else ''})" if bad else \
-            "on another rank of this group"
-        guards._escalate(step, "replica", [Anomaly("replica_group_fingerprint", float(len(bad)), 0.0,
-                                                   f"weights differ across replica groups: {who}")])
+    def rolled_back(self, step: int, loaded: bool) -> None:
+        """After a rollback to ``step`` agreed across the groups (recovery/guards/across_groups.py): torchft's step
+        is the training state's again where this group loaded it (start_step checks they match), or one below where
+        it did not, so that the next quorum heals it from a group that did (torchft heals a group behind)."""
+        self.manager.load_state_dict({"step": step if loaded else step - 1,
+                                      "batches_committed": self.manager.batches_committed()})
 
     def finish(self, model: torch.nn.Module) -> None:
         """The end of the run: a digest of this rank's weights in the log (every group's must be the same)."""

@@ -221,7 +221,9 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
         from recovery.fault_tolerance import ReplicaGroups
         replicas = ReplicaGroups(p.fault_tolerance, world, state, manager_state, plan, parallel.dp_rank, run_dir)
         shutdown.add(85, "the torchft manager", replicas.close)
-        replicas.agree_guards(guards, manager_state)  # one verdict across the groups, one action
+        if guards is not None and rc.guards.enabled:  # unit: guards (one verdict across the groups, one action)
+            from recovery.guards.across_groups import AcrossGroups
+            guards.across_groups = AcrossGroups(replicas)
     if world.is_main:  # the launch is accepted (the resume included): now it may say what it runs
         write_run_config(run_dir, resolved, overrides)
     start_step = state.step

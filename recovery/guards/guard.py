@@ -184,8 +184,8 @@ class TrainingGuards:
         self.rollbacks = 0  # done by this process (recovery.guards.max_rollbacks bounds them)
         self.block_reason: Optional[str] = None
         self._rollback_after_skip: Optional[RollbackRequested] = None
-        # parallel.fault_tolerance: the replica groups (recovery/fault_tolerance.py) agree the step boundary's
-        # verdict across groups and roll back alike; set by them once their torchft manager exists
+        # parallel.fault_tolerance: the step boundary's verdict agreed across the replica groups, the action alike
+        # (recovery/guards/across_groups.py); set by the trainer once the torchft manager exists
         self.across_groups = None
 
     # -- every step, between backward and the optimizer update ---------------------------
@@ -220,7 +220,7 @@ class TrainingGuards:
         """After the update of ``step``: the periodic checks, and a rollback they (or the step's own check) asked
         for, done here (``before_load`` first). The step to go on from after a rollback, else None."""
         if self.across_groups is not None:  # the verdict agreed with the other replica groups, the action alike
-            return self.across_groups.guard_step_boundary(self, step, ckpt, data, before_load)
+            return self.across_groups.step_boundary(self, step, ckpt, data, before_load)
         try:
             self.after_update(step)
         except RollbackRequested as request:

@@ -9,7 +9,10 @@ RTOL; both groups end with bitwise equal weights, rank by rank. It prints the me
 
 from __future__ import annotations
 
+import os
+import signal
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -168,3 +171,41 @@ def test_the_memory_tier_with_groups_one_lost_then_every_group_lost(tmp_path, py
     assert worst <= RTOL, worst
     (a,), (b,) = first.digests(), second.digests()
     assert a["weights_sha256"] == b["weights_sha256"] and a["step"] == b["step"] == steps
+
+
+def test_the_watchdog_lets_a_survivor_wait_for_a_hung_peer_within_the_checked_timeouts(tmp_path, pydoc_data):
+    """The watchdog on, its timeouts just above what the config check asks of them (recovery.timeouts.step above
+    parallel.fault_tolerance.timeout_s, data_wait above quorum_timeout_s + timeout_s), and group 1 SIGSTOPped
+    mid-run (a hung peer: its sockets stay open, so the survivor waits in the all-reduce until torchft's timeout,
+    then for the Lighthouse to drop the peer): group 0 waits, is not aborted, and finishes every step alone."""
+    steps, timeout = 40, 3
+    root = tmp_path / "ft"
+    root.mkdir()
+    tight = {"parallel.fault_tolerance.timeout_s": timeout, "parallel.fault_tolerance.quorum_timeout_s": timeout,
+             "recovery.timeouts.step": timeout + 1, "recovery.timeouts.data_wait": 2 * timeout + 1,
+             "+recovery.faults": _faults().replace("0.4", "0.1")}
+    with lighthouse(tmp_path / "lighthouse.log") as address:
+        first, second = (Group(root, pydoc_data, steps, address, g, extra=tight) for g in (0, 1))
+        try:
+            first.start()
+            wait_for("group 0's first step", lambda: first.rows(), [first])
+            second.start()
+            wait_for("both groups in step 6", lambda: any(r["step"] >= 6 and r["participants"] == 2
+                                                           for r in first.rows()), [first, second])
+            os.kill(second.proc.pid, signal.SIGSTOP)  # hung, not dead
+            hung = time.time()
+            first.finish(180)
+        finally:
+            os.kill(second.proc.pid, signal.SIGCONT)
+            first.close()
+            second.close()
+
+    rows = first.rows()
+    assert len(first.launches) == 1 and sorted(r["step"] for r in rows if r["committed"]) == list(range(1, steps + 1))
+    assert not (first.run_dir / "watchdog").exists(), "the watchdog fired on the survivor"
+    ordered = sorted(rows, key=lambda r: r["time"])
+    waited = max(b["time"] - a["time"] for a, b in zip(ordered, ordered[1:]) if b["time"] > hung)
+    alone = [r["step"] for r in rows if r["committed"] and r["participants"] == 1 and r["started"] > hung]
+    print(f"watchdog: the survivor waited {waited:.2f} s for its hung peer (step timeout {timeout + 1} s), then "
+          f"trained steps {alone[0]}..{alone[-1]} alone")
+    assert waited > 1.0 and alone and alone[-1] == steps
