@@ -202,7 +202,7 @@ def test_the_watchdog_lets_a_survivor_wait_for_a_hung_peer_within_the_checked_ti
 
     rows = first.rows()
     assert len(first.launches) == 1 and sorted(r["step"] for r in rows if r["committed"]) == list(range(1, steps + 1))
-    assert not (first.run_dir / "watchdog").exists(), "the watchdog fired on the survivor"
+    assert not list((first.run_dir / "watchdog").glob("*")), "the watchdog fired on the survivor"
     ordered = sorted(rows, key=lambda r: r["time"])
     waited = max(b["time"] - a["time"] for a, b in zip(ordered, ordered[1:]) if b["time"] > hung)
     alone = [r["step"] for r in rows if r["committed"] and r["participants"] == 1 and r["started"] > hung]
