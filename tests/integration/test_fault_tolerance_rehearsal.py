@@ -110,12 +110,13 @@ def _report(rows0, rows1, launches, committed, voted_away, worst) -> None:
 
 
 def test_a_flip_no_loss_notices_is_caught_by_the_fingerprints_across_groups(tmp_path, pydoc_data):
-    """Bit 0 of a weight flipped in group 1 only: no loss or gradient alarm, but the weights' fingerprints compared
-    across the groups every 4 steps (recovery.guards.replica_interval) differ at step 12: both groups raise the
-    replica alarm there and roll back to group 0's checkpoint of step 8, as one process does after the louder flip
-    (check_rollback_pair)."""
+    """Two groups of two ranks (FSDP2 inside each), bit 0 of a weight flipped on group 1's rank 0 only: no loss or
+    gradient alarm, but the weights' fingerprints compared across the groups every 4 steps
+    (recovery.guards.replica_interval) differ at step 12 on rank 0 (rank 1's shards agree: the group's ranks agree
+    the alarm): both groups raise the replica alarm there and roll back to group 0's checkpoint of step 8, as one
+    process does after the louder flip (check_rollback_pair), and every rank ends bitwise equal to its peer."""
     check_rollback_pair(tmp_path, pydoc_data, bit=0, extra={"recovery.guards.replica_interval": 4},
-                        alarms=[(12, "rollback")])
+                        alarms=[(12, "rollback")], nproc=2)
 
 
 

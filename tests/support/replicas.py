@@ -126,12 +126,14 @@ def check_global_batches(first: List[dict], second: List[dict], steps: int, unlo
     return [final[k] for k in sorted(final)]
 
 
-def check_rollback_pair(tmp_path: Path, data: Path, bit: int, extra: Dict[str, object], alarms: List[tuple]) -> None:
-    """Two groups (no step without both) saving every 4 steps, bit ``bit`` of a weight flipped at step 10 in group 1
-    only: both groups raise ``alarms`` (step, action) and roll back at step 12 to group 0's checkpoint of step 8,
-    skipping the data of steps 9 to 12 (group 1 taking the state from group 0); their losses are the same bits at
-    every step and, within 1e-5, those of one process whose fault makes it roll back the same way (the top
-    exponent bit: skipped 3 times, then the rollback); the final weights are bitwise equal."""
+def check_rollback_pair(tmp_path: Path, data: Path, bit: int, extra: Dict[str, object], alarms: List[tuple],
+                        nproc: int = 1) -> None:
+    """Two groups of ``nproc`` ranks (no step without both) saving every 4 steps, bit ``bit`` of a weight flipped
+    at step 10 on group 1's rank 0 only: both groups raise ``alarms`` (step, action) and roll back at step 12 to
+    group 0's checkpoint of step 8, skipping the data of steps 9 to 12 (group 1 taking the state from group 0);
+    their losses are the same bits at every step and, within 1e-5, those of one process whose fault makes it roll
+    back the same way (the top exponent bit: skipped at steps 10 and 11, rolled back at 12); every rank's final
+    weights are bitwise equal to its peer's in the other group."""
     steps, fault = 16, f"[{{kind: bitflip_param, phase: step, step: 10, rank: 0, bit: {bit}}}]"
     baseline = tmp_path / "baseline"
     run_train(overrides(baseline, data, steps, {"checkpoint.interval": 4,
@@ -143,8 +145,8 @@ def check_rollback_pair(tmp_path: Path, data: Path, bit: int, extra: Dict[str, o
     root.mkdir()
     both = {"parallel.fault_tolerance.min_replicas": 2, **extra}  # no step without both groups: the fault hits a pair
     with lighthouse(tmp_path / "lighthouse.log") as address:
-        groups = [Group(root, data, steps, address, 0, extra={**both, "checkpoint.interval": 4}),
-                  Group(root, data, steps, address, 1, extra={**both, "+recovery.faults": fault})]
+        groups = [Group(root, data, steps, address, 0, nproc, extra={**both, "checkpoint.interval": 4}),
+                  Group(root, data, steps, address, 1, nproc, extra={**both, "+recovery.faults": fault})]
         try:
             for group in groups:
                 group.start()
@@ -159,12 +161,13 @@ def check_rollback_pair(tmp_path: Path, data: Path, bit: int, extra: Dict[str, o
         assert sorted((r["step"], r["action"]) for r in records) == alarms, (group.index, records)
         assert [(r["step"], r["to_step"]) for r in read_metrics(group.run_dir, "rollback")] == [(12, 8)], group.index
         rerun = [r for r in group.rows() if r["step"] == 9 and r["committed"]][-1]  # the first step after it
-        assert rerun["samples"] == [(8 + 4) * GLOBAL + group.index * GLOBAL // 2, GLOBAL // 2], rerun
+        assert rerun["samples"] == [(8 + 4) * GLOBAL + group.index * GLOBAL // 2, GLOBAL // 2], rerun  # rank 0's
     assert [r for r in groups[1].rows() if r["healed"] and r["step"] == 9], "group 1 took group 0's state"
     losses = [step_losses(group.run_dir) for group in groups]
     assert losses[0] == losses[1], "both groups logged the same bits at every step"
     worst = max(abs(losses[0][k] - expected[k]) / abs(expected[k]) for k in expected)
     print(f"guards across groups (bit {bit}): max relative loss difference {worst:.2e} against one process")
     assert sorted(losses[0]) == sorted(expected) and worst <= 1e-5
-    (a,), (b,) = groups[0].digests(), groups[1].digests()
-    assert a["step"] == b["step"] == steps and a["weights_sha256"] == b["weights_sha256"]
+    a, b = groups[0].digests(), groups[1].digests()
+    assert len(a) == nproc and [(d["step"], d["weights_sha256"]) for d in a] == \
+        [(steps, d["weights_sha256"]) for d in b], "every rank's weights bitwise equal to its peer's in the other group"
