@@ -53,8 +53,9 @@ class AcrossGroups:
         agreed = self._agree([request is not None, error is not None, writer])
         if error is not None:
             raise error
-        if agreed is None:  # a peer lost during the agreement: this group's own verdict; torchft's next quorum
-            agreed = [request is not None, 0.0, writer]  # heals whichever group is behind
+        alone = agreed is None  # a peer lost during the agreement: this group's own verdict, and no second agreement
+        if alone:  # (torchft's next quorum heals whichever group is behind)
+            agreed = [request is not None, 0.0, writer]
         if not agreed[0]:
             return None
         if request is None:
@@ -72,21 +73,22 @@ class AcrossGroups:
                                    after_load=lambda loaded: self.replicas.rolled_back(loaded, loaded=True))
             except Exception as exc:  # noqa: BLE001 - the others learn it at the next agreement, then all stop
                 failure = exc
-        agreed = self._agree([target, failure is not None])
+        agreed = None if alone else self._agree([target, failure is not None])
         if failure is not None:
             raise failure
+        if writer:  # rolled back: it goes on, whether or not the others could be told (those not told stop)
+            return target
         if agreed is None or agreed[1] or agreed[0] < 0:
             raise RollbackError(f"{request}: the replica group that writes the durable checkpoints could not roll "
                                 f"back{' (lost during the agreement)' if agreed is None else ''}; see its log")
-        target = int(agreed[0])
-        if not writer:  # behind the writer's step: torchft's next quorum sends this group the rolled-back state
-            guards.rollbacks += 1
-            guards.after_rollback()
-            ckpt.discard_memory()
-            self.replicas.rolled_back(target, loaded=False)
-            log.warning("replica group %d: rolled back with the group that writes the durable checkpoints from step "
-                        "%d to step %d; its state comes at the next quorum", self.replica_id, step, target)
-            ckpt.log_event(step, kind="rollback", to_step=target, reason=request.reason, replica_group=True)
+        target = int(agreed[0])  # behind the writer's step: torchft's next quorum sends this group that state
+        guards.rollbacks += 1
+        guards.after_rollback()
+        ckpt.discard_memory()
+        self.replicas.rolled_back(target, loaded=False)
+        log.warning("replica group %d: rolled back with the group that writes the durable checkpoints from step %d to "
+                    "step %d; its state comes at the next quorum", self.replica_id, step, target)
+        ckpt.log_event(step, kind="rollback", to_step=target, reason=request.reason, replica_group=True)
         return target
 
     def _replica_check(self, guards, step: int) -> None:

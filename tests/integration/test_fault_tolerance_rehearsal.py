@@ -210,3 +210,27 @@ def test_the_watchdog_lets_a_survivor_wait_for_a_hung_peer_within_the_checked_ti
     print(f"watchdog: the survivor waited {waited:.2f} s for its hung peer (step timeout {timeout + 1} s), then "
           f"trained steps {alone[0]}..{alone[-1]} alone")
     assert waited > 1.0 and alone and alone[-1] == steps
+
+
+def test_a_rollback_with_nothing_to_go_back_to_stops_every_group_with_the_reason(tmp_path, pydoc_data):
+    """The error path of the guards' agreement: a bit flip in group 1 alone, no checkpoint saved. At step 12 both
+    groups agree to roll back, group 0 finds no verified checkpoint and raises; group 1, waiting for its target,
+    learns it at the next agreement point and stops too, naming group 0: no group hangs, neither trains on."""
+    fault = "[{kind: bitflip_param, phase: step, step: 10, rank: 0}]"
+    root = tmp_path / "ft"
+    root.mkdir()
+    both = {"parallel.fault_tolerance.min_replicas": 2}
+    with lighthouse(tmp_path / "lighthouse.log") as address:
+        groups = [Group(root, pydoc_data, 16, address, 0, extra=both),
+                  Group(root, pydoc_data, 16, address, 1, extra={**both, "+recovery.faults": fault})]
+        try:
+            for group in groups:
+                group.start()
+            codes = [group.proc.wait(180) for group in groups]
+        finally:
+            for group in groups:
+                group.close()
+    assert codes[0] != 0 and codes[1] != 0, codes
+    assert "holds no verified checkpoint before step 12" in groups[0].text()
+    assert "the replica group that writes the durable checkpoints could not roll back" in groups[1].text()
+    assert [max(r["step"] for r in group.rows() if r["committed"]) for group in groups] == [12, 12]
