@@ -5,6 +5,9 @@ before the all-reduce across groups, while the peers are in it), restarted each 
 SIGKILLed from outside and restarted together: group 0 resumes from its durable checkpoint, group 1 takes the
 state from it. Throughout, every step trains on the uninterrupted run's global batch and its losses stay within
 RTOL; both groups end with bitwise equal weights, rank by rank. It prints the measured pauses and rejoin times.
+Then the guards, the memory tier and the watchdog with groups: a bit flip no loss notices in one group of 2 ranks
+(both groups roll back alike), a rollback with nothing to go back to (both stop, each saying why), the memory tier
+through one group's loss and every group's, and a survivor waiting for a hung peer under the watchdog.
 """
 
 from __future__ import annotations
