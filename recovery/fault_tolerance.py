@@ -28,6 +28,7 @@ from its quorum thread during backward, which crashed here. State moves between 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -116,6 +117,19 @@ def resharded(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()  # a no-op where sharded already
+
+
+def group_memory_tier(cfg, memory, root: Path):
+    """This group's checkpoint.memory: snapshots by replica group 0 only (the durable saves' writer moves with the
+    quorum, the tier's schedule is fixed at the launch: group 0 is the writer whenever it is in), in a folder
+    of its group's own (root/group_<id>: the groups of one host share a run_name, so they would write the same
+    files). Another group's own snapshots could not be trusted on a restart: it may resume one at the very step a
+    peer reached by training alone meanwhile (the same step, other bits: the sum over other groups), and torchft,
+    seeing equal steps, would heal neither. So a restarted group takes the live state from a peer, and when every
+    group was lost, group 0 resumes its snapshot and the others take the state from it, as with durable
+    checkpoints. ``root``: the tier's folder on this node without replica groups."""
+    own = Path(root) / f"group_{cfg.replica_id}"
+    return dataclasses.replace(memory, root=str(own), interval=memory.interval if cfg.replica_id == 0 else "0")
 
 
 class ManagerState:
@@ -276,6 +290,13 @@ class ReplicaGroups:
             log.warning("replica group %d: step %d voted away (a peer was lost); it is read again",
                         self.cfg.replica_id, step + 1)
             data.load_state_dict(self._data_before)
+
+    def rolled_back(self, step: int, loaded: bool) -> None:
+        """After a rollback to ``step`` agreed across the groups (recovery/guards/across_groups.py): torchft's step
+        is the training state's again where this group loaded it (start_step checks they match), or one below where
+        it did not, so that the next quorum heals it from a group that did (torchft heals a group behind)."""
+        self.manager.load_state_dict({"step": step if loaded else step - 1,
+                                      "batches_committed": self.manager.batches_committed()})
 
     def finish(self, model: torch.nn.Module) -> None:
         """The end of the run: a digest of this rank's weights in the log (every group's must be the same)."""

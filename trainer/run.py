@@ -191,6 +191,11 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     if p.fault_tolerance.enabled:  # unit: fault_tolerance (replica groups under torchft; loaded only for them)
         from recovery.fault_tolerance import ManagerState
         manager_state = ManagerState()
+        if c.memory.enabled:  # unit: memory (snapshots by group 0, in a folder of its group's own)
+            from checkpoint.memory.tier import memory_root
+            from recovery.fault_tolerance import group_memory_tier
+            memory = group_memory_tier(p.fault_tolerance, c.memory, memory_root(c.memory, config.run_name))
+            config = dataclasses.replace(config, checkpoint=dataclasses.replace(config.checkpoint, memory=memory))
     state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, manager_state,
                           optim_config=config.optim, rank=world.rank,
                           world_size=world.world_size)  # everything a checkpoint holds
@@ -217,6 +222,9 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
         replicas = ReplicaGroups(p.fault_tolerance, world, state, manager_state, plan, parallel.dp_rank, run_dir)
         ckpt.writes = replicas.writes_checkpoint  # the step's quorum names the one group that saves it
         shutdown.add(85, "the torchft manager", replicas.close)
+        if guards is not None and rc.guards.enabled:  # unit: guards (one verdict across the groups, one action)
+            from recovery.guards.across_groups import AcrossGroups
+            guards.across_groups = AcrossGroups(replicas)
     if world.is_main:  # the launch is accepted (the resume included): now it may say what it runs
         write_run_config(run_dir, resolved, overrides)
     start_step = state.step

@@ -23,7 +23,7 @@ import pytest
 from metrics.records import read_metrics, step_losses
 from rehearsal.processes import descendants
 from support.launch import run_train
-from support.replicas import GLOBAL, Group, check_global_batches, lighthouse, overrides, wait_for
+from support.replicas import GLOBAL, Group, check_global_batches, check_rollback_pair, lighthouse, overrides, wait_for
 
 pytestmark = pytest.mark.distributed
 RTOL = 1e-5  # the sum over groups adds the micro-batches' gradients in another order than one rank's accumulation
@@ -150,3 +150,14 @@ def test_no_socket_of_a_group_listens_on_every_interface(tmp_path, pydoc_data):
     wide = [s for s in held if ipaddress.ip_address(s[0]).is_unspecified]
     assert not wide, f"listening on every interface: {wide} (all: {sockets})"
     assert all(ipaddress.ip_address(a).is_loopback for a, _ in held), sockets
+
+
+def test_a_bit_flip_in_one_group_is_rolled_back_by_every_group_alike(tmp_path, pydoc_data):
+    """The guards under the user's defaults (skip_step, escalating to rollback after 3 skips in a row) with a bit
+    flip in group 1's weights only (the exponent's top bit): its loss is not finite, the summed loss of both groups
+    neither, so both skip steps 10 and 11 and both roll back at step 12 to group 0's verified checkpoint of step 8,
+    the data of steps 9 to 12 skipped; group 1 takes the rolled-back state from group 0. The losses after the
+    rollback are those of one process with the same fault (which rolls back the same way), and both groups end
+    bitwise equal. (A flip no loss notices, caught by the weights' fingerprints across groups: the rehearsal.)"""
+    check_rollback_pair(tmp_path, pydoc_data, bit=30, extra={},
+                        alarms=[(10, "skip_step"), (11, "skip_step"), (12, "rollback")])
