@@ -7,6 +7,7 @@ train.py (the Hydra entry point) calls ``run``; so does the rehearsal supervisor
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import math

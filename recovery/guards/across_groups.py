@@ -7,9 +7,10 @@ group's guards ask for must be done by every group, or that group goes back whil
 every step boundary each group's ranks agree among themselves (the guards' own agreement), then the groups agree
 through torchft (one small MAX over the quorum); every rank of every group reaches that point, also when its
 group's guards raised, which then stops that group alone (a lost group to the others). A rollback is done by the
-group that writes the step's durable checkpoint, the quorum's first (recovery/guards/rollback.py: the verified target, the data skip, the
-re-save); the others, told its target, set torchft's step one below it, so the next quorum sends them that
-group's state (torchft heals a group behind the quorum's step): every group then holds the same bits.
+group that writes the step's durable checkpoint, the quorum's first (recovery/guards/rollback.py: the verified
+target, the data skip, the re-save); the others, told its target, set torchft's step one below it, so the next
+quorum sends them that group's state (torchft heals a group behind the quorum's step): every group then holds the
+same bits.
 
 The guards' replica check compares weight fingerprints across the dp_replicate ranks of one job; here each group
 is a job of its own, so the check compares them across the groups of the quorum instead (a bit flipped in one
