@@ -117,7 +117,8 @@ def test_a_save_in_flight_while_a_joining_group_takes_the_live_state(tmp_path, p
     exactly step SAVED's state (the uninterrupted run's checkpoint of that step, bitwise); the transfer gave the
     joining group the live state (every step after it has the same loss in both groups, both end with bitwise
     equal weights). With group 1 alone (the suite's case) the writer changes while its save is in flight: group
-    0, once in the quorum, writes step 2 x SAVED, which commits before group 1's older save does; with group 0
+    0, once in the quorum, writes step 2 x SAVED (on an idle machine it commits before group 1's older save does;
+    under load the held save may commit first, so that order is printed, not asserted); with group 0
     alone (marked rehearsal) the writer stays group 0, and the run ends before its next save (which would wait
     for this one, longer than the Lighthouse waits for a straggler before it forms a quorum without it)."""
     saved = 10
@@ -161,8 +162,6 @@ def test_a_save_in_flight_while_a_joining_group_takes_the_live_state(tmp_path, p
     assert healed["step"] - 1 > saved and transferred_at < at[saved], \
         f"the transfer (of step {healed['step'] - 1}, done at {transferred_at:.2f}) came while the save of step " \
         f"{saved} was in flight (committed at {at[saved]:.2f})"
-    if alone:  # the new writer's save committed while the previous writer's older one was still in flight
-        assert at[2 * saved] < at[saved], at
     ours = checkpoint_tensors(Path(str(committed[saved].path)))
     (reference,) = [c for c in Listing(baseline / "checkpoints").committed() if c.step == saved]
     theirs = checkpoint_tensors(Path(str(reference.path)))
