@@ -13,7 +13,7 @@ from typing import List, Optional
 
 from checkpoint.config import RESUME_WORDS
 from checkpoint.durable.discovery import resolve_resume
-from checkpoint.durable.lease import live_owner
+from checkpoint.durable.lease import group_lease, live_owner
 from checkpoint.durable.manifest import MANIFEST, CheckpointError, read_manifest
 from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config
 from checkpoint.storage import location
@@ -67,7 +67,10 @@ def resume_problems(cfg) -> List[str]:
     checkpoint.resume finds what it asks for, and the checkpoint it will load was saved with this config
     (the hashed part; checkpoint.allow_config_change accepts a difference). Read-only."""
     c, root = cfg.checkpoint, location(cfg.checkpoint.dir)
-    live = None if c.take_over else live_owner(root, c.lease_timeout_s)
+    lease = root
+    if cfg.parallel.fault_tolerance.enabled:  # unit: fault_tolerance (each replica group its own lease)
+        lease = group_lease(root, cfg.parallel.fault_tolerance.replica_id)
+    live = None if c.take_over else live_owner(lease, c.lease_timeout_s)
     if live:
         return [f"checkpoint.dir: {live}"]
     try:

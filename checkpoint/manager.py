@@ -98,6 +98,9 @@ class CheckpointManager:
             from checkpoint.memory.tier import MemoryTier
             self.memory = MemoryTier.of(c.memory, self, run_name)
         self.last_saved_step: Optional[int] = None
+        # Whether this process writes the step's durable checkpoint: always, but for replica groups sharing
+        # checkpoint.dir, where the step's quorum names one group (recovery/fault_tolerance.py)
+        self.writes: Callable[[], bool] = lambda: True
         self._next_probe: Optional[Tuple[SampleRange, Future]] = None  # a save's probe the next step brings
         self.save_failure: Optional[CheckpointSaveError] = None  # on_save_error=stop: raised once agreed
 
@@ -116,11 +119,13 @@ class CheckpointManager:
         self.interval = int(steps)
 
     # -- before step 1 -------------------------------------------------------------------
-    def preflight(self, attempt: int) -> None:
-        """Before resume, with this attempt's lease taken (trainer/preflight.py): room for the saves to come
+    def preflight(self, attempt: int, lease_root=None) -> None:
+        """Before resume, with this attempt's lease taken (trainer/preflight.py; ``lease_root``: where, when not
+        checkpoint.dir itself): room for the saves to come
         (checkpoint/durable/preflight.py), in /dev/shm for async_process's staging, and in the memory tier's
         root. Each rank checks, and all agree: one rank short of room stops (or turns the tier off on) all."""
         self.saver.attempt = attempt  # a writer of an older attempt stops before it commits
+        self.saver.lease_root = self.root if lease_root is None else location(lease_root)
         log.info("checkpoint.dir %s: this is attempt %d", self.root, attempt)
         estimate = expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None)
         rank_bytes = expected_checkpoint_bytes(self.state.model, ema=self.state.ema is not None, local=True)
@@ -201,7 +206,7 @@ class CheckpointManager:
 
     # -- the loop ----------------------------------------------------------------------------
     def due(self, step: int) -> bool:
-        if not self.enabled:
+        if not self.enabled or not self.writes():
             return False
         return step % self.interval == 0 or (self.cfg.save_final and step == self.steps)
 
@@ -370,7 +375,7 @@ class CheckpointManager:
     def _retention(self, step: int) -> None:
         c = self.cfg
         try:
-            check_lease(self.root, self.saver.attempt)  # an older attempt's writer deletes nothing
+            check_lease(self.saver.lease_root, self.saver.attempt)  # an older attempt's writer deletes nothing
             apply_retention(self.root, c.keep_last, c.keep_every, c.keep_best, c.best_metric,
                             fault_hook=self.saver.fault_hook, keep_forensic=c.keep_forensic)
         except OSError as exc:  # the storage did not answer: one line, not a traceback

@@ -151,6 +151,30 @@ def all_reduce_across_replicas(tensors: Sequence[torch.Tensor], manager) -> None
             t.copy_(piece.view(t.shape))
 
 
+def agree_max_across_replicas(values: Sequence[float], manager, device: torch.device) -> Optional[List[float]]:
+    """The element-wise maximum of ``values`` over the replica groups of a torchft quorum (``manager``), for a
+    decision every group must take alike (recovery/fault_tolerance.py: the guards' verdict, a rollback's target).
+    Every rank of every group in the quorum calls it with its group's agreed values; None when a peer was lost
+    during it (torchft records the error instead of raising: the result would not be every group's)."""
+    t = torch.tensor(list(values), dtype=torch.float64, device=device)
+    manager.allreduce(t, reduce_op=dist.ReduceOp.MAX).wait()
+    if manager.errored() is not None:
+        return None
+    return [float(v) for v in t.cpu().tolist()]
+
+
+def gather_across_replicas(value: int, index: int, count: int, manager, device: torch.device) -> Optional[List[int]]:
+    """Each replica group's int64 ``value`` in the order of a torchft quorum of ``count`` groups, this group being
+    ``index``: one sum of a vector holding each group's value in its own slot (recovery/fault_tolerance.py: the
+    weight fingerprints the guards compare across groups). None when a peer was lost during it."""
+    slots = torch.zeros(count, dtype=torch.int64, device=device)
+    slots[index] = value
+    manager.allreduce(slots, reduce_op=dist.ReduceOp.SUM).wait()
+    if manager.errored() is not None:
+        return None
+    return [int(v) for v in slots.cpu().tolist()]
+
+
 # -- control values, on the control group (or the caller's gloo group) ----------------------------
 def _control_or(group: Optional[dist.ProcessGroup]) -> Optional[dist.ProcessGroup]:
     return group if group is not None else control_group()

@@ -28,15 +28,17 @@ from its quorum thread during backward, which crashed here. State moves between 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import socket
 import time
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -49,16 +51,92 @@ LOG_NAME = "fault_tolerance.jsonl"  # one row per step attempt, written by each 
 QUORUM_ATTEMPTS = 3  # quorums that fail in a row before the group stops (its torchrun restarts it)
 
 
-def writes_checkpoints(cfg) -> bool:
-    """Durable saves are written by replica group 0 alone (every group holds the same state); a cold start of
-    the others takes the state from group 0 at their first quorum."""
-    return not cfg.enabled or cfg.replica_id == 0
+def _address(host: str) -> Tuple[int, str]:
+    """(family, address) that ``host`` resolves to: where this group listens."""
+    family, *_, sockaddr = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0]
+    return family, sockaddr[0]
+
+
+def store_listening_on(host: str) -> "torch.distributed.TCPStore":
+    """A TCPStore server on ``host``'s address alone: c10d's server binds every interface whatever host it is
+    given, but takes a socket already bound and listening (``master_listen_fd``)."""
+    family, address = _address(host)
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.bind((address, 0))
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    return torch.distributed.TCPStore(address, port, is_master=True, wait_for_workers=False,
+                                      master_listen_fd=listener.detach())  # the store owns the socket now
+
+
+def rendezvous_store_on(pg, host: str) -> None:
+    """torchft's process group across groups (``pg``) hosts a store its peers rendezvous on at every new quorum:
+    torchft 2026.10.26 creates it on first use (``get_reconfigure_handle``) on every interface and advertises
+    ``socket.gethostname()``. Here it is created first, on ``host``'s address (``store_listening_on``), and the
+    handle advertises ``host``, as the group's manager does."""
+    store = pg._rendezvous_store = store_listening_on(host)
+    handle = pg.get_reconfigure_handle
+
+    def advertised() -> str:
+        fields = json.loads(handle())
+        fields["store"] = f"{host}:{store.port}"
+        return json.dumps(fields)
+
+    pg.get_reconfigure_handle = advertised
+
+
+@contextmanager
+def manager_server_bound_to(host: str) -> Iterator[None]:
+    """While torchft's ``Manager`` is built, its ``ManagerServer`` (the group's quorum and heartbeat server, run
+    by the group's rank 0) listens on ``host``'s address instead of every interface. torchft 2026.10.26 hardcodes
+    ``bind = f"[::]:{port}"`` in ``Manager.__init__`` and has no setting for it, so this is the one place that
+    changes it: ``torchft.manager.ManagerServer`` is swapped for a wrapper that keeps the port and replaces the
+    address with the one the group advertises (parallel.fault_tolerance.hostname), then swapped back."""
+    import torchft.manager as module
+
+    server = module.ManagerServer
+    family, address = _address(host)
+    address = f"[{address}]" if family == socket.AF_INET6 else address
+
+    def bound(*args, bind: str, **kwargs):
+        return server(*args, bind=f"{address}:{bind.rsplit(':', 1)[1]}", **kwargs)
+
+    module.ManagerServer = bound
+    try:
+        yield
+    finally:
+        module.ManagerServer = server
+
+
+def resharded(model: torch.nn.Module) -> None:
+    """FSDP2 modules back to their sharded parameters. After a no-grad forward (the probe that verifies a durable
+    resume) FSDP2 keeps a module's gathered copies registered, and loading a peer's state then fails: the
+    optimizer's sharded parameters are not the model's (torch's set_state_dict: KeyError on a DTensor)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()  # a no-op where sharded already
+
+
+def group_memory_tier(cfg, memory, root: Path):
+    """This group's checkpoint.memory: snapshots by replica group 0 only (the durable saves' writer moves with the
+    quorum, the tier's schedule is fixed at the launch: group 0 is the writer whenever it is in), in a folder
+    of its group's own (root/group_<id>: the groups of one host share a run_name, so they would write the same
+    files). Another group's own snapshots could not be trusted on a restart: it may resume one at the very step a
+    peer reached by training alone meanwhile (the same step, other bits: the sum over other groups), and torchft,
+    seeing equal steps, would heal neither. So a restarted group takes the live state from a peer, and when every
+    group was lost, group 0 resumes its snapshot and the others take the state from it, as with durable
+    checkpoints. ``root``: the tier's folder on this node without replica groups."""
+    own = Path(root) / f"group_{cfg.replica_id}"
+    return dataclasses.replace(memory, root=str(own), interval=memory.interval if cfg.replica_id == 0 else "0")
 
 
 class ManagerState:
     """The torchft manager's own state (its step and its count of committed batches) as a part of the training
-    state: group 0's durable checkpoints hold it, and a cold start hands it back to the manager. Built before the
-    resume (the manager is made after it); once the manager exists, its live state is what a save takes."""
+    state: the durable checkpoints hold it (whichever group wrote them), and a cold start hands it back to the
+    manager. Built before the resume (the manager is made after it); once the manager exists, its live state is
+    what a save takes."""
 
     def __init__(self):
         self.saved: Optional[Dict[str, int]] = None  # from a durable checkpoint
@@ -96,9 +174,12 @@ class ReplicaGroups:
         if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:  # torchrun's store
             addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         else:  # a group of one process started without torchrun: a store of its own, on loopback
-            self._store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            self._store = store_listening_on("127.0.0.1")
             addr, port = "127.0.0.1", self._store.port
+        host = cfg.hostname or socket.gethostname()  # what the group advertises
         self.pg = ProcessGroupNCCL(timeout) if world.device.type == "cuda" else ProcessGroupGloo(timeout)
+        if cfg.hostname:  # and where it listens; unset: torchft's own binds, every interface (the host's name
+            rendezvous_store_on(self.pg, host)  # may resolve to a loopback address locally, e.g. 127.0.1.1)
         transport = PGTransport(self.pg, timeout=timeout, device=world.device)
         receive = transport.recv_checkpoint
 
@@ -110,14 +191,15 @@ class ReplicaGroups:
                 self.transfer_s = time.perf_counter() - start
 
         transport.recv_checkpoint = timed_receive  # the weight transfer's own time, for the log
-        self.manager = Manager(
-            pg=self.pg, load_state_dict=self._load, state_dict=state.state_dict,
-            min_replica_size=cfg.min_replicas, use_async_quorum=False, timeout=timeout,
-            quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s), connect_timeout=timeout,
-            rank=world.rank, world_size=world.world_size, store_addr=addr, store_port=port,
-            lighthouse_addr=cfg.lighthouse, replica_id=f"group_{cfg.replica_id}",
-            hostname=cfg.hostname or socket.gethostname(), checkpoint_transport=transport,
-            init_sync=False)  # every group initialises the same weights from the seed
+        with manager_server_bound_to(host) if cfg.hostname else nullcontext():  # not torchft's [::]
+            self.manager = Manager(
+                pg=self.pg, load_state_dict=self._load, state_dict=self._state_dict,
+                min_replica_size=cfg.min_replicas, use_async_quorum=False, timeout=timeout,
+                quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s), connect_timeout=timeout,
+                rank=world.rank, world_size=world.world_size, store_addr=addr, store_port=port,
+                lighthouse_addr=cfg.lighthouse, replica_id=f"group_{cfg.replica_id}",
+                hostname=host, checkpoint_transport=transport,
+                init_sync=False)  # every group initialises the same weights from the seed
         saved = manager_state.saved or {}
         if saved.get("step") != state.step:  # none saved (a checkpoint without fault tolerance, or none)
             saved = {"step": state.step, "batches_committed": 0}
@@ -127,11 +209,18 @@ class ReplicaGroups:
         self.quorum_s = self.transfer_s = self.load_s = 0.0
         self.started = 0.0  # time.time() when the step's quorum was asked for
         self.healed = False
+        self.writer = False  # this group saves the step's durable checkpoint (writes_checkpoint)
         self._data_before: dict = {}
+
+    def _state_dict(self) -> dict:
+        """This group's training state, sent to a group behind it at the quorum (sharded, as ``_load`` takes it)."""
+        resharded(self.state.model)
+        return self.state.state_dict()
 
     def _load(self, state_dict) -> None:
         """A peer's training state (weights, optimizer, schedule, data position, step), received at the quorum."""
         start = time.perf_counter()
+        resharded(self.state.model)
         self.state.load_state_dict(state_dict)
         self.load_s, self.healed = time.perf_counter() - start, True
 
@@ -157,13 +246,21 @@ class ReplicaGroups:
                                f"{self.manager.current_step()} but the training state at step {self.state.step}")
         dp = self.group_plan.dp_size
         G, micro = self.group_plan.global_batch_size, self.group_plan.micro_batch_size
-        self.participants = n
+        self.participants, self.writer = n, index == 0
         if not self.cfg.preserve_batch:  # torchft's own semantics: a fixed share per group
             n, index = self.cfg.groups, self.cfg.replica_id
         self.shares, self.index = n, index
         data.set_split(make_batch_plan(G, micro, n * dp), index * dp + self.group_dp_rank)
         self._data_before = data.state_dict()
         return self.state.step
+
+    def writes_checkpoint(self) -> bool:
+        """Whether this group saves this step's durable checkpoint: the groups share checkpoint.dir and the step's
+        quorum names one writer, its first participant (torchft orders them by replica id: group 0 while it is
+        in the quorum, else the lowest id that is). Every group reads the same quorum, so at each step exactly one
+        writes; the writer changes only between steps, and a save still in flight from the previous writer is a
+        step of its own (its own folder). Every rank of a group reads the same quorum: the group agrees."""
+        return self.writer
 
     def all_reduce(self, tensors: List[torch.Tensor]) -> None:
         """Sum this rank's loss and gradient shards over the groups of the quorum (training/step.py)."""
@@ -193,6 +290,13 @@ class ReplicaGroups:
             log.warning("replica group %d: step %d voted away (a peer was lost); it is read again",
                         self.cfg.replica_id, step + 1)
             data.load_state_dict(self._data_before)
+
+    def rolled_back(self, step: int, loaded: bool) -> None:
+        """After a rollback to ``step`` agreed across the groups (recovery/guards/across_groups.py): torchft's step
+        is the training state's again where this group loaded it (start_step checks they match), or one below where
+        it did not, so that the next quorum heals it from a group that did (torchft heals a group behind)."""
+        self.manager.load_state_dict({"step": step if loaded else step - 1,
+                                      "batches_committed": self.manager.batches_committed()})
 
     def finish(self, model: torch.nn.Module) -> None:
         """The end of the run: a digest of this rank's weights in the log (every group's must be the same)."""

@@ -62,7 +62,8 @@ def resume(ckpt: CheckpointManager, verify: Optional[VerifyHook] = None) -> str:
             return resumed
 
     def first() -> Optional[Path]:
-        live = earlier_writers_may_live(ckpt.root, ckpt.saver.attempt)  # taken over: its save in flight is spared
+        # taken over, or another replica group writing: its save in flight is spared
+        live = earlier_writers_may_live(ckpt.saver.lease_root, ckpt.saver.attempt)
         clean_uncommitted(ckpt.root, ckpt.cfg.lease_timeout_s if live else None, listing)
         return resolve_resume(ckpt.root, spec, listing)
 

@@ -193,8 +193,8 @@ class RecoveryRuntime:
         ckpt.collect()  # a previous save that failed is an alarm (with on_save_error=stop the run ends here)
         if ckpt.save_failure is not None:
             ckpt.raise_save_failure()
-        if ckpt.last_saved_step != step:
-            ckpt.save(step, loss)
+        if ckpt.last_saved_step != step and ckpt.writes():  # replica groups: only the step's writer saves (the
+            ckpt.save(step, loss)  # others hold the same state; two saves of one step would race for its folder)
         ckpt.wait()  # committed (coordinator) before anyone exits
         self._writing = None
         if self.watchdog is not None:

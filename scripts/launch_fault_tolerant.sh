@@ -9,9 +9,10 @@
 #
 # Each group's agent is scripts/torchrun_preemptible.py: it runs train.py's checks once before its workers, and
 # SIGTERM or SIGUSR1 to it (this script passes a SIGTERM on to every group) saves and stops the group.
-# Group g runs in RUN_DIR/group_g (its metrics, its fault_tolerance.jsonl); group 0 writes the durable
-# checkpoints. The Lighthouse binds LIGHTHOUSE_BIND (default 127.0.0.1:29510: this host only); it is the one
-# process every group needs (a single point of failure) and stops when this script ends.
+# Group g runs in RUN_DIR/group_g (its metrics, its fault_tolerance.jsonl); the groups share
+# CHECKPOINT_DIR (default RUN_DIR/checkpoints), where each step's durable save is written by the first group of its quorum. The
+# Lighthouse binds LIGHTHOUSE_BIND (default 127.0.0.1:29510: this host only); it is the one process every group
+# needs (a single point of failure) and stops when this script ends.
 # SLURM: run the Lighthouse once (a small node or the first one) with --bind on the interface the nodes reach,
 # and one `srun --nodes N --kill-on-bad-exit=1 torchrun ...` job step per group, each with its
 # parallel.fault_tolerance.replica_id and run_dir, started in the background from one batch script
@@ -21,6 +22,7 @@ cd "$(dirname "$0")/.."
 GROUPS_N="${GROUPS_N:-2}"
 NPROC="${NPROC:-1}"
 RUN_DIR="${RUN_DIR:-outputs/fault-tolerant}"
+CHECKPOINT_DIR="${CHECKPOINT_DIR:-$RUN_DIR/checkpoints}"  # shared by the groups (a folder or s3://)
 LIGHTHOUSE_BIND="${LIGHTHOUSE_BIND:-127.0.0.1:29510}"
 MIN_REPLICAS="${MIN_REPLICAS:-1}"
 PYTHON="${PYTHON:-python}"
@@ -37,7 +39,8 @@ trap 'kill -TERM "${PIDS[@]}" 2>/dev/null || true' TERM
 
 for ((g = 0; g < GROUPS_N; g++)); do
   "$PYTHON" scripts/torchrun_preemptible.py --standalone --nproc-per-node "$NPROC" --max-restarts "${MAX_RESTARTS:-3}" \
-    train.py "$@" run_dir="$RUN_DIR/group_$g" parallel.fault_tolerance.enabled=true \
+    train.py "$@" run_dir="$RUN_DIR/group_$g" checkpoint.dir="$CHECKPOINT_DIR" \
+    parallel.fault_tolerance.enabled=true \
     parallel.fault_tolerance.lighthouse="http://$LIGHTHOUSE_BIND" parallel.fault_tolerance.groups="$GROUPS_N" \
     parallel.fault_tolerance.min_replicas="$MIN_REPLICAS" parallel.fault_tolerance.replica_id="$g" \
     parallel.fault_tolerance.hostname="${HOSTNAME_ADVERTISED:-${LIGHTHOUSE_BIND%:*}}" &

@@ -143,6 +143,7 @@ def value_problems(config: Config, world: World) -> List[str]:
     ]
     ft, rc = p.fault_tolerance, config.recovery  # unit: fault_tolerance
     checks.append(lambda: ft.problems_with(p.dp_replicate, rc.watchdog, rc.timeouts))  # unit: fault_tolerance
+    checks.append(lambda: ft.checkpoint_problems(config.checkpoint.dir, config.run_dir))  # unit: fault_tolerance
     if all(in_bounds(s) for s in (config.model, p, t)):  # the layout: no search over an absurd value's divisors
         checks.append(lambda: layout_problems(config, world))
     for run_check in checks:

@@ -269,14 +269,16 @@ def _value(cfg: DictConfig, name: str):
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
-def claim_lease(checkpoint_cfg) -> int:
-    """Rank 0 takes this attempt's lease on checkpoint.dir; every rank gets the attempt number, or the same
+def claim_lease(checkpoint_cfg, lease_root=None) -> int:
+    """Rank 0 takes this attempt's lease on checkpoint.dir (at ``lease_root`` when not checkpoint.dir itself: a
+    replica group's, checkpoint/durable/lease.py); every rank gets the attempt number, or the same
     LiveOwner (another launch took it first) or PreflightError (checkpoint.dir not writable), agreed."""
     root = location(checkpoint_cfg.dir)
 
     def take() -> int:
         root.mkdir(parents=True, exist_ok=True)
-        return take_lease(root, checkpoint_cfg.lease_timeout_s, checkpoint_cfg.take_over)
+        return take_lease(root if lease_root is None else lease_root, checkpoint_cfg.lease_timeout_s,
+                          checkpoint_cfg.take_over)
 
     try:
         return collectives.decided_on_rank0(take, errors=(LiveOwner, OSError))

@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from checkpoint import storage
 from checkpoint.durable.discovery import step_of
-from checkpoint.durable.lease import Heartbeat
+from checkpoint.durable.lease import Heartbeat, group_lease
 from checkpoint.durable.manifest import set_manifest_read_fault
 from checkpoint.manager import CheckpointManager
 from checkpoint.state.training_state import TrainingState
@@ -152,9 +152,12 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     """The run, from the checked config (every section typed) on a started process group."""
     c, t, p, rc = config.checkpoint, config.training, config.parallel, config.recovery
     resolved = as_dict(config)  # what the manifests and config.yaml record
-    attempt = claim_lease(c)  # before anything is built or written: a launch that lost it stops here
+    lease = location(c.dir)
+    if p.fault_tolerance.enabled:  # unit: fault_tolerance (the groups share checkpoint.dir, each its own lease)
+        lease = group_lease(lease, p.fault_tolerance.replica_id)
+    attempt = claim_lease(c, lease)  # before anything is built or written: a launch that lost it stops here
     if world.is_main:
-        heartbeat = Heartbeat(location(c.dir), attempt, c.lease_timeout_s)
+        heartbeat = Heartbeat(lease, attempt, c.lease_timeout_s)
         shutdown.add(15, "the lease heartbeat", heartbeat.stop)  # after the writer: a save in flight beats too
     run_dir = Path(config.run_dir)
     injector = FaultInjector(rc.faults, run_dir, world.rank)  # recovery.faults; none by default
@@ -187,10 +190,13 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     guards = build_guards(rc.guards, run_dir, model, world, parallel, probe, metrics)  # unit: guards
     manager_state = None  # the torchft manager's state: a part of the checkpoints
     if p.fault_tolerance.enabled:  # unit: fault_tolerance (replica groups under torchft; loaded only for them)
-        from recovery.fault_tolerance import ManagerState, writes_checkpoints
+        from recovery.fault_tolerance import ManagerState
         manager_state = ManagerState()
-        if not writes_checkpoints(p.fault_tolerance):  # one group writes the durable checkpoints
-            config = dataclasses.replace(config, checkpoint=dataclasses.replace(c, interval="0", save_final=False))
+        if c.memory.enabled:  # unit: memory (snapshots by group 0, in a folder of its group's own)
+            from checkpoint.memory.tier import memory_root
+            from recovery.fault_tolerance import group_memory_tier
+            memory = group_memory_tier(p.fault_tolerance, c.memory, memory_root(c.memory, config.run_name))
+            config = dataclasses.replace(config, checkpoint=dataclasses.replace(config.checkpoint, memory=memory))
     state = TrainingState(model, optimizer, scheduler, precision.scaler, data, ema, guards, manager_state,
                           optim_config=config.optim, rank=world.rank,
                           world_size=world.world_size)  # everything a checkpoint holds
@@ -202,7 +208,7 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
                          steps=t.steps)  # watchdog, preemption signals
     shutdown.add(0, "the watchdog's shutdown phase", lambda: rt.beat("shutdown", state.step))  # saves may take a while
     shutdown.add(80, "the watchdog", rt.close)
-    ckpt.preflight(attempt)  # room for the saves to come, on every rank
+    ckpt.preflight(attempt, lease)  # room for the saves to come, on every rank
     metrics.attempt = attempt  # metrics.jsonl rows name it from now on (metrics/records.py)
     collection = GarbageCollection(t.gc_interval)  # before the load too: its pauses would stretch it, on each rank
     shutdown.add(85, "the garbage collection schedule", collection.close)
@@ -215,7 +221,11 @@ def train(config: Config, overrides: List[str], world, shutdown: Shutdown) -> No
     if p.fault_tolerance.enabled:  # unit: fault_tolerance
         from recovery.fault_tolerance import ReplicaGroups
         replicas = ReplicaGroups(p.fault_tolerance, world, state, manager_state, plan, parallel.dp_rank, run_dir)
+        ckpt.writes = replicas.writes_checkpoint  # the step's quorum names the one group that saves it
         shutdown.add(85, "the torchft manager", replicas.close)
+        if guards is not None and rc.guards.enabled:  # unit: guards (one verdict across the groups, one action)
+            from recovery.guards.across_groups import AcrossGroups
+            guards.across_groups = AcrossGroups(replicas)
     if world.is_main:  # the launch is accepted (the resume included): now it may say what it runs
         write_run_config(run_dir, resolved, overrides)
     start_step = state.step

@@ -10,6 +10,11 @@ The owner's record is its heartbeat (``Heartbeat`` rewrites it every ``timeout /
 released when the run closes). A launch that finds the owner live (its record younger than
 ``checkpoint.lease_timeout_s``, not released, not a dead pid on this host, not this torchrun job's) refuses
 with ``LiveOwner`` before anything is written, unless ``checkpoint.take_over=true``.
+
+Replica groups (parallel.fault_tolerance) share one checkpoint.dir, and each group is its own torchrun job that
+restarts alone: each holds a lease of its own, ``replica_groups/group_<G>/attempts`` (``group_lease``). A
+restarted group's new attempt makes its own older writer stale, never another group's, whose saves are
+legitimate (the quorum says which group writes each step: recovery/fault_tolerance.py).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from checkpoint.storage import location
 log = logging.getLogger("trainer")
 
 ATTEMPTS = "attempts"
+GROUPS = "replica_groups"  # a replica group's lease: GROUPS/group_<G>/ATTEMPTS
 _PREFIX = "attempt_"
 RELEASED = ".released"  # beside an attempt's record: its run closed (a later launch need not wait)
 KEEP_RECORDS = 8  # older attempt records are pruned; the highest number is all that matters
@@ -40,6 +46,16 @@ class StaleWriter(CheckpointError):
 
 class LiveOwner(CheckpointError):
     """A live attempt owns the checkpoint directory: this launch is refused and changes nothing there."""
+
+
+def group_lease(root, group: int):
+    """The location whose ``attempts`` hold replica group ``group``'s lease on checkpoint.dir ``root``: a launch
+    of the same group is refused while it lives (two launches of one group), the other groups are not."""
+    return location(root) / GROUPS / f"group_{group}"
+
+
+def _is_group_lease(root) -> bool:
+    return location(root).parent.name == GROUPS
 
 
 def _numbers(root: Path) -> List[int]:
@@ -115,9 +131,12 @@ def earlier_writers_may_live(root: Path, attempt: Optional[int]) -> bool:
     """Whether a writer of an attempt older than ``attempt`` may still be writing into ``root`` (start-up
     clean-up then spares what it may be writing): not when each older record kept is released, a dead pid on
     this host, or this torchrun job's (restarted workers: torchrun stopped the old ones). A taken-over owner or
-    one whose heartbeat merely went silent may live. ``attempt`` None (no lease held): False."""
+    one whose heartbeat merely went silent may live. ``attempt`` None (no lease held): False. A replica group's
+    lease (``group_lease``): True, the other groups' writers may be saving now."""
     if attempt is None:
         return False
+    if _is_group_lease(root):
+        return True
     return any(not _record_path(root, n, RELEASED).exists() and not _known_gone(_record_path(root, n))
                for n in _numbers(root) if n < attempt)
 

@@ -254,6 +254,7 @@ class CheckpointSaver:
         self._in_flight_step: Optional[int] = None
         self._finished: List[SaveRecord] = []
         self.attempt: Optional[int] = None  # the lease (checkpoint/durable/lease.py) the manager took; None: unchecked
+        self.lease_root = root  # where that lease lives: root, or a replica group's (lease.group_lease)
         self.expected_bytes: Optional[int] = None  # one checkpoint's size, for the messages of failed saves
 
     @property
@@ -366,7 +367,7 @@ class CheckpointSaver:
 
         def ack() -> None:
             self.fault_hook("checkpoint_write", step, path=staging)
-            check_lease(self.root, self.attempt)
+            check_lease(self.lease_root, self.attempt)
             acknowledge(staging, self.rank, self.checksum_algorithm, known=writer.written, attempt=self.attempt)
 
         self._agreed("acknowledging the checkpoint files", ack)
@@ -394,10 +395,10 @@ class CheckpointSaver:
                                        if self.checksum_algorithm else None)
         manifest = dataclasses.replace(manifest, files=files, checksum_algorithm=self.checksum_algorithm)
         self.fault_hook("checkpoint_commit", step, path=staging)
-        check_lease(self.root, self.attempt)  # the last look before the commit
+        check_lease(self.lease_root, self.attempt)  # the last look before the commit
         commit_checkpoint(staging, manifest)
         try:
-            check_lease(self.root, self.attempt)  # a newer attempt that started meanwhile keeps `latest`
+            check_lease(self.lease_root, self.attempt)  # a newer attempt that started meanwhile keeps `latest`
             update_latest(self.root, manifest.checkpoint_id)
         except OSError as exc:  # committed all the same: discovery scans the directory, `latest` is for people
             log.warning("%s committed, but the latest pointer was not updated: %s", manifest.checkpoint_id, exc)
@@ -490,7 +491,7 @@ class CheckpointSaver:
 
     def _judge(self, exc: BaseException) -> Tuple[Optional[str], Optional[str]]:
         """``_judged``'s answer, read here; it never raises (the broadcast that follows must be reached)."""
-        newer = newer_owner(self.root, self.attempt)
+        newer = newer_owner(self.lease_root, self.attempt)
         if newer is not None or storage_errno(exc) is None:
             return newer, None
         try:

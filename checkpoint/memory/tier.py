@@ -103,6 +103,11 @@ class Restored:
     timings: Dict[str, float] = field(default_factory=dict)
 
 
+def memory_root(mcfg: MemoryTierConfig, run_name: str) -> Path:
+    """The tier's folder on this node (node-local): checkpoint.memory.root, or /dev/shm/<user>/<run_name>."""
+    return Path(mcfg.root) if mcfg.root else Path("/dev/shm") / getpass.getuser() / run_name
+
+
 class MemoryTier:
     @classmethod
     def of(cls, mcfg: MemoryTierConfig, ckpt, run_name: str) -> "MemoryTier":
@@ -125,7 +130,7 @@ class MemoryTier:
         self.log_event = log_event or (lambda step, **fields: None)  # the manager's: metrics.jsonl
         self.auto = str(mcfg.interval).strip().lower() == "auto"
         self.records: List[SnapshotRecord] = []  # the newest finished snapshots (checkpoint.memory.interval=auto)
-        root = Path(mcfg.root) if mcfg.root else Path("/dev/shm") / getpass.getuser() / run_name  # node-local
+        root = memory_root(mcfg, run_name)
         self.dir = root / f"node-{mcfg.node}" if mcfg.node is not None else root
         self.rank, self.world_size = rank, world_size
         self.local_world_size = max(1, local_world_size)

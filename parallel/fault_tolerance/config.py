@@ -3,6 +3,7 @@ what they cannot be with the other sections. Torch-free: the config checks impor
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Dict, List
 
@@ -18,7 +19,8 @@ class FaultToleranceConfig:
                         "group takes the live state from a peer (docs/recovery-runbook.md, \"Fault tolerance\")")
     lighthouse: str = key("", "the torchft Lighthouse's address, e.g. http://127.0.0.1:29510 "
                           "(scripts/launch_fault_tolerant.sh starts it)")
-    replica_id: int = key(0, "this group's number, 0 to groups - 1; group 0 writes the durable checkpoints",
+    replica_id: int = key(0, "this group's number, 0 to groups - 1; a step's durable save is written by the lowest "
+                          "number in its quorum (the groups share checkpoint.dir)",
                           NON_NEGATIVE)
     groups: int = key(2, "replica groups the job launches (the batch split is checked for every count the "
                       "quorum may have, min_replicas to groups)", AT_LEAST_1)
@@ -26,8 +28,9 @@ class FaultToleranceConfig:
     preserve_batch: bool = key(True, "the groups of a step's quorum read the whole global batch between them (a "
                                "missing group's micro-batches go to the others); false: torchft's own semantics, "
                                "each group reads its fixed share and a missing group's samples are skipped")
-    hostname: str = key("", "the address this group's torchft manager advertises to its peers (empty: the host's "
-                        "name); 127.0.0.1 on one host")
+    hostname: str = key("", "the address this group's torchft manager advertises to its peers, and the only one "
+                        "its servers listen on; 127.0.0.1 on one host (empty: the host's name is advertised and "
+                        "torchft listens on every interface)")
     quorum_timeout_s: float = key(60.0, "a step waits this long for its quorum before failing (a survivor waits "
                                   "here while a peer's loss is detected)", SECONDS)
     timeout_s: float = key(30.0, "torchft's operations: the gradient all-reduce across groups, the commit vote, a "
@@ -77,3 +80,17 @@ class FaultToleranceConfig:
                                f"{what} = {needs:g} s: the watchdog would abort a survivor waiting on torchft; raise "
                                f"recovery.timeouts.{phase} above {needs:g} or lower the torchft timeouts")
         return out
+
+    def checkpoint_problems(self, checkpoint_dir: str, run_dir: str) -> List[str]:
+        """The groups share checkpoint.dir (each step's save is written by one group: recovery/fault_tolerance.py);
+        one inside the group's own run_dir (the default, ${run_dir}/checkpoints) would hold only the steps this
+        group wrote, and a cold start could resume from an older one than the newest."""
+        if not self.enabled or "://" in str(checkpoint_dir):
+            return []
+        ckpt, run = os.path.abspath(checkpoint_dir), os.path.abspath(run_dir)
+        if os.path.commonpath([ckpt, run]) != run:
+            return []
+        return [f"checkpoint.dir={checkpoint_dir} is inside this replica group's run_dir={run_dir}: the groups share "
+                "one checkpoint.dir (a step's save is written by one group, the lowest in its quorum); set "
+                "checkpoint.dir to the same folder outside the groups' run_dirs for every group "
+                "(scripts/launch_fault_tolerant.sh passes RUN_DIR/checkpoints)"]

@@ -184,6 +184,9 @@ class TrainingGuards:
         self.rollbacks = 0  # done by this process (recovery.guards.max_rollbacks bounds them)
         self.block_reason: Optional[str] = None
         self._rollback_after_skip: Optional[RollbackRequested] = None
+        # parallel.fault_tolerance: the step boundary's verdict agreed across the replica groups, the action alike
+        # (recovery/guards/across_groups.py); set by the trainer once the torchft manager exists
+        self.across_groups = None
 
     # -- every step, between backward and the optimizer update ---------------------------
     def allow_update(self, step: int, loss: float, layer_norms: Optional[Dict[str, float]] = None) -> bool:
@@ -216,6 +219,8 @@ class TrainingGuards:
     def step_boundary(self, step: int, ckpt, data, before_load: Callable[[], None]) -> Optional[int]:
         """After the update of ``step``: the periodic checks, and a rollback they (or the step's own check) asked
         for, done here (``before_load`` first). The step to go on from after a rollback, else None."""
+        if self.across_groups is not None:  # the verdict agreed with the other replica groups, the action alike
+            return self.across_groups.step_boundary(self, step, ckpt, data, before_load)
         try:
             self.after_update(step)
         except RollbackRequested as request:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from checkpoint.durable.discovery import Listing, parse
 from checkpoint.storage import location
@@ -55,10 +55,13 @@ class RollbackError(RuntimeError):
     """No clean checkpoint to roll back to, or too many rollbacks: a person must look."""
 
 
-def roll_back(request: RollbackRequested, guards, ckpt, data) -> int:
+def roll_back(request: RollbackRequested, guards, ckpt, data,
+              after_load: Optional[Callable[[int], None]] = None) -> int:
     """Load the chosen checkpoint into the live training state and move the data past the bad
     window; returns the step to continue from. A target that fails to load is marked bad (or,
-    unreadable, skipped) and the next older choice is loaded (recovery/resume.py's fallback)."""
+    unreadable, skipped) and the next older choice is loaded (recovery/resume.py's fallback).
+    ``after_load(step)`` runs once the target is loaded, before it is saved again (replica groups:
+    torchft's step follows the training state's, recovery/fault_tolerance.py)."""
     gcfg = guards.cfg
     if guards.rollbacks >= gcfg.max_rollbacks:
         raise RollbackError(
@@ -86,6 +89,8 @@ def roll_back(request: RollbackRequested, guards, ckpt, data) -> int:
             + (f" and at least {gcfg.rollback_min_age_steps} steps older" if gcfg.rollback_min_age_steps else "")
             + ". Restart from a known-good checkpoint with checkpoint.resume=<path>.")
     manifest = loaded[0]
+    if after_load is not None:
+        after_load(manifest.step)
     ckpt.discard_memory()  # the memory tier's snapshots hold the trajectory just abandoned
     # so do the committed checkpoints after the target: a crash must not resume them
     supersede(ckpt, manifest.step, f"abandoned by the rollback from step {request.step} to step {manifest.step} "

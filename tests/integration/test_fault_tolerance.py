@@ -10,15 +10,20 @@ saves in flight) are in test_fault_tolerance_rehearsal.py, marked rehearsal.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
+import socket
 import time
+from pathlib import Path
+from typing import List, Tuple
 
 import pytest
 
 from metrics.records import read_metrics, step_losses
+from rehearsal.processes import descendants
 from support.launch import run_train
-from support.replicas import GLOBAL, Group, check_global_batches, lighthouse, overrides, wait_for
+from support.replicas import GLOBAL, Group, check_global_batches, check_rollback_pair, lighthouse, overrides, wait_for
 
 pytestmark = pytest.mark.distributed
 RTOL = 1e-5  # the sum over groups adds the micro-batches' gradients in another order than one rank's accumulation
@@ -103,3 +108,56 @@ def test_torchft_semantics_lose_a_missing_groups_samples_and_ours_lose_none(tmp_
             else:
                 assert seen == [(k * GLOBAL, GLOBAL) for k in range(steps)]
                 assert all(r["tokens"] == r["global_tokens"] for r in rows)
+
+
+def listening(pid: int) -> List[Tuple[str, int]]:
+    """(address, port) of every TCP socket that process ``pid`` holds open in the LISTEN state: its fds' socket
+    inodes, looked up in /proc/<pid>/net/tcp and tcp6 (the network namespace's table, addresses in hex)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    found = []
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            hex_addr, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_addr)
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # /proc writes each 32-bit word
+            found.append((socket.inet_ntop(family, raw), int(hex_port, 16)))  # in host (little-endian) order
+    return found
+
+
+def test_no_socket_of_a_group_listens_on_every_interface(tmp_path, pydoc_data):
+    """A group advertising 127.0.0.1 (parallel.fault_tolerance.hostname) listens on loopback only: torchft's
+    manager server included (torchft itself binds it to [::], every interface), and its process groups."""
+    with lighthouse(tmp_path / "lighthouse.log") as address:
+        group = Group(tmp_path, pydoc_data, 40, address, 0, extra=SLOW)
+        try:
+            group.start()
+            wait_for("the group's first step", lambda: group.rows(), [group])
+            sockets = {pid: listening(pid) for pid in [group.proc.pid, *descendants(group.proc.pid)]}
+        finally:
+            group.close()
+    held = [s for found in sockets.values() for s in found]
+    assert held, f"no listening socket found in {sockets}: torchft's manager server listens in the group's process"
+    wide = [s for s in held if ipaddress.ip_address(s[0]).is_unspecified]
+    assert not wide, f"listening on every interface: {wide} (all: {sockets})"
+    assert all(ipaddress.ip_address(a).is_loopback for a, _ in held), sockets
+
+
+def test_a_bit_flip_in_one_group_is_rolled_back_by_every_group_alike(tmp_path, pydoc_data):
+    """The guards under the user's defaults (skip_step, escalating to rollback after 3 skips in a row) with a bit
+    flip in group 1's weights only (the exponent's top bit): its loss is not finite, the summed loss of both groups
+    neither, so both skip steps 10 and 11 and both roll back at step 12 to group 0's verified checkpoint of step 8,
+    the data of steps 9 to 12 skipped; group 1 takes the rolled-back state from group 0. The losses after the
+    rollback are those of one process with the same fault (which rolls back the same way), and both groups end
+    bitwise equal. (A flip no loss notices, caught by the weights' fingerprints across groups: the rehearsal.)"""
+    check_rollback_pair(tmp_path, pydoc_data, bit=30, extra={},
+                        alarms=[(10, "skip_step"), (11, "skip_step"), (12, "rollback")])

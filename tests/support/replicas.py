@@ -12,10 +12,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, List
 
+from metrics.records import read_metrics, step_losses
 from recovery.fault_tolerance import LOG_NAME
 from rehearsal.processes import free_port, kill_tree
 from rehearsal.runs import debug_overrides
-from support.launch import ROOT, python_or_torchrun
+from support.launch import ROOT, python_or_torchrun, run_train
 from support.processes import start, stop
 
 GLOBAL, MICRO = 8, 2
@@ -44,7 +45,8 @@ def overrides(run_dir: Path, data: Path, steps: int, extra: Dict[str, object] | 
 
 
 class Group:
-    """Replica group ``index``'s run in ``root/group_N`` (``nproc`` ranks), forked from the warm parent."""
+    """Replica group ``index``'s run in ``root/group_N`` (``nproc`` ranks), forked from the warm parent; the groups
+    share ``root/checkpoints`` (as scripts/launch_fault_tolerant.sh's do)."""
 
     def __init__(self, root: Path, data: Path, steps: int, address: str, index: int, nproc: int = 1,
                  extra: Dict[str, object] | None = None):
@@ -53,7 +55,7 @@ class Group:
             "parallel.fault_tolerance.enabled": "true", "parallel.fault_tolerance.lighthouse": address,
             "parallel.fault_tolerance.replica_id": index, "parallel.fault_tolerance.hostname": "127.0.0.1",
             "parallel.fault_tolerance.quorum_timeout_s": 30, "parallel.fault_tolerance.timeout_s": 10,
-            **(extra or {})}))
+            "checkpoint.dir": root / "checkpoints", **(extra or {})}))  # one checkpoint.dir for every group
         self.root, self.proc, self.log, self.launches = root, None, None, []
 
     def start(self) -> "Group":
@@ -123,3 +125,50 @@ def check_global_batches(first: List[dict], second: List[dict], steps: int, unlo
         assert sum(r["tokens"] for r in slices) == row["global_tokens"], (k, slices)
     assert len(missing) <= unlogged, f"steps without group 1's row: {missing}"
     return [final[k] for k in sorted(final)]
+
+
+def check_rollback_pair(tmp_path: Path, data: Path, bit: int, extra: Dict[str, object], alarms: List[tuple],
+                        nproc: int = 1) -> None:
+    """Two groups of ``nproc`` ranks (no step without both) saving every 4 steps, bit ``bit`` of a weight flipped
+    at step 10 on group 1's rank 0 only: both groups raise ``alarms`` (step, action) and roll back at step 12 to
+    group 0's checkpoint of step 8, skipping the data of steps 9 to 12 (group 1 taking the state from group 0);
+    their losses are the same bits at every step and, within 1e-5, those of one process whose fault makes it roll
+    back the same way (the top exponent bit: skipped at steps 10 and 11, rolled back at 12); every rank's final
+    weights are bitwise equal to its peer's in the other group."""
+    steps, fault = 16, f"[{{kind: bitflip_param, phase: step, step: 10, rank: 0, bit: {bit}}}]"
+    baseline = tmp_path / "baseline"
+    run_train(overrides(baseline, data, steps, {"checkpoint.interval": 4,
+                                                "+recovery.faults": fault.replace(f"bit: {bit}", "bit: 30")}))
+    expected = step_losses(baseline)
+    assert [r["to_step"] for r in read_metrics(baseline, "rollback")] == [8]
+
+    root = tmp_path / "ft"
+    root.mkdir()
+    both = {"parallel.fault_tolerance.min_replicas": 2, **extra}  # no step without both groups: the fault hits a pair
+    with lighthouse(tmp_path / "lighthouse.log") as address:
+        groups = [Group(root, data, steps, address, 0, nproc, extra={**both, "checkpoint.interval": 4}),
+                  Group(root, data, steps, address, 1, nproc, extra={**both, "+recovery.faults": fault})]
+        try:
+            for group in groups:
+                group.start()
+            for group in groups:
+                group.finish(240)
+        finally:
+            for group in groups:
+                group.close()
+
+    for group in groups:
+        records = [json.loads(p.read_text()) for p in (group.run_dir / "alarms").glob("*.json")]
+        assert sorted((r["step"], r["action"]) for r in records) == alarms, (group.index, records)
+        assert [(r["step"], r["to_step"]) for r in read_metrics(group.run_dir, "rollback")] == [(12, 8)], group.index
+        rerun = [r for r in group.rows() if r["step"] == 9 and r["committed"]][-1]  # the first step after it
+        assert rerun["samples"] == [(8 + 4) * GLOBAL + group.index * GLOBAL // 2, GLOBAL // 2], rerun  # rank 0's
+    assert [r for r in groups[1].rows() if r["healed"] and r["step"] == 9], "group 1 took group 0's state"
+    losses = [step_losses(group.run_dir) for group in groups]
+    assert losses[0] == losses[1], "both groups logged the same bits at every step"
+    worst = max(abs(losses[0][k] - expected[k]) / abs(expected[k]) for k in expected)
+    print(f"guards across groups (bit {bit}): max relative loss difference {worst:.2e} against one process")
+    assert sorted(losses[0]) == sorted(expected) and worst <= 1e-5
+    a, b = groups[0].digests(), groups[1].digests()
+    assert len(a) == nproc and [(d["step"], d["weights_sha256"]) for d in a] == \
+        [(steps, d["weights_sha256"]) for d in b], "every rank's weights bitwise equal to its peer's in the other group"

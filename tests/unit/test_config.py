@@ -90,6 +90,8 @@ FT = ["parallel.fault_tolerance.enabled=true", "parallel.fault_tolerance.lightho
      "recovery.timeouts.data_wait=120 s is not above parallel.fault_tolerance.quorum_timeout_s \\+ timeout_s"),
     # the debug batch (16 = micro 8 x 2 ranks) cannot split over 3 groups of 1 rank: a quorum of 3 would stop
     (FT + ["parallel.fault_tolerance.groups=3"], 1, "with 3 replica groups of 1 data-parallel ranks"),
+    (FT, None, "checkpoint.dir=.*/checkpoints is inside this replica group's run_dir=.*: the groups share one "
+               "checkpoint.dir"),
 ])
 def test_bad_fault_tolerance_values_are_named(overrides, world, message):
     cfg = compose_cfg("+experiment=debug", *overrides)

@@ -1,0 +1,72 @@
+"""scripts/train_fault_tolerant.sbatch under a fake SLURM (tests/support/workers/fake_slurm: srun runs its one task
+on this machine, scontrol names this machine once per node): a job of 2 nodes runs the Lighthouse and 2 replica
+groups of 1 node, one srun job step each, real torchrun agents and workers; both groups train together to the end,
+the durable saves in the shared checkpoint folder, and end with bitwise equal weights (marked rehearsal). A node
+count that does not split into groups is refused before anything starts (in the suite)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checkpoint.durable.discovery import Listing
+from checkpoint.durable.manifest import read_manifest
+from recovery.fault_tolerance import LOG_NAME
+from rehearsal.processes import free_port
+from support.launch import ROOT, WORKERS, subprocess_env
+from support.replicas import overrides
+
+pytestmark = pytest.mark.distributed
+STEPS, INTERVAL = 6, 3
+
+
+def _slurm_env(tmp_path: Path, nodes: int, **extra) -> dict:
+    return subprocess_env({
+        "PATH": f"{WORKERS / 'fake_slurm'}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
+        "FAKE_SLURM_LOG": str(tmp_path / "slurm.log"), "SLURM_JOB_ID": "4343", "SLURM_JOB_NODELIST": "node[0-9]",
+        "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_GPUS_ON_NODE": "1", "SLURM_SUBMIT_DIR": str(ROOT),
+        "RUN_DIR": str(tmp_path / "ft"), "RDZV_PORT": str(free_port()), "LIGHTHOUSE_PORT": str(free_port()),
+        "JOIN_TIMEOUT_MS": "1000", "HEARTBEAT_TIMEOUT_MS": "1000", "GLOO_SOCKET_IFNAME": "lo", **extra})
+
+
+@pytest.mark.rehearsal  # 4 cold Python starts (2 agents, 2 workers): about 40 s; .ci/run runs it after the suite
+def test_the_fault_tolerant_sbatch_runs_one_srun_step_per_group(tmp_path, pydoc_data):
+    run_dir = tmp_path / "ft"
+    args = [a for a in overrides(tmp_path / "unused", pydoc_data, STEPS, {
+        "checkpoint.interval": INTERVAL, "checkpoint.keep_last": 5,
+        "+recovery.faults": "[{kind: slow, phase: step, step: -1, rank: -1, delay_s: 0.2}]"})
+        if not a.startswith(("output_root=", "run_name="))]
+    proc = subprocess.run(["bash", "scripts/train_fault_tolerant.sbatch", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=400, env=_slurm_env(tmp_path, 2))
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    calls = (tmp_path / "slurm.log").read_text().splitlines()
+    steps = [c for c in calls if c.startswith("srun ")]  # in the order the two background steps logged them
+    assert len(steps) == 2 and all(any(f"--rdzv-id 4343-group{g} " in c and f"fault_tolerance.replica_id={g} " in c and
+                                       "parallel.fault_tolerance.hostname=127.0.0.1" in c and
+                                       f"checkpoint.dir={run_dir}/checkpoints " in c for c in steps)
+                                   for g in (0, 1)), steps
+    rows = [[json.loads(line) for line in (run_dir / f"group_{g}" / LOG_NAME).read_text().splitlines()]
+            for g in (0, 1)]
+    assert all(any(r["participants"] == 2 for r in rows[g]) for g in (0, 1)), "the groups trained together"
+    assert all(max(r["step"] for r in rows[g] if r["committed"]) == STEPS for g in (0, 1))
+    committed = Listing(run_dir / "checkpoints").committed()
+    assert sorted(c.step for c in committed) == list(range(INTERVAL, STEPS + 1, INTERVAL))
+    digests = [json.loads((run_dir / f"group_{g}" / "weights-rank0.json").read_text()) for g in (0, 1)]
+    assert digests[0]["weights_sha256"] == digests[1]["weights_sha256"]
+    writers = {c.step: read_manifest(c.path).config["parallel"]["fault_tolerance"]["replica_id"] for c in committed}
+    together = {r["step"] for r in rows[0] if r["committed"] and r["participants"] == 2}
+    assert all(writers[s] == 0 for s in writers if s in together), writers
+
+
+def test_a_node_count_that_does_not_split_into_groups_is_refused(tmp_path):
+    proc = subprocess.run(["bash", "scripts/train_fault_tolerant.sbatch", "+experiment=debug"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60,
+                          env=_slurm_env(tmp_path, 3, NODES_PER_GROUP="2"))
+    assert proc.returncode == 2
+    assert "3 nodes (3 named) do not split into groups of NODES_PER_GROUP=2: ask for a multiple of it" in proc.stderr
+    assert not any(c.startswith("srun ") for c in (tmp_path / "slurm.log").read_text().splitlines())
