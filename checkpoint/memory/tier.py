@@ -305,7 +305,7 @@ class MemoryTier:
             owners = {"own": self.rank, "replica": self.peers.source}
             try:
                 (self.dir / SPARE_DIR).mkdir(exist_ok=True)
-                for kind, owner in owners.items():
+                for owner in owners.values():
                     if owner is not None:
                         (old / f"rank{owner:05d}.json").unlink(missing_ok=True)
                 for kind, owner in owners.items():
@@ -508,11 +508,12 @@ class PeerGroup:
     def _transfer(self, staged: Staged, info: dict, replica: Path, before_write=None, reuse=None):
         """The exchange's bytes on the wire: (the source's info, or the exception parsing it; the
         HashedWriter that holds its snapshot in ``replica``; the size announced). Every send goes from
-        the staging buffer itself (not read back from the file), in ``STREAM_CHUNK`` pieces posted at once; the source's
-        chunks come into ``STREAM_DEPTH`` buffers of one chunk each, reused round the ring: while one
-        is written to tmpfs and hashed (cache-hot, just arrived), the next ones arrive. No buffer of
-        the whole replica: the bytes go socket -> chunk -> file. Each chunk has its own tag, so the
-        order of the matches is the order of the posts whatever gloo's queueing."""
+        the staging buffer itself (not read back from the file), in ``STREAM_CHUNK`` pieces posted at
+        once. Over a spare file (``reuse``) the source's chunks are received straight into its mapped
+        pages and hashed there as each arrives; otherwise they come into ``STREAM_DEPTH`` buffers of one
+        chunk each, reused round a ring: while one is written to tmpfs and hashed (cache-hot, just
+        arrived), the next ones arrive. No buffer of the whole replica either way. Each chunk has its
+        own tag, so the order of the matches is the order of the posts whatever gloo's queueing."""
         info_out = torch.frombuffer(bytearray(json.dumps(info).encode()), dtype=torch.uint8)
         prefix_out = torch.frombuffer(bytearray(staged.prefix), dtype=torch.uint8)
         region = staged.region
@@ -540,10 +541,6 @@ class PeerGroup:
         if writer is not None:
             writer.write(prefix_in)
         starts = list(range(0, region_len, chunk_in))
-        ring, size = min(STREAM_DEPTH, len(starts)), min(chunk_in, region_len)
-        if len(self._chunks) != ring or (ring and self._chunks[0].numel() != size):
-            self._chunks = []
-            self._chunks = [torch.empty(size, dtype=torch.uint8) for _ in range(ring)]
 
         def post(i: int):
             buf = self._chunks[i % len(self._chunks)][:min(chunk_in, region_len - starts[i])]
@@ -558,8 +555,12 @@ class PeerGroup:
                 for i, at in enumerate(starts):
                     works[i].wait()
                     writer.hashed(into[prefix_len + at:prefix_len + at + chunk_in])
-                starts = []
-            posted = [post(i) for i in range(min(len(self._chunks), len(starts)))]
+                starts, self._chunks = [], []  # the ring is not needed while there are spares
+            ring, size = min(STREAM_DEPTH, len(starts)), min(chunk_in, region_len)
+            if ring and (len(self._chunks) != ring or self._chunks[0].numel() != size):
+                self._chunks = []
+                self._chunks = [torch.empty(size, dtype=torch.uint8) for _ in range(ring)]
+            posted = [post(i) for i in range(ring)]
             for i in range(len(starts)):
                 buf, work = posted[i]
                 work.wait()
