@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.optim.optimizer import _get_scalar_dtype
 
 DECAY_GROUP = 0  # param_groups[0]: matrices, decayed; [1]: norms and other vectors, not decayed
 
@@ -39,8 +40,6 @@ def init_state(optimizer: torch.optim.Optimizer) -> bool:
     groups = optimizer.param_groups
     if any(p.grad is not None for g in groups for p in g["params"]):
         return False
-    from torch.optim.optimizer import _get_scalar_dtype
-
     for group in groups:
         on_device = group["capturable"] or group["fused"]
         for p in group["params"]:
