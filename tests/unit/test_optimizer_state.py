@@ -105,3 +105,20 @@ def test_a_load_template_runs_no_optimizer_step_and_other_optimizers_keep_dcps_w
         sd = TrainingState(model, sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda s: 1.0)).state_dict()
         assert steps == [1]  # DCP's way
         assert len(sd["optim"]["state"]) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("flags", [{"fused": True}, {"foreach": True, "amsgrad": True}], ids=["fused", "amsgrad"])
+def test_fused_and_amsgrad_adamw_get_dcps_state_too(flags):
+    """optim.implementation=fused (on CPU here: torch's fused AdamW runs there too) keeps ``step`` where the
+    fused kernel wants it; amsgrad (not a config choice) adds its running maximum."""
+    states = []
+    for way in (_init_optim_state, init_state):
+        model = torch.nn.Linear(4, 3)
+        torch.manual_seed(0)
+        model.reset_parameters()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, **flags)
+        way(optimizer)
+        states.append([(k, v.dtype, v.device, tuple(v.shape), v.tolist())
+                       for p in model.parameters() for k, v in sorted(optimizer.state[p].items())])
+    assert states[0] == states[1]
+    assert len(states[0]) == 2 * (4 if flags.get("amsgrad") else 3)
