@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
+from training.optimizer import init_state
 from training.schedule import apply_config
 
 
@@ -116,6 +117,7 @@ class TrainingState(Stateful):
         return names
 
     def state_dict(self) -> Dict[str, Any]:
+        init_state(self.optimizer)  # a load's template: AdamW's state made directly, not by DCP's zero-lr step
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         sd: Dict[str, Any] = {
             "model": model_sd,
@@ -140,6 +142,8 @@ class TrainingState(Stateful):
     def load_state_dict(self, sd: Dict[str, Any]) -> None:
         """Restore the components present in ``sd`` (the loader decides which were requested)."""
         self.weights_version += 1
+        if "optim" in sd:
+            init_state(self.optimizer)
         if "model" in sd and "optim" in sd:
             set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
         elif "model" in sd:
