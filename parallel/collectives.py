@@ -344,16 +344,23 @@ def recv(tensor: torch.Tensor, src: int, group: dist.ProcessGroup, tag: int = 0)
     dist.recv(tensor, src, group=group, tag=tag)
 
 
+def isend(tensor: torch.Tensor, dst: int, group: dist.ProcessGroup, tag: int = 0):
+    """Start a send; its work's ``wait()`` ends it (a stream of chunks keeps several in flight)."""
+    check_device(tensor, group, "isend")
+    return dist.isend(tensor, dst, group=group, tag=tag)
+
+
+def irecv(tensor: torch.Tensor, src: int, group: dist.ProcessGroup, tag: int = 0):
+    """Start a receive into ``tensor``; its work's ``wait()`` ends it."""
+    check_device(tensor, group, "irecv")
+    return dist.irecv(tensor, src, group=group, tag=tag)
+
+
 def exchange(sends: Sequence[Tuple[torch.Tensor, int, int]], recvs: Sequence[Tuple[torch.Tensor, int, int]],
              group: dist.ProcessGroup) -> None:
     """Post every (tensor, peer, tag) send and receive at once, then wait for all of them: a ring
     where each rank sends to one peer and receives from another cannot deadlock."""
-    works = []
-    for tensor, peer, tag in sends:
-        check_device(tensor, group, "exchange")
-        works.append(dist.isend(tensor, peer, group=group, tag=tag))
-    for tensor, peer, tag in recvs:
-        check_device(tensor, group, "exchange")
-        works.append(dist.irecv(tensor, peer, group=group, tag=tag))
+    works = [isend(tensor, peer, group, tag) for tensor, peer, tag in sends]
+    works += [irecv(tensor, peer, group, tag) for tensor, peer, tag in recvs]
     for work in works:
         work.wait()

@@ -30,10 +30,11 @@ FAULT_KINDS = ("sigkill", "hang", "exception", "nan_loss", "corrupt", "bitflip_p
 SAVE_PHASES = ("checkpoint_snapshot", "checkpoint_write", "checkpoint_commit", "checkpoint_committed")
 FAULT_PHASES = ("step", "data_wait", "gradients", "eval") + SAVE_PHASES + (
     "checkpoint_retention", "checkpoint_load", "checkpoint_read", "manifest_read", "memory_snapshot", "memory_replica",
-    "memory_commit")
+    "memory_commit", "memory_replica_write")
 READ_ERROR_PHASES = ("checkpoint_read", "manifest_read")  # a read_error fails a data file's read or a manifest's
 CORRUPTIONS = ("truncate", "flip_byte", "delete_file", "delete_manifest")
-DISK_FULL_PHASES = ("checkpoint_write", "checkpoint_commit", "memory_commit")  # where disk_full raises ENOSPC
+# where disk_full raises ENOSPC
+DISK_FULL_PHASES = ("checkpoint_write", "checkpoint_commit", "memory_commit", "memory_replica_write")
 
 
 @dataclass

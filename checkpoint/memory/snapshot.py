@@ -19,11 +19,12 @@ and EMA state, which the probe never sees). Its manifest therefore has no probe 
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import struct
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -33,7 +34,8 @@ from checkpoint.durable.staging import host_buffer
 STEP_DIR = "step_{:08d}"  # a step's copies: STEP_DIR/rankR.snap and its commit, rankR.json
 MAGIC = b"LLMSNAP1"
 _HEAD = struct.Struct("<8sQ")
-CHUNK = 64 << 20  # bytes written and hashed at a time
+CHUNK = 64 << 20  # bytes hashed at a time when a whole buffer is checked (checksum_buffer)
+PIECE = 1 << 20  # bytes hashed then written at a time: small enough to stay in a core's cache in between
 
 
 class SnapshotError(RuntimeError):
@@ -132,35 +134,123 @@ class FlatStager:
         self._region = None
 
 
-def write_parts(path: Path, parts, algorithm: str) -> Tuple[int, str]:
-    """Write ``parts`` (buffers) back to back to ``path`` (through ``path.tmp`` and a rename), hashing
-    each piece as it is written (one pass over the bytes); returns (size, checksum)."""
-    h = hasher(algorithm)
-    tmp = path.with_name(path.name + ".tmp")
-    size = 0
-    try:
-        with open(tmp, "wb", buffering=0) as f:
-            for part in parts:
-                part = memoryview(part.numpy() if isinstance(part, torch.Tensor) else part).cast("B")
-                for start in range(0, len(part), CHUNK):
-                    piece = part[start:start + CHUNK]
-                    while len(piece):
-                        n = f.write(piece)
-                        h.update(piece[:n])
-                        piece = piece[n:]
-                        size += n
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-    return size, h.hexdigest()
+class HashedWriter:
+    """Writes buffers back to back to ``path`` (through ``path.tmp`` and a rename), hashing each
+    piece of ``PIECE`` bytes just after writing it, while it is still in the cache: one pass over
+    the bytes from memory, the checksum of exactly the bytes the file took. (Measured here on 0.78
+    GiB: 64 MiB written then hashed 0.366 s of CPU, 1 MiB pieces 0.328 s.) A failure is kept,
+    not raised (``error``): the caller may be in the middle of a transfer it must finish (the
+    replica, PeerGroup.exchange), so later writes are dropped and ``finish`` raises it. ``before_write``
+    runs before each write as part of it (the fault hook: an injected ENOSPC fails it like a real one).
+
+    ``reuse``: a file of an older, uncommitted copy (MemoryTier's spares) to write over instead of a
+    new one: a new tmpfs file allocates and clears every page as it is written, which measured 0.26 s
+    of CPU for 0.78 GiB here against 0.19 s for writing over pages the file already holds. The file
+    is cut to the bytes written at the end, so nothing of the old copy is left in it."""
+
+    def __init__(self, path: Path, algorithm: str, before_write: Optional[Callable[[], None]] = None,
+                 reuse: Optional[Path] = None):
+        self.path, self.tmp = path, path.with_name(path.name + ".tmp")
+        self.before_write = before_write
+        self.hash, self.size, self.error = hasher(algorithm), 0, None
+        self._file, self.reused = None, False
+        try:
+            try:
+                if reuse is None:
+                    raise FileNotFoundError
+                os.replace(reuse, self.tmp)
+                self._file, self.reused = open(self.tmp, "r+b", buffering=0), True
+            except FileNotFoundError:
+                self._file = open(self.tmp, "wb", buffering=0)
+        except OSError as exc:
+            self.error = exc
+
+    def mapped(self, size: int) -> Optional[torch.Tensor]:
+        """The file's first ``size`` bytes as memory, for bytes received straight into it (then ``hashed``),
+        or None: only a reused file's, whose pages exist (a new file's would be allocated, cleared and
+        mapped page by page: 0.38 s of CPU for 0.78 GiB here, more than writing it). Pages for any growth
+        are allocated first, so a full tmpfs is an error here, never a fault inside a receive. The mapping
+        lives as long as the tensors over it (a receive still in flight keeps it)."""
+        if self.error is not None or not self.reused or size <= 0:
+            return None
+        try:
+            if self.before_write is not None:
+                self.before_write()
+            fd = self._file.fileno()
+            have = os.fstat(fd).st_size
+            if size > have:
+                os.posix_fallocate(fd, have, size - have)
+            return torch.frombuffer(mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE),
+                                    dtype=torch.uint8)
+        except Exception as exc:  # noqa: BLE001 - kept for finish(), as a failed write
+            self.error = exc
+            self.abort()
+            return None
+
+    def hashed(self, view: torch.Tensor) -> None:
+        """``view``, the next bytes of the file, arrived in ``mapped``'s memory: hashed as stored."""
+        if self.error is None:
+            self.hash.update(memoryview(view.numpy()))
+            self.size += view.numel()
+
+    def write(self, part) -> None:
+        if self.error is not None:
+            return
+        part = memoryview(part.numpy() if isinstance(part, torch.Tensor) else part).cast("B")
+        try:
+            if self.before_write is not None:
+                self.before_write()
+            for start in range(0, len(part), PIECE):
+                piece = part[start:start + PIECE]
+                while len(piece):
+                    n = self._file.write(piece)
+                    self.hash.update(piece[:n])  # the bytes the write just read: still in the cache
+                    piece = piece[n:]
+                    self.size += n
+        except Exception as exc:  # noqa: BLE001 - kept for finish(); the caller may still be receiving
+            self.error = exc
+            self.abort()
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.tmp.unlink(missing_ok=True)
+
+    def finish(self) -> Tuple[int, str]:
+        """(size, checksum) once the file is in place; the first failure, raised."""
+        if self.error is not None:
+            self.abort()
+            raise self.error
+        try:
+            self._file.truncate(self.size)  # a reused file may have been longer
+            self._file.close()
+            self._file = None
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        return self.size, self.hash.hexdigest()
 
 
-def write_snapshot(path: Path, staged, algorithm: str) -> Tuple[int, str]:
-    """Write a staged snapshot (or a state dict, staged here) to ``path``; returns (size, checksum)."""
+def write_parts(path: Path, parts, algorithm: str, reuse: Optional[Path] = None) -> Tuple[int, str]:
+    """Write ``parts`` (buffers) back to back to ``path``, hashed as written (HashedWriter, over
+    ``reuse`` if it exists); returns (size, checksum)."""
+    writer = HashedWriter(path, algorithm, reuse=reuse)
+    for part in parts:
+        writer.write(part)
+    return writer.finish()
+
+
+def write_snapshot(path: Path, staged, algorithm: str, reuse: Optional[Path] = None) -> Tuple[int, str]:
+    """Write a staged snapshot (or a state dict, staged here) to ``path`` (over ``reuse`` if it
+    exists); returns (size, checksum)."""
     if not isinstance(staged, Staged):
         staged = FlatStager().stage(staged)
-    return write_parts(path, [staged.prefix, staged.region], algorithm)
+    return write_parts(path, [staged.prefix, staged.region], algorithm, reuse)
 
 
 def checksum_buffer(buf, algorithm: str) -> str:

@@ -46,12 +46,12 @@ from checkpoint.memory.config import MemoryTierConfig
 from checkpoint.memory.snapshot import (
     STEP_DIR,
     FlatStager,
+    HashedWriter,
     SnapshotError,
     Staged,
     apply_snapshot,
     check_applied,
     checksum_buffer,
-    write_parts,
     write_snapshot,
 )
 from checkpoint.storage import location
@@ -60,6 +60,10 @@ from parallel import collectives
 log = logging.getLogger("trainer")
 
 _TAG_HEADER, _TAG_INFO, _TAG_DATA, _TAG_PREFIX = 11, 12, 13, 14  # the tier's transfers (PeerGroup)
+SPARE_DIR = "spare"  # MemoryTier.spare: files of dropped copies, written over by the next ones
+_TAG_CHUNK = 1 << 16  # + i: the i-th chunk of a replica streamed by exchange()
+STREAM_CHUNK = 8 << 20  # bytes of a replica's chunk on the wire
+STREAM_DEPTH = 3  # chunks a receiver has posted at once: one being written while the next ones arrive
 
 
 class GroupError(RuntimeError):
@@ -80,7 +84,7 @@ class SnapshotRecord:
     bytes: int  # this rank's snapshot
     replica_bytes: int  # the copy received from the source rank
     committed: bool
-    transfer_s: float = 0.0  # of replica_s, the bytes on the wire (the rest: writing the replica + its checksum)
+    transfer_s: float = 0.0  # of replica_s, from the first byte sent to the last written (the rest: headers, rename)
 
     @property
     def blocking_s(self) -> float:  # what recovery/runtime.py's AutoInterval reads, as of a durable save
@@ -281,6 +285,35 @@ class MemoryTier:
         """Delete this node's snapshots (the run finished: they would only hold memory)."""
         self.wait()
         drop_steps(self.dir, lambda s: True)
+        shutil.rmtree(self.dir / SPARE_DIR, ignore_errors=True)
+
+    def spare(self, kind: str) -> Path:
+        """Where this rank keeps the file of its ``kind`` copy (own or replica) of a dropped step, to write
+        the next one over (HashedWriter's ``reuse``: no page of the tmpfs to allocate and clear). Preflight
+        counts it as held: the tier never holds more than the newest step and the one being written."""
+        return self.dir / SPARE_DIR / f"rank{self.rank:05d}-{kind}.snap"
+
+    def recycle(self, drop: Callable[[int], bool]) -> None:
+        """``drop_steps``, keeping this rank's two files of the newest dropped step as its spares: their
+        commit files go first, so a kill in between leaves no commit without its copy. (Ranks of one
+        node share the folder: one that deletes a step first leaves the others without spares, and
+        they write new files.)"""
+        steps = sorted((int(p.name[len("step_"):]), p) for p in self.dir.glob("step_*")
+                       if p.name[len("step_"):].isdigit() and drop(int(p.name[len("step_"):])))
+        if steps:
+            old = steps[-1][1]
+            owners = {"own": self.rank, "replica": self.peers.source}
+            try:
+                (self.dir / SPARE_DIR).mkdir(exist_ok=True)
+                for owner in owners.values():
+                    if owner is not None:
+                        (old / f"rank{owner:05d}.json").unlink(missing_ok=True)
+                for kind, owner in owners.items():
+                    if owner is not None and (old / f"rank{owner:05d}.snap").is_file():
+                        os.replace(old / f"rank{owner:05d}.snap", self.spare(kind))
+            except OSError as exc:  # only a lost saving: the next snapshot writes new files
+                log.debug("memory tier: no spare files kept from %s: %s", old, exc)
+        drop_steps(self.dir, drop)
 
     # -- restore ---------------------------------------------------------------------------
     def forget_newer(self, step: int) -> None:
@@ -356,13 +389,15 @@ def persist(tier, step: int, staged: Staged, info: dict, stall: float, waited: f
         d.mkdir(parents=True, exist_ok=True)
         for owner in {tier.rank, tier.peers.source if tier.peers.source is not None else tier.rank}:
             (d / f"rank{owner:05d}.json").unlink(missing_ok=True)  # a commit of an earlier try of this step
-        got["size"], checksum = write_snapshot(d / f"rank{tier.rank:05d}.snap", staged, tier.algorithm)
+        got["size"], checksum = write_snapshot(d / f"rank{tier.rank:05d}.snap", staged, tier.algorithm,
+                                               tier.spare("own"))
         info.update(size=got["size"], checksum=checksum)
 
     def exchange() -> None:
         t1 = time.perf_counter()
         try:
-            got["replica"] = tier.peers.exchange(staged, info, d)
+            got["replica"] = tier.peers.exchange(  # the fault hook at each write of the replica (the tests)
+                staged, info, d, lambda: tier.fault_hook("memory_replica_write", step, path=d), tier.spare("replica"))
             tier.fault_hook("memory_replica", step, path=d)  # the replica is in place (the tests)
         finally:
             got["replica_s"] = time.perf_counter() - t1
@@ -381,7 +416,7 @@ def persist(tier, step: int, staged: Staged, info: dict, stall: float, waited: f
     except GroupError as exc:
         log.error("memory snapshot of step %d failed on rank %d: %s", step, tier.rank, exc)
         return record(False)
-    drop_steps(tier.dir, lambda s: s < step)  # every rank committed step: the older ones can go
+    tier.recycle(lambda s: s < step)  # every rank committed step: the older ones can go
     return record(True)
 
 
@@ -407,8 +442,8 @@ class PeerGroup:
                             "snapshots stay on their own node only", world_size, self.local_world_size)
         self.group = None
         self.failure: Optional[str] = None  # a collective of the group failed: it is not used again (GroupError)
-        self._recv: Optional[torch.Tensor] = None  # the replica's receive buffer, reused (exchange)
-        self.transfer_s = 0.0  # the last exchange's time on the wire
+        self._chunks: List[torch.Tensor] = []  # the replica's receive buffers, reused (_transfer)
+        self.transfer_s = 0.0  # the last exchange's time from its first byte sent to its last written
         if collectives.distributed() and world_size > 1:
             self.group = collectives.new_gloo_group(timeout_s)
 
@@ -447,59 +482,103 @@ class PeerGroup:
         with self._collective():
             return collectives.agree_on_problems(problem, self.group)
 
-    def exchange(self, staged: Staged, info: dict, d: Path) -> dict:
-        """Send this rank's staged snapshot to the peer and receive the source's (``transfer``), then
-        write it to ``d`` and check its checksum in that same pass. A full tmpfs fails the write after
-        the bytes arrived, so the sender is never left hanging; the failure is raised then."""
-        with self._collective():
-            info_in, prefix_in, region_in = self._transfer(staged, info)
-        received = json.loads(info_in.numpy().tobytes())
-        size_in = prefix_in.numel() + region_in.numel()
+    def exchange(self, staged: Staged, info: dict, d: Path, before_write: Optional[Callable[[], None]] = None,
+                 reuse: Optional[Path] = None) -> dict:
+        """Send this rank's staged snapshot to the peer and receive the source's (``_transfer``), each
+        chunk of it written to ``d`` and hashed while the next arrives. A write that fails (a full tmpfs)
+        drops the rest of the replica's writes but not its receives, so the sender is never left
+        hanging; the failure is raised once every byte arrived. ``before_write``, ``reuse``: HashedWriter's."""
         replica_tmp = d / f"replica-from-{self.source:05d}"
+        with self._collective():
+            received, writer, size_in = self._transfer(staged, info, replica_tmp, before_write, reuse)
+        if isinstance(received, Exception):  # the source's info did not parse: nothing was written
+            raise SnapshotError(f"the replica's description from rank {self.source} is unreadable: {received!r}")
         try:
-            _, got = write_parts(replica_tmp, [prefix_in, region_in], received["algorithm"])
+            written, got = writer.finish()
         except OSError as exc:
             raise SnapshotError(f"no room for the replica of rank {received['owner']} ({size_text(size_in)}) "
                                 f"in {d}: {exc}") from exc
-        if got != received["checksum"] or received["size"] != size_in:
+        if got != received["checksum"] or not received["size"] == written == size_in:
             replica_tmp.unlink(missing_ok=True)
             raise SnapshotError(f"replica of rank {received['owner']} step {received['step']} arrived damaged "
                                 f"(checksum {got} != {received['checksum']})")
         os.replace(replica_tmp, d / f"rank{received['owner']:05d}.snap")
         return received
 
-    def _transfer(self, staged: Staged, info: dict):
-        """The exchange's bytes on the wire: (info, prefix, region) received from the source. The bytes
-        go from the staging buffer itself (one large contiguous send, not read back from the file) into
-        a receive buffer this group keeps from one snapshot to the next: receiving straight into a fresh
-        mapping of the tmpfs file took page faults inside the socket copy and measured 3-4x slower than
-        into touched memory."""
+    def _transfer(self, staged: Staged, info: dict, replica: Path, before_write=None, reuse=None):
+        """The exchange's bytes on the wire: (the source's info, or the exception parsing it; the
+        HashedWriter that holds its snapshot in ``replica``; the size announced). Every send goes from
+        the staging buffer itself (not read back from the file), in ``STREAM_CHUNK`` pieces posted at
+        once. Over a spare file (``reuse``) the source's chunks are received straight into its mapped
+        pages and hashed there as each arrives; otherwise they come into ``STREAM_DEPTH`` buffers of one
+        chunk each, reused round a ring: while one is written to tmpfs and hashed (cache-hot, just
+        arrived), the next ones arrive. No buffer of the whole replica either way. Each chunk has its
+        own tag, so the order of the matches is the order of the posts whatever gloo's queueing."""
         info_out = torch.frombuffer(bytearray(json.dumps(info).encode()), dtype=torch.uint8)
         prefix_out = torch.frombuffer(bytearray(staged.prefix), dtype=torch.uint8)
-        header_out = torch.tensor([info_out.numel(), prefix_out.numel(), staged.region.numel()], dtype=torch.int64)
-        header_in = torch.empty(3, dtype=torch.int64)
+        region = staged.region
+        header_out = torch.tensor([info_out.numel(), prefix_out.numel(), region.numel(), STREAM_CHUNK],
+                                  dtype=torch.int64)
+        header_in = torch.empty(4, dtype=torch.int64)
         collectives.exchange([(header_out, self.peer, _TAG_HEADER)], [(header_in, self.source, _TAG_HEADER)],
                              self.group)
-        info_len, prefix_len, region_len = (int(x) for x in header_in)
+        info_len, prefix_len, region_len, chunk_in = (int(x) for x in header_in)
+        t0 = time.perf_counter()
+        sends = [collectives.isend(info_out, self.peer, self.group, _TAG_INFO),
+                 collectives.isend(prefix_out, self.peer, self.group, _TAG_PREFIX)]
+        sends += [collectives.isend(region[start:start + STREAM_CHUNK], self.peer, self.group, _TAG_CHUNK + i)
+                  for i, start in enumerate(range(0, region.numel(), STREAM_CHUNK))]
         info_in = torch.empty(info_len, dtype=torch.uint8)
         prefix_in = torch.empty(prefix_len, dtype=torch.uint8)
-        if self._recv is None or self._recv.numel() != region_len:
-            self._recv = None
-            self._recv = torch.empty(region_len, dtype=torch.uint8)
-        region_in = self._recv
-        sends = [(info_out, self.peer, _TAG_INFO), (prefix_out, self.peer, _TAG_PREFIX)]
-        recvs = [(info_in, self.source, _TAG_INFO), (prefix_in, self.source, _TAG_PREFIX)]
-        if staged.region.numel():
-            sends.append((staged.region, self.peer, _TAG_DATA))
-        if region_len:
-            recvs.append((region_in, self.source, _TAG_DATA))
-        t0 = time.perf_counter()
-        collectives.exchange(sends, recvs, self.group)
+        for work in (collectives.irecv(info_in, self.source, self.group, _TAG_INFO),
+                     collectives.irecv(prefix_in, self.source, self.group, _TAG_PREFIX)):
+            work.wait()
+        try:
+            received = json.loads(info_in.numpy().tobytes())
+            writer = HashedWriter(replica, received["algorithm"], before_write, reuse)
+        except Exception as exc:  # noqa: BLE001 - raised by exchange() once the stream is drained
+            received, writer = exc, None
+        if writer is not None:
+            writer.write(prefix_in)
+        starts = list(range(0, region_len, chunk_in))
+
+        def post(i: int):
+            buf = self._chunks[i % len(self._chunks)][:min(chunk_in, region_len - starts[i])]
+            return buf, collectives.irecv(buf, self.source, self.group, _TAG_CHUNK + i)
+
+        try:
+            # over a spare file: the chunks go from the socket straight into its pages, hashed there
+            into = writer.mapped(prefix_len + region_len) if writer is not None and region_len else None
+            if into is not None:
+                works = [collectives.irecv(into[prefix_len + at:prefix_len + at + chunk_in], self.source, self.group,
+                                           _TAG_CHUNK + i) for i, at in enumerate(starts)]
+                for i, at in enumerate(starts):
+                    works[i].wait()
+                    writer.hashed(into[prefix_len + at:prefix_len + at + chunk_in])
+                starts, self._chunks = [], []  # the ring is not needed while there are spares
+            ring, size = min(STREAM_DEPTH, len(starts)), min(chunk_in, region_len)
+            if ring and (len(self._chunks) != ring or self._chunks[0].numel() != size):
+                self._chunks = []
+                self._chunks = [torch.empty(size, dtype=torch.uint8) for _ in range(ring)]
+            posted = [post(i) for i in range(ring)]
+            for i in range(len(starts)):
+                buf, work = posted[i]
+                work.wait()
+                if writer is not None:
+                    writer.write(buf)  # a failure is kept: the rest is only received
+                if i + len(self._chunks) < len(starts):
+                    posted.append(post(i + len(self._chunks)))
+            for work in sends:
+                work.wait()
+        except BaseException:  # the group failed (GroupError follows): no half-written replica stays open
+            if writer is not None:
+                writer.abort()
+            raise
         self.transfer_s = time.perf_counter() - t0
-        return info_in, prefix_in, region_in
+        return received, writer, prefix_len + region_len
 
     def close(self) -> None:
-        self._recv = None
+        self._chunks = []
 
     def send_copy(self, copy: dict, to: int) -> None:
         """Stream one held copy to rank ``to``: header (size, manifest length), manifest, bytes. The copy

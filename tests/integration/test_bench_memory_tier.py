@@ -29,7 +29,8 @@ SNAPSHOT_FIELDS = {"count", "committed", "bytes", "replica_bytes", "stall_s", "f
                    "replica_over_gloo", "floor_sum_s", "background_over_floors"}
 ALONE_FIELDS = {"bytes", "count", "stage_s", "stage_cpu_s", "background_s", "replica_s", "transfer_s", "cpu_s",
                 "floors", "floors_cpu", "floor_sum_s", "floor_cpu_sum_s", "stage_over_memcpy", "cpu_over_floors",
-                "wall_over_floors", "transfer_over_gloo", "replica_over_gloo"}
+                "wall_over_floors", "transfer_over_gloo", "replica_over_gloo", "tmpfs_overwrite",
+                "cpu_over_floors_with_overwrite"}
 TARGETS = {"interval10_within_3pct", "local_2x_faster_than_cold_durable", "replica_half_of_gloo",
            "stall_1_5x_memcpy", "background_2x_floors"}
 RESTORE_FIELDS = {"step", "source", "sources", "load_s", "verify_s", "read_s", "apply_s", "check_s", "total_s",
@@ -62,6 +63,7 @@ def check_result(res: dict, steps: int) -> None:
     assert set(alone) == ALONE_FIELDS and alone["count"] == res["config"]["reps"] and alone["bytes"] > 0
     assert set(alone["floors"]) == set(alone["floors_cpu"]) == {"memcpy_s", "xxh3_s", "tmpfs_write_s", "gloo_s"}
     assert all(v > 0 for v in alone["floors"].values()) and alone["cpu_s"] > 0 and alone["transfer_s"] > 0
+    assert all(v > 0 for v in alone["tmpfs_overwrite"].values()) and alone["cpu_over_floors_with_overwrite"] > 0
     assert set(res["targets"]) == TARGETS
     restore = res["targets"]["local_2x_faster_than_cold_durable"]
     assert restore["durable_probe_s"] == res["restore"]["durable_cold"]["probe_s"] > 0

@@ -162,6 +162,46 @@ def test_a_snapshot_restores_every_leaf_bitwise_and_refuses_another_model(tmp_pa
         apply_snapshot(_tiny_state(0), torch.frombuffer(damaged, dtype=torch.uint8))
 
 
+@pytest.mark.parametrize("spare_bytes", [0, 100, 10**6], ids=["none", "shorter", "longer"])
+def test_a_copy_written_over_a_spare_file_holds_exactly_its_bytes_and_their_checksum(tmp_path, spare_bytes):
+    """The next copy is written over a dropped copy's file (MemoryTier.spare), by writes and, for a
+    replica, received straight into its mapped pages: the file must end up holding exactly the new
+    bytes (nothing of the old file after them, which a restore's read would not see but tmpfs would
+    hold), and the checksum must be that of the file as stored."""
+    from checkpoint.durable.manifest import hasher
+    from checkpoint.memory.snapshot import HashedWriter
+
+    saved = _tiny_state(0)
+    staged_path, spare = tmp_path / "staged.snap", tmp_path / "spare" / "rank00000-own.snap"
+    size, checksum = write_snapshot(staged_path, saved.state_dict(), "xxh3_64")
+    data = staged_path.read_bytes()
+    spare.parent.mkdir()
+
+    def file_checksum(path):
+        h = hasher("xxh3_64")
+        h.update(path.read_bytes())
+        return h.hexdigest()
+
+    for how in ("written", "received"):
+        if spare_bytes:
+            spare.write_bytes(b"\xff" * (spare_bytes if spare_bytes > 100 else size - 100))
+        path = tmp_path / f"{how}.snap"
+        writer = HashedWriter(path, "xxh3_64", reuse=spare)
+        head = 4096
+        writer.write(memoryview(data)[:head])
+        into = writer.mapped(size) if how == "received" else None
+        assert (into is not None) == (how == "received" and bool(spare_bytes))  # only a spare's pages
+        if into is None:
+            writer.write(memoryview(data)[head:])
+        else:  # as gloo would: the bytes land in the mapping, then are hashed there
+            into[head:].copy_(torch.frombuffer(bytearray(data[head:]), dtype=torch.uint8))
+            writer.hashed(into[head:])
+            del into
+        assert writer.finish() == (size, checksum), how
+        assert path.read_bytes() == data and not spare.exists(), how
+        assert file_checksum(path) == checksum, how
+
+
 def _probed_run(tmp_path, durable_interval: int = 0):
     """A world-1 run's pieces in this process: the debug model, its optimizer and schedule, a probe
     that counts its forwards, a checkpoint manager whose memory tier snapshots every 2 steps (the
@@ -390,6 +430,7 @@ def test_a_worker_crash_restores_every_rank_from_its_own_node(tmp_path, pydoc_da
     assert resume["step"] == KILL_STEP - 1
     _assert_bitwise(run_dir, baseline)
     assert not list(shm.glob("node-*/step_*")), "a finished run leaves its snapshots in memory"
+    assert not list(shm.rglob("*.snap")), "a finished run leaves files in memory"  # the spares too
 
 
 def _stopped_run(tmp_path: Path, pydoc_data: Path, shm: Path, per_node: int = 1) -> Path:
@@ -552,11 +593,12 @@ def test_auto_memory_interval_is_the_same_on_both_nodes_when_one_is_slower(tmp_p
 
 @pytest.mark.distributed
 def test_shared_memory_filling_up_mid_run_skips_snapshots_and_training_goes_on(tmp_path, pydoc_data, baseline):
-    """Pre-flight passed; then something else fills the tmpfs while both ranks stall at step 11: the
-    snapshots fail on every rank together (no rank waits for a transfer that will not come), training
-    goes on bitwise, and once there is room again snapshots complete again."""
+    """Pre-flight passed; then something else fills the tmpfs while both ranks stall at step 3, after
+    the first snapshot (before any step is dropped, so the tier holds no spare files to write over):
+    the snapshots fail on every rank together (no rank waits for a transfer that will not come),
+    training goes on bitwise, and once there is room again snapshots complete again."""
     run_dir = tmp_path / "run"
-    stall = faults_override([{"kind": "hang", "phase": "step", "step": 11, "rank": -1, "hang_s": 3.0}])
+    stall = faults_override([{"kind": "hang", "phase": "step", "step": 3, "rank": -1, "hang_s": 3.0}])
     with tmpfs(tmp_path / "shm", 32) as shm:  # both nodes: 2 x (own + replica) x 2 steps x ~2.7 MB
         nodes = Nodes(tmp_path, overrides(run_dir, pydoc_data, shm, [stall]))
         filler = shm / "filler"
@@ -568,8 +610,8 @@ def test_shared_memory_filling_up_mid_run_skips_snapshots_and_training_goes_on(t
                 assert time.monotonic() < deadline and all(a.poll() is None for a in nodes.agents.values()), \
                     nodes.text()
                 time.sleep(0.05)
-            while list(shm.glob("node-*/step_00000008")) or len(list(shm.glob("node-*/step_00000010/*.json"))) < 4:
-                assert time.monotonic() < deadline, nodes.text()  # step 10 complete, step 8 gone: nothing to free
+            while len(list(shm.glob("node-*/step_00000002/*.json"))) < 4:
+                assert time.monotonic() < deadline, nodes.text()  # step 2 complete on both nodes
                 time.sleep(0.05)
             with open(filler, "wb") as f:  # everything but 64 KiB
                 f.write(b"\0" * (shutil.disk_usage(shm).free - (64 << 10)))
@@ -583,7 +625,7 @@ def test_shared_memory_filling_up_mid_run_skips_snapshots_and_training_goes_on(t
     assert codes == {0: 0, 1: 0}, nodes.text()
     snapshots = read_metrics(run_dir, "memory_snapshot")
     failed = [e["step"] for e in snapshots if not e["committed"]]
-    assert failed and min(failed) >= 10, snapshots  # 10: if its background write was still going
+    assert failed and min(failed) >= 4, snapshots
     assert any(e["committed"] and e["step"] > max(failed) for e in snapshots), snapshots
     _assert_bitwise(run_dir, baseline)
 
@@ -591,12 +633,15 @@ def test_shared_memory_filling_up_mid_run_skips_snapshots_and_training_goes_on(t
 @pytest.mark.distributed
 def test_one_ranks_failure_in_a_snapshot_fails_it_on_every_rank_and_the_next_ones_complete(tmp_path, pydoc_data):
     """Rank 1 alone fails inside the background half of a snapshot, past the agreement on the write:
-    at step 6 after its replica arrived (an exception, as from a failed rename), at step 10 at its
-    commit files (ENOSPC). Every rank must count that snapshot as failed at the same agreement and go
-    on in step: every other snapshot complete on both nodes (a rank that left the protocol early would
-    leave its peer waiting out the tier's 20 s timeout, and every later snapshot failing)."""
+    at step 6 after its replica arrived (an exception, as from a failed rename), at step 8 at the
+    replica's first write, before its bytes arrive (ENOSPC: the rest of the stream must still be
+    received), at step 10 at its commit files (ENOSPC). Every rank must count that snapshot as failed
+    at the same agreement and go on in step: every other snapshot complete on both nodes (a rank that
+    left the protocol early would leave its peer waiting out the tier's 20 s timeout, and every later
+    snapshot failing)."""
     run_dir, steps = tmp_path / "run", 12
     faults = [{"kind": "exception", "phase": "memory_replica", "step": 6, "rank": 1},
+              {"kind": "disk_full", "phase": "memory_replica_write", "step": 8, "rank": 1},
               {"kind": "disk_full", "phase": "memory_commit", "step": 10, "rank": 1}]
     args = overrides(run_dir, pydoc_data, tmp_path / "shm", [
         faults_override(faults), f"training.steps={steps}", "checkpoint.interval=0", "checkpoint.commit_timeout_s=20"])
@@ -604,9 +649,11 @@ def test_one_ranks_failure_in_a_snapshot_fails_it_on_every_rank_and_the_next_one
     codes = nodes.run_both()
     assert codes == {0: 0, 1: 0}, nodes.text()[-6000:]
     snapshots = {e["step"]: e["committed"] for e in read_metrics(run_dir, "memory_snapshot")}
-    assert snapshots == {s: s not in (6, 10) for s in range(MEMORY_INTERVAL, steps + 1, MEMORY_INTERVAL)}, snapshots
+    assert snapshots == {s: s not in (6, 8, 10) for s in range(MEMORY_INTERVAL, steps + 1, MEMORY_INTERVAL)}, \
+        snapshots
     log = (tmp_path / "node1-2.log").read_text()
-    assert all(f"memory snapshot of step {s} failed" in log for s in (6, 10)), nodes.text()[-6000:]
+    assert all(f"memory snapshot of step {s} failed" in log for s in (6, 8, 10)), nodes.text()[-6000:]
+    assert "no room for the replica of rank 0" in log, log[-6000:]
 
 
 @pytest.mark.distributed
