@@ -63,7 +63,8 @@ BAD = [
      ["recovery.faults[0].corruption='shred'", "['truncate', 'flip_byte', 'delete_file', 'delete_manifest']"]),
     ("recovery.faults=[{kind:bitflip_param,bit:40}]", ["recovery.faults[0].bit=40", "[0, 32)"]),
     ("recovery.faults=[{kind:disk_full,phase:step}]", ["recovery.faults[0]", "disk_full",
-                                                        "['checkpoint_write', 'checkpoint_commit', 'memory_commit', 'memory_replica_write']",
+                                                        "['checkpoint_write', 'checkpoint_commit', 'memory_commit', "
+                                                        "'memory_replica_write']",
                                                         "(not 'step')"]),
     ("recovery.preemption_signals=[SIGFOO]", ["recovery.preemption_signals", "'SIGFOO'", "SIGTERM, SIGUSR1"]),
     ("recovery.preemption_grace_s=0", ["recovery.preemption_grace_s=0.0", "in (0, 100000000]"]),

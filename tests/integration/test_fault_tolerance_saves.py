@@ -41,6 +41,7 @@ def writers(root: Path) -> Dict[int, int]:
             for c in listing.committed()}
 
 
+@pytest.mark.rehearsal  # 30-60 s of three launches: .ci/run runs it after the suite, with the other rehearsals
 def test_any_live_group_writes_the_durable_checkpoints_and_a_cold_restart_resumes(tmp_path, pydoc_data):
     baseline = tmp_path / "baseline"  # the uninterrupted run: one process, no fault tolerance
     run_train(overrides(baseline, pydoc_data, STEPS))
