@@ -32,8 +32,19 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fused(x):
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
         return normed.type_as(x) * self.weight
+
+    def _fused(self, x: torch.Tensor) -> bool:
+        """torch's fused kernel where it gives this formula's bits, forward and backward (tests/unit/test_model.py:
+        plain fp32 tensors on CPU, no autocast); it saves the formula's five elementwise passes (0.45 of 3.2 ms
+        of CPU per call, fwd+bwd, at the 6.2M shape: docs/measurements.md, 2026-12-05)."""
+        w = self.weight
+        return (x.device.type == "cpu" and x.dtype == torch.float32 and w.dtype == torch.float32
+                and type(x) is torch.Tensor and not hasattr(w, "placements")  # not DTensors
+                and not torch.is_autocast_enabled("cpu"))
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
