@@ -50,38 +50,39 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
-def _tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple:
-    """(seq, head_dim / 2) cos and sin as (1, seq, 1, head_dim) multipliers of x and of x with each pair swapped:
-    (cos, cos) and (-sin, sin) per pair."""
-    return (torch.stack((cos, cos), dim=-1).flatten(-2)[None, :, None, :],
-            torch.stack((-sin, sin), dim=-1).flatten(-2)[None, :, None, :])
-
-
-def _rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
-    """Each consecutive pair (a, b) of the last dim of fp32 ``x`` to (a cos + b (-sin), b cos + a sin): the
-    bits of (a cos - b sin, a sin + b cos), since -(b sin) = b (-sin) and a + b = b + a in floating point."""
-    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    return x * cos2 + swapped * sin2
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Each consecutive pair (a, b) of the last dim of fp32 ``x`` to (a cos - b sin, a sin + b cos), written into
+    the halves of one new tensor (no stack); cos and sin broadcast to x's leading dims."""
+    pairs = x.unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    halves = out.unflatten(-1, (-1, 2))
+    out_even, out_odd = halves[..., 0], halves[..., 1]
+    torch.mul(even, cos, out=out_even)
+    out_even.sub_(odd * sin)
+    torch.mul(even, sin, out=out_odd)
+    out_odd.add_(odd * cos)
+    return out
 
 
 class _Rope(torch.autograd.Function):
-    """The rotation by pair as whole-tensor products (the pairs swapped once) and its backward written out, the
-    inverse rotation of the gradient, (g0 cos + g1 sin, g1 cos - g0 sin): the same products and sums that
-    autograd formed from the pairwise formula, so the same bits, without its strided halves, select and
-    stack backwards (docs/measurements.md, 2026-12-05: the step at 2 processes, 6.2M)."""
+    """The rotation with its backward written out, the inverse rotation of the gradient, (g0 cos + g1 sin,
+    g1 cos - g0 sin) as ``_rotate`` by -sin: the same products and sums that autograd forms from the pairwise
+    formula (x - (-y) = x + y, -(x y) = x (-y) and x + y = y + x in floating point), so the same bits
+    (tests/unit/test_model.py), without autograd's stack, select and unflatten backwards (docs/measurements.md,
+    2026-12-05: the step at 2 processes, 6.2M)."""
 
     @staticmethod
     def forward(ctx, x, cos, sin):
-        cos2, sin2 = _tables(cos, sin)
-        ctx.save_for_backward(cos2, sin2)
+        cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+        ctx.save_for_backward(cos, sin)
         ctx.dtype = x.dtype
-        return _rotate(x.float(), cos2, sin2).type_as(x)
+        return _rotate(x.float(), cos, sin).type_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        cos2, sin2 = ctx.saved_tensors
-        g = grad.float()  # d(x cos2 + swap(x) sin2)/dx = g cos2 + swap(g sin2)
-        return (g * cos2 + (g * sin2).unflatten(-1, (-1, 2)).flip(-1).flatten(-2)).to(ctx.dtype), None, None
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad.float(), cos, -sin).to(ctx.dtype), None, None
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
