@@ -99,3 +99,47 @@ def test_dropout_is_random_only_in_training():
 def test_bad_shapes_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(**kwargs).validate()
+
+
+def _pairwise_rope(x, cos, sin):
+    """The rotation as autograd forms it from the pairwise formula (the reference apply_rope keeps the bits of)."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2).type_as(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_apply_rope_keeps_the_pairwise_formulas_bits_forward_and_backward(dtype):
+    torch.manual_seed(0)
+    cos, sin = rope_tables(16, 64, 500000.0)
+    base, grad = torch.randn(2, 64, 4 * 16).to(dtype), torch.randn(2, 4, 64, 16).to(dtype)
+    from model.llama import _Rope
+    results = []
+    for rope in (_pairwise_rope, apply_rope, _Rope.apply):  # on CPU: complex numbers; elsewhere: _Rope
+        x = base.clone().requires_grad_()
+        out = rope(x.view(2, 64, 4, 16), cos, sin).transpose(1, 2)  # the gradient arrives strided, as from SDPA
+        (out * grad).sum().backward()
+        results.append((out.detach(), x.grad))
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+
+
+@pytest.mark.parametrize("dim", [128, 256, 1000, 4096])
+def test_rms_norms_fused_path_keeps_the_formulas_bits_forward_and_backward(dim):
+    from model.llama import RMSNorm
+    torch.manual_seed(0)
+    norm = RMSNorm(dim, 1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    assert norm._fused(torch.zeros(1, dim))
+    base, grad = torch.randn(3, 33, dim) * 3, torch.randn(3, 33, dim)
+    results = []
+    for fused in (False, True):
+        norm._fused = (lambda x: True) if fused else (lambda x: False)
+        x = base.clone().requires_grad_()
+        norm.weight.grad = None
+        out = norm(x)
+        (out * grad).sum().backward()
+        results.append((out.detach(), x.grad, norm.weight.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
