@@ -88,8 +88,9 @@ class _Rope(torch.autograd.Function):
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate consecutive pairs of x (batch, seq, heads, head_dim) by position. On CPU as complex numbers: torch's
     complex product there forms (a cos - b sin, a sin + b cos) and its gradient from the same products and sums,
-    so the same bits (tests/unit/test_model.py), at a quarter of the CPU (docs/measurements.md, 2026-12-05)."""
-    if x.device.type == "cpu" and type(x) is torch.Tensor:
+    so the same bits (tests/unit/test_model.py), at a quarter of the CPU (docs/measurements.md, 2026-12-05).
+    fp32 only: torch has no bf16 complex numbers (bf16 goes the other way)."""
+    if x.device.type == "cpu" and type(x) is torch.Tensor and x.dtype == cos.dtype == torch.float32:
         rotation = torch.complex(cos, sin)[None, :, None, :]
         pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
         return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)
