@@ -17,6 +17,7 @@ PARTS = ["environment", "cuda_tests", "fsdp_eager", "fsdp_compile", "async_check
 
 
 @pytest.mark.distributed  # starts train.py (through scripts/instrumented.py) a dozen times
+@pytest.mark.rehearsal  # about 70 s of a worker: .ci/run runs it after the suite, with the rehearsals
 def test_dry_run_reports_every_part_with_a_status(tmp_path, pydoc_data):
     out = tmp_path / "report"
     proc = run([sys.executable, "scripts/gpu_check.py", "--dry-run", "--out", str(out), "--data", str(pydoc_data),
