@@ -9,18 +9,54 @@ a benchmark that stops a "node" must take the workers with it at once.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
+
+
+def _ephemeral_range() -> Tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+_PORT_FLOOR = 20000  # below: ports that services are commonly configured on
+_next_pick: Dict[int, int] = {}  # pid -> next offset: a forked child starts its own sequence
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel picks it; another process may take
-    it before the caller binds it, which then fails loudly)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing is bound to now, for a child process to bind later.
+
+    Picked below the kernel's ephemeral range: the kernel hands ports in that range to every bind to
+    port 0 and every outgoing connection (gloo's listeners, store clients, other tests' servers), so a
+    port picked there could be taken in the second before the child bound it. That happened in CI: a
+    torchrun agent's rendezvous store failed to bind, and its peer node talked to a stranger. Below the
+    range only another explicit pick can take it: this process's picks never repeat (a sequence from a
+    random start, so concurrent processes start far apart), and a port bound by anyone is skipped."""
+    low, _ = _ephemeral_range()
+    if low - _PORT_FLOOR < 1000:  # an unusual range: leave the pick to the kernel
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    span = low - _PORT_FLOOR
+    pid = os.getpid()
+    if pid not in _next_pick:
+        _next_pick.clear()
+        _next_pick[pid] = random.SystemRandom().randrange(span)
+    for _ in range(span):
+        port = _PORT_FLOOR + _next_pick[pid] % span
+        _next_pick[pid] += 1
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError(f"no free TCP port on 127.0.0.1 in {_PORT_FLOOR}-{low - 1}")
 
 
 def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:

@@ -3,10 +3,12 @@ turns (rehearsal/bench.py)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from rehearsal.bench import in_turns
 from rehearsal.processes import descendants, free_port, kill_tree
@@ -41,6 +43,24 @@ def test_free_port_can_be_listened_on():
     with socket.socket() as s:
         s.bind(("127.0.0.1", free_port()))
         s.listen()
+
+
+def test_free_ports_lie_outside_the_kernels_ephemeral_range_and_do_not_repeat():
+    """A port in the ephemeral range can be taken by any bind to port 0 or outgoing connection before the
+    child binds it (a CI failure: a rendezvous store could not bind). A forked child, which inherits the
+    picker's state, must not hand out its parent's next port."""
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50 and not [p for p in ports if low <= p <= high], (low, high, ports)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.write(write, str(free_port()).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    assert int(os.read(read, 16)) != free_port()
+    os.close(read)
 
 
 def test_in_turns_calls_each_variant_once_a_round_and_each_goes_first_in_turn():
