@@ -14,7 +14,7 @@ from typing import List, Optional
 from checkpoint.config import RESUME_WORDS
 from checkpoint.durable.discovery import resolve_resume
 from checkpoint.durable.lease import group_lease, live_owner
-from checkpoint.durable.manifest import MANIFEST, CheckpointError, read_manifest
+from checkpoint.durable.manifest import MANIFEST, CheckpointError, NewerFormat, read_manifest
 from checkpoint.state.fingerprint import config_differences, config_hash, hashed_config
 from checkpoint.storage import location
 from configs.keys import ConfigError
@@ -84,11 +84,15 @@ def resume_problems(cfg) -> List[str]:
                    + (f" (runs with checkpoints under output_root={cfg.output_root}: {runs})" if runs else "")
                    + ", or start fresh with checkpoint.resume=auto")
         return [f"{exc}{fix}"]
-    if path is None or c.allow_config_change:
+    if path is None:
         return []
     try:
         saved = read_manifest(path)
+    except NewerFormat as exc:  # no flag allows it
+        return [f"checkpoint.resume={c.resume}: {exc}"]
     except CheckpointError:  # damaged: the resume's fallback handles it
+        return []
+    if c.allow_config_change:
         return []
     hashed = hashed_config(dataclasses.asdict(cfg))
     if saved.config_hash == config_hash(hashed):

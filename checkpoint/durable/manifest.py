@@ -42,6 +42,11 @@ class ConfigMismatch(CheckpointError):
     """The checkpoint was written with settings a resume must not change."""
 
 
+class NewerFormat(ConfigMismatch):
+    """Written by a trainer whose manifest format this checkout does not know: refused, as another config
+    is (never marked bad, never skipped for an older checkpoint, which would go back in training)."""
+
+
 class CheckpointUnreadable(CheckpointError):
     """The storage did not deliver the bytes (an I/O error, a timeout, a read that differed from a
     second read): nothing proves the checkpoint is damaged. Retried, then skipped for this
@@ -190,14 +195,20 @@ def set_manifest_read_fault(hook: Optional[Callable[[Path], None]]) -> None:
 
 
 def read_manifest(directory: Path, reread_delay_s: float = REREAD_DELAY_S) -> Manifest:
-    """The manifest of a committed checkpoint. An I/O error raises CheckpointUnreadable; a manifest
-    missing twice, ``reread_delay_s`` apart, or that does not parse, CheckpointError."""
+    """The manifest of a committed checkpoint, to load or use. An I/O error raises CheckpointUnreadable; a
+    manifest missing twice, ``reread_delay_s`` apart, or that does not parse, CheckpointError; one of a newer
+    format, NewerFormat (a listing, ``find_manifest``, still counts that checkpoint as committed: an older
+    checkout must not sweep it)."""
     found = find_manifest(directory)
     if found is None:
         time.sleep(reread_delay_s)  # an attribute cache may be behind the commit
         found = find_manifest(directory)
     if found is None:
         raise CheckpointError(f"{directory}: no {MANIFEST}: not a committed checkpoint")
+    if found.format_version > FORMAT_VERSION:
+        raise NewerFormat(f"{directory} was written by a newer trainer (manifest format {found.format_version}; "
+                          f"this checkout reads formats up to {FORMAT_VERSION}). Resume with the checkout that "
+                          f"wrote it or a newer one; the checkpoint is left as it is.")
     return found
 
 

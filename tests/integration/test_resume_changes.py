@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from checkpoint.durable.discovery import list_committed
-from checkpoint.durable.manifest import read_manifest
+from checkpoint.durable.manifest import FORMAT_VERSION, MANIFEST, read_manifest
 from metrics.records import read_metrics
 from rehearsal.runs import debug_overrides
 from support.launch import run_train
@@ -96,3 +96,25 @@ def test_a_new_global_batch_is_accepted_with_both_flags(first_run, pydoc_data, t
     assert resumed["checkpoint_id"] == "step_00000040"
     manifest = read_manifest(run_dir / "checkpoints" / "step_00000050")
     assert manifest.samples == 40 * 8 + 10 * 16 and manifest.global_batch_size == 16
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused_and_kept(first_run, pydoc_data, tmp_path):
+    """A run directory shared with a newer checkout: its checkpoint's manifest names a format this
+    checkout does not know. The resume must stop with exit 2, naming both formats, with or without
+    allow_config_change; it must not fall back to the older checkpoint (that would go back in
+    training), mark anything bad or remove anything."""
+    run_dir = _copy(first_run, tmp_path / "run")
+    manifest_path = run_dir / "checkpoints" / "step_00000040" / MANIFEST
+    text = manifest_path.read_text()
+    assert f'"format_version": {FORMAT_VERSION}' in text
+    manifest_path.write_text(text.replace(f'"format_version": {FORMAT_VERSION}',
+                                          f'"format_version": {FORMAT_VERSION + 1}'))
+    for extra in ({}, {"checkpoint.allow_config_change": "true"}):
+        proc = run_train(debug_overrides(run_dir, pydoc_data, 50, {"checkpoint.interval": 10, **extra}), check=False)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert (f"manifest format {FORMAT_VERSION + 1}; this checkout reads formats up to {FORMAT_VERSION}"
+                in proc.stderr), proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr and read_metrics(run_dir, "resume") == []
+        committed = list_committed(run_dir / "checkpoints", include_bad=True)
+        assert [c.step for c in committed] == [40, 30] and all(c.bad is None for c in committed)
+        assert manifest_path.read_text().count(f'"format_version": {FORMAT_VERSION + 1}') == 1

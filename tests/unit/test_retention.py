@@ -115,3 +115,20 @@ def test_bad_superseded_and_replaced_directories_keep_the_newest_few(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([checkpoint_id(40), replaced[1], checkpoint_id(50)])
     apply_retention(tmp_path, keep_last=1, keep_every=0, keep_best=0, best_metric="loss", keep_forensic=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoint_id(40)]
+
+
+def test_a_checkpoint_of_a_newer_format_stays_committed_and_kept_but_is_not_read_for_use(tmp_path):
+    """An older checkout sharing the folder must neither sweep nor load a newer trainer's checkpoint."""
+    import dataclasses
+
+    from checkpoint.durable.discovery import list_committed
+    from checkpoint.durable.manifest import FORMAT_VERSION, NewerFormat, read_manifest, write_manifest
+
+    for s in (10, 20):
+        _fake_checkpoint(tmp_path, s)
+    newest = tmp_path / checkpoint_id(20)
+    write_manifest(newest, dataclasses.replace(read_manifest(newest), format_version=FORMAT_VERSION + 1))
+    assert [c.step for c in list_committed(tmp_path)] == [20, 10]
+    assert apply_retention(tmp_path, keep_last=1, keep_every=0, keep_best=0, best_metric="loss") == [checkpoint_id(10)]
+    with pytest.raises(NewerFormat, match=f"manifest format {FORMAT_VERSION + 1}; this checkout reads formats up to"):
+        read_manifest(newest)
