@@ -38,7 +38,12 @@ class AcrossGroups:
         self.device, self.replica_id = replicas.world.device, replicas.cfg.replica_id
 
     def _agree(self, values) -> Optional[list]:
-        return collectives.agree_max_across_replicas([float(v) for v in values], self.manager, self.device)
+        """The MAX of ``values`` over the groups; None on every rank of this group when a peer was lost during it
+        on any of them. Each rank's all-reduce goes to its own counterparts in the other groups, so a group killed
+        mid-way can leave one rank with the result and another without: then the group acts as one (one small
+        agreement within it; none for a one-process group)."""
+        agreed = collectives.agree_max_across_replicas([float(v) for v in values], self.manager, self.device)
+        return None if collectives.any_rank(agreed is None) else agreed
 
     def step_boundary(self, guards, step: int, ckpt, data, before_load: Callable[[], None]) -> Optional[int]:
         """The guards' checks after the update of 1-based ``step``, agreed across the groups; the step to go on from

@@ -91,3 +91,16 @@ def test_a_decision_on_rank_0_longer_than_the_collective_timeout_reaches_every_r
     assert "DECIDED 0 ValueError: bytes it did not expect" in out, out + err
     assert re.search(r"DECIDED 1 RankZeroFailed: .*ValueError: bytes it did not expect", out), out + err
     assert "BARRIER 0" in out and "BARRIER 1" in out and proc.returncode == 0, out + err
+
+
+def test_a_peer_group_lost_during_the_guards_agreement_leaves_this_groups_ranks_acting_as_one(tmp_path):
+    """With torchft replica groups each rank's all-reduce across groups goes to its own counterpart: a peer group
+    killed mid-way leaves one rank with the agreed verdict (here: the lost writer's rollback to step 8) and the
+    other with torchft's error. The group's ranks must take one action, else one rolls back while the other trains
+    on (and their next collectives do not match)."""
+    proc = run(torchrun(2, worker("across_groups_partial_loss")), timeout=120)
+    out = proc.stdout
+    outcomes = dict(re.findall(r"OUTCOME (\d) (.*)", out))
+    assert sorted(outcomes) == ["0", "1"], out + proc.stderr[-3000:]
+    assert outcomes["0"] == outcomes["1"] == "None rolled_back=[]", out
+    assert "BARRIER 0" in out and "BARRIER 1" in out and proc.returncode == 0, out + proc.stderr[-3000:]
