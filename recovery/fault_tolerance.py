@@ -233,10 +233,13 @@ class ReplicaGroups:
         for attempt in range(1, QUORUM_ATTEMPTS + 1):  # a quorum that failed (a peer lost during it) is asked again
             self.manager.start_quorum()
             n, index = self.manager.num_participants(), self.manager.participating_rank()
-            if index is not None and not self.manager.errored():
+            # asked again by every rank of the group or by none: torchft waits for all of a group's ranks at each
+            # quorum, and a peer lost while the quorum reconfigures the process group can fail one rank's part alone
+            if not collectives.any_rank(index is None or bool(self.manager.errored())):
                 break
             log.warning("replica group %d: quorum attempt %d of %d failed: %s", self.cfg.replica_id, attempt,
-                        QUORUM_ATTEMPTS, self.manager.errored())
+                        QUORUM_ATTEMPTS, self.manager.errored() or ("not in the quorum" if index is None else
+                                                                    "on another rank of this group"))
         else:
             raise RuntimeError(f"replica group {self.cfg.replica_id}: {QUORUM_ATTEMPTS} quorums failed in a row "
                                f"({self.manager.errored()}); is the Lighthouse at {self.cfg.lighthouse} up?")

@@ -93,14 +93,17 @@ def test_a_decision_on_rank_0_longer_than_the_collective_timeout_reaches_every_r
     assert "BARRIER 0" in out and "BARRIER 1" in out and proc.returncode == 0, out + err
 
 
-def test_a_peer_group_lost_during_the_guards_agreement_leaves_this_groups_ranks_acting_as_one(tmp_path):
-    """With torchft replica groups each rank's all-reduce across groups goes to its own counterpart: a peer group
-    killed mid-way leaves one rank with the agreed verdict (here: the lost writer's rollback to step 8) and the
-    other with torchft's error. The group's ranks must take one action, else one rolls back while the other trains
-    on (and their next collectives do not match)."""
-    proc = run(torchrun(2, worker("across_groups_partial_loss")), timeout=120)
+@pytest.mark.parametrize("scenario, outcome", [("guards", "None rolled_back=[]"),
+                                               ("quorum", "step=12 quorums=2 dp_rank=[{dp_rank}]")])
+def test_a_peer_group_lost_part_way_leaves_this_groups_ranks_acting_as_one(scenario, outcome):
+    """Under torchft each rank's all-reduce across groups goes to its own counterpart, and each rank configures its
+    own process group at a quorum: a peer group killed mid-way can fail one rank's part and not another's. The
+    group's ranks must still take one action, else their next collectives do not match. ``guards``: the lost
+    writer's rollback to step 8 reached rank 0 only; both must go on (before: rank 0 rolled back alone).
+    ``quorum``: rank 1's part of the first quorum failed; both must ask again (before: rank 0 went on to the step
+    while rank 1 waited in a second quorum, which torchft holds until every rank of the group asks)."""
+    proc = run(torchrun(2, worker("replica_groups_partial_loss"), scenario), timeout=120)  # group 1 of 2: dp ranks 2, 3
     out = proc.stdout
     outcomes = dict(re.findall(r"OUTCOME (\d) (.*)", out))
-    assert sorted(outcomes) == ["0", "1"], out + proc.stderr[-3000:]
-    assert outcomes["0"] == outcomes["1"] == "None rolled_back=[]", out
+    assert outcomes == {str(r): outcome.format(dp_rank=2 + r) for r in (0, 1)}, out + proc.stderr[-3000:]
     assert "BARRIER 0" in out and "BARRIER 1" in out and proc.returncode == 0, out + proc.stderr[-3000:]
