@@ -28,35 +28,43 @@ _PORT_FLOOR = 20000  # below: ports that services are commonly configured on
 _next_pick: Dict[int, int] = {}  # pid -> next offset: a forked child starts its own sequence
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing is bound to now, for a child process to bind later.
+def free_port(count: int = 1) -> int:
+    """A TCP port on 127.0.0.1 that nothing is bound to now, for a child process to bind later; with ``count``, the
+    first of that many consecutive ones (a launcher that puts group g at PORT + g).
 
-    Picked below the kernel's ephemeral range: the kernel hands ports in that range to every bind to
-    port 0 and every outgoing connection (gloo's listeners, store clients, other tests' servers), so a
-    port picked there could be taken in the second before the child bound it. That happened in CI: a
-    torchrun agent's rendezvous store failed to bind, and its peer node talked to a stranger. Below the
-    range only another explicit pick can take it: this process's picks never repeat (a sequence from a
-    random start, so concurrent processes start far apart), and a port bound by anyone is skipped."""
+    Picked below the kernel's ephemeral range: the kernel hands ports in that range to every bind to port 0 and
+    every outgoing connection (gloo's listeners, store clients, other tests' servers), so a port picked there
+    could be taken in the second before the child bound it. That happened in CI: a torchrun agent's rendezvous
+    store failed to bind, and its peer node talked to a stranger. Below the range only another explicit pick can
+    take it: this process's picks never repeat (a sequence from a random start, so concurrent processes start far
+    apart), and a port bound by anyone is skipped."""
     low, _ = _ephemeral_range()
     if low - _PORT_FLOOR < 1000:  # an unusual range: leave the pick to the kernel
+        if count != 1:
+            raise RuntimeError(f"no range of {count} ports to pick from below the ephemeral range (from {low})")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
-    span = low - _PORT_FLOOR
+    span = low - _PORT_FLOOR - count
     pid = os.getpid()
     if pid not in _next_pick:
         _next_pick.clear()
         _next_pick[pid] = random.SystemRandom().randrange(span)
     for _ in range(span):
-        port = _PORT_FLOOR + _next_pick[pid] % span
-        _next_pick[pid] += 1
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError(f"no free TCP port on 127.0.0.1 in {_PORT_FLOOR}-{low - 1}")
+        first = _PORT_FLOOR + _next_pick[pid] % span
+        _next_pick[pid] += count
+        if all(_bindable(port) for port in range(first, first + count)):
+            return first
+    raise RuntimeError(f"no {count} free consecutive TCP port(s) on 127.0.0.1 in {_PORT_FLOOR}-{low - 1}")
+
+
+def _bindable(port: int) -> bool:
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
 
 
 def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:

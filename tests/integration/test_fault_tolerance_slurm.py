@@ -30,7 +30,8 @@ def _slurm_env(tmp_path: Path, nodes: int, **extra) -> dict:
         "PATH": f"{WORKERS / 'fake_slurm'}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
         "FAKE_SLURM_LOG": str(tmp_path / "slurm.log"), "SLURM_JOB_ID": "4343", "SLURM_JOB_NODELIST": "node[0-9]",
         "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_GPUS_ON_NODE": "1", "SLURM_SUBMIT_DIR": str(ROOT),
-        "RUN_DIR": str(tmp_path / "ft"), "RDZV_PORT": str(free_port()), "LIGHTHOUSE_PORT": str(free_port()),
+        # the sbatch puts group g's rendezvous at RDZV_PORT + g: a block of ports, none of them the Lighthouse's
+        "RUN_DIR": str(tmp_path / "ft"), "RDZV_PORT": str(free_port(count=nodes)), "LIGHTHOUSE_PORT": str(free_port()),
         "JOIN_TIMEOUT_MS": "1000", "HEARTBEAT_TIMEOUT_MS": "1000", "GLOO_SOCKET_IFNAME": "lo", **extra})
 
 

@@ -63,6 +63,18 @@ def test_free_ports_lie_outside_the_kernels_ephemeral_range_and_do_not_repeat():
     os.close(read)
 
 
+def test_a_block_of_free_ports_is_not_handed_out_again():
+    """A launcher that puts group g at PORT + g (scripts/train_fault_tolerant.sbatch) gets a block; the next pick
+    (the Lighthouse's port, in CI) must lie outside it, or group 1's rendezvous meets the Lighthouse."""
+    first = free_port(count=3)
+    block = set(range(first, first + 3))
+    later = {free_port() for _ in range(20)}
+    assert not block & later, (block, later)
+    for port in block:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
 def test_in_turns_calls_each_variant_once_a_round_and_each_goes_first_in_turn():
     calls = []
     out = in_turns({name: (lambda name=name: calls.append(name) or name) for name in "abc"}, rounds=6, shift=1)
