@@ -23,7 +23,16 @@ import pytest
 from metrics.records import read_metrics, step_losses
 from rehearsal.processes import descendants
 from support.launch import run_train
-from support.replicas import GLOBAL, Group, check_global_batches, check_rollback_pair, lighthouse, overrides, wait_for
+from support.replicas import (
+    GLOBAL,
+    Group,
+    check_global_batches,
+    check_rollback_pair,
+    lighthouse,
+    losses_of,
+    overrides,
+    wait_for,
+)
 
 pytestmark = pytest.mark.distributed
 RTOL = 1e-5  # the sum over groups adds the micro-batches' gradients in another order than one rank's accumulation
@@ -61,15 +70,15 @@ def test_a_killed_group_rejoins_and_every_step_trains_the_global_batch(tmp_path,
             victim.close()
 
     first = survivor.rows()
-    assert len(survivor.launches) == 1 and sorted(r["step"] for r in first if r["committed"]) == \
-        list(range(1, steps + 1)), "the survivor ran every step once, in one process"
     committed = check_global_batches(first, victim.rows(), steps)
+    assert len(survivor.launches) == 1 and all(r in first for r in committed if r["participants"] == 1 and
+                                               r["started"] > killed), "the survivor never stopped; it ran alone"
     alone = [r["step"] for r in committed if r["participants"] == 1 and r["started"] > killed]
     assert alone and alone[-1] < steps, f"the survivor trained alone at steps {alone}, then with its peer again"
     healed = [r for r in victim.rows() if r["healed"] and r["started"] > victim.launches[1]]
     assert len(healed) == 1 and healed[0]["transfer_s"] > 0, "the restarted group took the live state, once"
 
-    losses = step_losses(survivor.run_dir)
+    losses = losses_of(survivor, victim)
     worst = max(abs(losses[k] - expected[k]) / abs(expected[k]) for k in expected)
     print(f"fault tolerance: max relative loss difference {worst:.2e} over {steps} steps "
           f"({'bitwise' if worst == 0 else 'not bitwise'}); alone after the kill at steps {alone}")

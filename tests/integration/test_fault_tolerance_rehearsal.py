@@ -25,7 +25,15 @@ import pytest
 from metrics.records import read_metrics, step_losses
 from support.launch import run_train
 from support.processes import stop
-from support.replicas import Group, check_global_batches, check_rollback_pair, lighthouse, overrides, wait_for
+from support.replicas import (
+    Group,
+    check_global_batches,
+    check_rollback_pair,
+    lighthouse,
+    losses_of,
+    overrides,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.rehearsal]
 RTOL = 1e-5
@@ -75,7 +83,7 @@ def test_hsdp_groups_through_two_kills_in_the_all_reduce_and_a_cold_restart(tmp_
     voted_away = [r["step"] for r in rows0 if not r["committed"]]
     assert {10, 18} <= set(voted_away), f"each kill in the all-reduce voids that step on the survivor: {voted_away}"
     committed = check_global_batches(rows0, rows1, STEPS, unlogged=3)
-    losses = step_losses(first.run_dir)
+    losses = losses_of(first, second)
     worst = max(abs(losses[k] - expected[k]) / abs(expected[k]) for k in expected)
     assert worst <= RTOL, worst
     a, b = first.digests(), second.digests()
@@ -172,7 +180,7 @@ def test_the_memory_tier_with_groups_one_lost_then_every_group_lost(tmp_path, py
     for launch in second.launches[1:]:  # each restart of group 1 took the live state from group 0
         assert [r for r in second.rows() if r["healed"] and r["started"] > launch], launch
     check_global_batches(first.rows(), second.rows(), steps, unlogged=2)
-    losses = step_losses(first.run_dir)
+    losses = losses_of(first, second)
     worst = max(abs(losses[k] - expected[k]) / abs(expected[k]) for k in expected)
     assert worst <= RTOL, worst
     (a,), (b,) = first.digests(), second.digests()
