@@ -36,8 +36,10 @@ def _overrides(run_dir, data, shm, faults=()):
 
 
 def _assert_complete(run_dir):
-    """Every committed checkpoint has every file its manifest lists, at its size, from all 8 ranks."""
-    committed = sorted((run_dir / "checkpoints").glob("step_????????"))
+    """Every committed checkpoint has every file its manifest lists, at its size, from all 8 ranks. A folder without
+    a manifest is a save the kill caught in flight (its commit waits for the next step's probe loss and then for
+    every rank's acknowledgement): not committed, left for the next start to remove."""
+    committed = sorted(d for d in (run_dir / "checkpoints").glob("step_????????") if (d / "manifest.json").exists())
     assert committed
     for d in committed:
         manifest = json.loads((d / "manifest.json").read_text())
