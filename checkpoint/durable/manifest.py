@@ -12,7 +12,7 @@ import json
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
@@ -175,9 +175,25 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
         raw = json.loads(text)
+        if isinstance(raw, dict) and isinstance(raw.get("format_version"), int) and \
+                raw["format_version"] > FORMAT_VERSION:
+            return cls._of_newer_format(raw)
         raw["files"] = {k: FileEntry(**v) for k, v in raw["files"].items()}
         known = {f.name for f in fields(cls)}  # a newer writer's extra fields are ignored
         return cls(**{k: v for k, v in raw.items() if k in known})
+
+    @classmethod
+    def _of_newer_format(cls, raw: Dict) -> "Manifest":
+        """What this checkout can tell of a newer format's manifest, for listings: the folder is committed (never
+        removed as a leftover), whatever the new format renamed or added. Fields it lacks take their default, else
+        None; its file entries keep only the fields known here. ``read_manifest`` refuses it for any use
+        (NewerFormat)."""
+        entry = {f.name for f in fields(FileEntry)}
+        files = raw.get("files") if isinstance(raw.get("files"), dict) else {}
+        out = {f.name: raw[f.name] if f.name in raw else f.default_factory() if f.default_factory is not MISSING
+               else None if f.default is MISSING else f.default for f in fields(cls) if f.name != "files"}
+        out["files"] = {k: FileEntry(**{n: v.get(n) for n in entry}) for k, v in files.items() if isinstance(v, dict)}
+        return cls(**out)
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:

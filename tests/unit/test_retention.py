@@ -120,15 +120,28 @@ def test_bad_superseded_and_replaced_directories_keep_the_newest_few(tmp_path):
 def test_a_checkpoint_of_a_newer_format_stays_committed_and_kept_but_is_not_read_for_use(tmp_path):
     """An older checkout sharing the folder must neither sweep nor load a newer trainer's checkpoint."""
     import dataclasses
+    import json
+    import shutil
 
-    from checkpoint.durable.discovery import list_committed
-    from checkpoint.durable.manifest import FORMAT_VERSION, NewerFormat, read_manifest, write_manifest
+    from checkpoint.durable.discovery import clean_uncommitted, list_committed
+    from checkpoint.durable.manifest import FORMAT_VERSION, MANIFEST, NewerFormat, read_manifest, write_manifest
 
-    for s in (10, 20):
+    for s in (10, 20, 30):
         _fake_checkpoint(tmp_path, s)
-    newest = tmp_path / checkpoint_id(20)
+    newest = tmp_path / checkpoint_id(30)
     write_manifest(newest, dataclasses.replace(read_manifest(newest), format_version=FORMAT_VERSION + 1))
-    assert [c.step for c in list_committed(tmp_path)] == [20, 10]
+    # one a newer format changed past what this checkout parses: a field renamed, a file entry with a new key
+    changed = tmp_path / checkpoint_id(20)
+    raw = json.loads((changed / MANIFEST).read_text())
+    raw["format_version"], raw["tokens_seen"] = FORMAT_VERSION + 1, raw.pop("tokens")
+    raw["files"]["__0_0.distcp"]["compression"] = "zstd"
+    (changed / MANIFEST).write_text(json.dumps(raw))
+    assert clean_uncommitted(tmp_path) == [] and changed.is_dir()
+    assert [c.step for c in list_committed(tmp_path)] == [30, 20, 10]
+    with pytest.raises(NewerFormat):
+        read_manifest(changed)
+    shutil.rmtree(changed)
     assert apply_retention(tmp_path, keep_last=1, keep_every=0, keep_best=0, best_metric="loss") == [checkpoint_id(10)]
+    assert [c.step for c in list_committed(tmp_path)] == [30]
     with pytest.raises(NewerFormat, match=f"manifest format {FORMAT_VERSION + 1}; this checkout reads formats up to"):
         read_manifest(newest)
