@@ -20,6 +20,7 @@ group's weights that no loss noticed).
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable, Optional
 
 from parallel import collectives
@@ -38,12 +39,16 @@ class AcrossGroups:
         self.device, self.replica_id = replicas.world.device, replicas.cfg.replica_id
 
     def _agree(self, values) -> Optional[list]:
-        """The MAX of ``values`` over the groups; None on every rank of this group when a peer was lost during it
-        on any of them. Each rank's all-reduce goes to its own counterparts in the other groups, so a group killed
-        mid-way can leave one rank with the result and another without: then the group acts as one (one small
-        agreement within it; none for a one-process group)."""
+        """The MAX of ``values`` over the groups, the same on every rank of this group; None on all of them only
+        when none of them got it (a peer lost during it). Each rank's all-reduce goes to its own counterparts in
+        the other groups, so a group killed mid-way can leave one rank with the result and another without: the
+        ranks that got it give it to the others (one small MAX within the group; none for a one-process group).
+        Going on alone instead would, with three groups or more, undo a live writer's rollback: this group
+        would train on, and the next quorum would heal the writer from it."""
         agreed = collectives.agree_max_across_replicas([float(v) for v in values], self.manager, self.device)
-        return None if collectives.any_rank(agreed is None) else agreed
+        have = agreed is not None
+        shared = collectives.agree_max([float(have)] + (agreed if have else [-math.inf] * len(values)))
+        return shared[1:] if shared[0] else None
 
     def step_boundary(self, guards, step: int, ckpt, data, before_load: Callable[[], None]) -> Optional[int]:
         """The guards' checks after the update of 1-based ``step``, agreed across the groups; the step to go on from

@@ -93,13 +93,14 @@ def test_a_decision_on_rank_0_longer_than_the_collective_timeout_reaches_every_r
     assert "BARRIER 0" in out and "BARRIER 1" in out and proc.returncode == 0, out + err
 
 
-@pytest.mark.parametrize("scenario, outcome", [("guards", "None rolled_back=[]"),
+@pytest.mark.parametrize("scenario, outcome", [("guards", "8 rolled_back=[8]"),
                                                ("quorum", "step=12 quorums=2 dp_rank=[{dp_rank}]")])
 def test_a_peer_group_lost_part_way_leaves_this_groups_ranks_acting_as_one(scenario, outcome):
     """Under torchft each rank's all-reduce across groups goes to its own counterpart, and each rank configures its
     own process group at a quorum: a peer group killed mid-way can fail one rank's part and not another's. The
-    group's ranks must still take one action, else their next collectives do not match. ``guards``: the lost
-    writer's rollback to step 8 reached rank 0 only; both must go on (before: rank 0 rolled back alone).
+    group's ranks must still take one action, else their next collectives do not match. ``guards``: the writer's
+    rollback to step 8 and its target reached rank 0 only; both must roll back to it (before: rank 0 rolled back
+    alone, rank 1 trained on).
     ``quorum``: rank 1's part of the first quorum failed; both must ask again (before: rank 0 went on to the step
     while rank 1 waited in a second quorum, which torchft holds until every rank of the group asks)."""
     proc = run(torchrun(2, worker("replica_groups_partial_loss"), scenario), timeout=120)  # group 1 of 2: dp ranks 2, 3

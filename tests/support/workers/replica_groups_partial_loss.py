@@ -6,9 +6,9 @@ and each rank configures its own process group at a quorum: a partial loss is on
   torchrun --standalone --nproc-per-node 2 tests/support/workers/replica_groups_partial_loss.py SCENARIO
 
 SCENARIO:
-- ``guards``: the guards' step boundary (recovery/guards/across_groups.py). The other group, which writes the
-  durable checkpoints, asked for a rollback to step 8 and was lost after rank 0's all-reduce with its
-  counterpart had completed and before rank 1's had.
+- ``guards``: the guards' step boundary (recovery/guards/across_groups.py). The group that writes the durable
+  checkpoints asked for a rollback to step 8; a third group was lost while rank 0's all-reduces with its
+  counterparts completed and rank 1's did not.
 - ``quorum``: the start of a step (recovery/fault_tolerance.py). Rank 1's part of the first quorum failed (its
   peer was lost while its process group was configured), rank 0's did not.
 
