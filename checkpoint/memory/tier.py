@@ -40,7 +40,15 @@ import torch
 from checkpoint.config import AUTO_MEASURE_STEPS
 from checkpoint.durable import preflight as durable_preflight
 from checkpoint.durable.discovery import checkpoint_id, parse
-from checkpoint.durable.manifest import APPLIED_BYTES, CheckpointError, ConfigMismatch, Manifest, default_algorithm
+from checkpoint.durable.manifest import (
+    APPLIED_BYTES,
+    FORMAT_VERSION,
+    CheckpointError,
+    ConfigMismatch,
+    Manifest,
+    NewerFormat,
+    default_algorithm,
+)
 from checkpoint.durable.preflight import PreflightError
 from checkpoint.memory.config import MemoryTierConfig
 from checkpoint.memory.snapshot import (
@@ -645,8 +653,9 @@ def restore(tier, state, newer_than: int = 0, allow_config_change: bool = False)
     config is refused as a durable resume refuses it (ConfigMismatch), unless ``allow_config_change``."""
     t0 = time.perf_counter()
     held = held_copies(tier.dir)
-    everyone = tier.peers.gather([{k: v for k, v in h.items() if k != "manifest"} | {"holder": tier.rank}
-                             for h in held])
+    everyone = tier.peers.gather([{k: v for k, v in h.items() if k != "manifest"} | {
+        "holder": tier.rank, "format_version": (h.get("manifest") or {}).get("format_version", FORMAT_VERSION)}
+        for h in held])
     copies = [c for per_rank in everyone for c in per_rank]
     if not copies:
         return None
@@ -677,6 +686,13 @@ def restore(tier, state, newer_than: int = 0, allow_config_change: bool = False)
 
 
 def _check_config(tier, newer: List[dict], allow_config_change: bool) -> None:
+    formats = sorted({c["format_version"] for c in newer if c["format_version"] > FORMAT_VERSION})
+    if formats:  # no flag allows it, as for a durable checkpoint
+        steps = sorted({c["step"] for c in newer if c["format_version"] > FORMAT_VERSION})
+        raise NewerFormat(f"the memory tier's snapshots of step(s) {steps} in {tier.dir} were taken by a newer "
+                          f"trainer (manifest format {formats[-1]}; this checkout reads formats up to "
+                          f"{FORMAT_VERSION}). Resume with that trainer's checkout, or remove {tier.dir} to resume "
+                          "from the durable tier")
     changed = sorted({c["step"] for c in newer if c.get("config_hash") != tier.config_hash})
     if not changed:
         return

@@ -679,6 +679,30 @@ def test_a_failed_collective_of_the_tier_turns_it_off_on_every_rank_at_one_step(
 
 
 @pytest.mark.distributed
+def test_a_snapshot_of_a_newer_format_is_refused_whatever_the_flags(tmp_path, pydoc_data):
+    """Killed with snapshots in memory and no durable checkpoint yet; the node's snapshots then carry a manifest
+    format this checkout does not know (a newer trainer's): the restart must stop with exit 2, naming both
+    formats and the folder, also with allow_config_change, and leave the snapshots as they are."""
+    from checkpoint.durable.manifest import FORMAT_VERSION
+
+    run_dir, shm = tmp_path / "run", tmp_path / "shm"
+    kill = faults_override([{"kind": "sigkill", "phase": "step", "step": 7}])
+    first = run_train(overrides(run_dir, pydoc_data, shm, [kill]), check=False)
+    metas = sorted(shm.rglob("rank*.json"))
+    assert first.returncode != 0 and metas
+    for meta in metas:
+        info = json.loads(meta.read_text())
+        info["manifest"]["format_version"] = FORMAT_VERSION + 1
+        meta.write_text(json.dumps(info))
+    for extra in ([], ["checkpoint.allow_config_change=true"]):
+        refused = run_train(overrides(run_dir, pydoc_data, shm, extra), check=False)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert f"manifest format {FORMAT_VERSION + 1}; this checkout reads formats up to {FORMAT_VERSION}" in \
+            refused.stderr and "to resume from the durable tier" in refused.stderr, refused.stderr[-3000:]
+        assert read_metrics(run_dir, "resume") == [] and sorted(shm.rglob("rank*.json")) == metas
+
+
+@pytest.mark.distributed
 def test_a_snapshot_taken_with_another_config_is_refused_like_a_durable_checkpoint(tmp_path, pydoc_data):
     """Killed with snapshots in memory and no durable checkpoint yet; restarted with other optimizer
     betas: the memory tier must refuse, as a durable resume would, not restore the old run's state."""
