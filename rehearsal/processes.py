@@ -25,43 +25,57 @@ def _ephemeral_range() -> Tuple[int, int]:
 
 
 _PORT_FLOOR = 20000  # below: ports that services are commonly configured on
+_MIN_POOL = 1000  # ports a pool needs, or it is not used
 _next_pick: Dict[int, int] = {}  # pid -> next offset: a forked child starts its own sequence
 
 
-def free_port(count: int = 1) -> int:
-    """A TCP port on 127.0.0.1 that nothing is bound to now, for a child process to bind later; with ``count``, the
-    first of that many consecutive ones (a launcher that puts group g at PORT + g).
+def _pool() -> Optional[Tuple[int, int]]:
+    """[first, last) of the ports to pick from: below the ephemeral range, else above it; None if neither is
+    large enough."""
+    low, high = _ephemeral_range()
+    for first, last in ((_PORT_FLOOR, low), (high + 1, 65536)):
+        if last - first >= _MIN_POOL:
+            return first, last
+    return None
 
-    Picked below the kernel's ephemeral range: the kernel hands ports in that range to every bind to port 0 and
-    every outgoing connection (gloo's listeners, store clients, other tests' servers), so a port picked there
-    could be taken in the second before the child bound it. That happened in CI: a torchrun agent's rendezvous
-    store failed to bind, and its peer node talked to a stranger. Below the range only another explicit pick can
-    take it: this process's picks never repeat (a sequence from a random start, so concurrent processes start far
-    apart), and a port bound by anyone is skipped."""
-    low, _ = _ephemeral_range()
-    if low - _PORT_FLOOR < 1000:  # an unusual range: leave the pick to the kernel
+
+def free_port(count: int = 1) -> int:
+    """A TCP port that nothing is bound to now on any IPv4 address, for a child process to bind later (on
+    127.0.0.1 in the tests); with ``count``, the first of that many consecutive ones (a launcher that puts group g
+    at PORT + g).
+
+    Picked outside the kernel's ephemeral range (below it, else above it): the kernel hands ports in that range to
+    every bind to port 0 and every outgoing connection (gloo's listeners, store clients, other tests' servers), so
+    a port picked there could be taken in the second before the child bound it. That happened in CI: a torchrun
+    agent's rendezvous store failed to bind, and its peer node talked to a stranger. Outside the range only
+    another explicit pick can take it: this process's picks never repeat (a sequence from a random start, so
+    concurrent processes start far apart), and a port bound by anyone is skipped."""
+    pool = _pool()
+    if pool is None:  # an ephemeral range that leaves no room: the kernel's pick, with its race
         if count != 1:
-            raise RuntimeError(f"no range of {count} ports to pick from below the ephemeral range (from {low})")
+            raise RuntimeError(f"no room outside the ephemeral range {_ephemeral_range()} for {count} ports")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
-    span = low - _PORT_FLOOR - count
+    base, span = pool[0], pool[1] - pool[0] - count
     pid = os.getpid()
     if pid not in _next_pick:
         _next_pick.clear()
         _next_pick[pid] = random.SystemRandom().randrange(span)
     for _ in range(span):
-        first = _PORT_FLOOR + _next_pick[pid] % span
+        first = base + _next_pick[pid] % span
         _next_pick[pid] += count
         if all(_bindable(port) for port in range(first, first + count)):
             return first
-    raise RuntimeError(f"no {count} free consecutive TCP port(s) on 127.0.0.1 in {_PORT_FLOOR}-{low - 1}")
+    raise RuntimeError(f"no {count} free consecutive TCP port(s) in {pool[0]}-{pool[1] - 1}")
 
 
 def _bindable(port: int) -> bool:
+    """Nothing is bound to ``port`` on any IPv4 address (a listener on one address would take a child's bind on
+    the wildcard, which torchrun's store and torchft use)."""
     try:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", port))
+            s.bind(("", port))
         return True
     except OSError:
         return False

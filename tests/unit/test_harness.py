@@ -82,3 +82,12 @@ def test_in_turns_calls_each_variant_once_a_round_and_each_goes_first_in_turn():
     firsts = calls[::3]
     assert firsts == ["b", "c", "a", "b", "c", "a"]
     assert all(sorted(calls[i:i + 3]) == ["a", "b", "c"] for i in range(0, 18, 3))
+
+
+def test_free_ports_are_picked_above_the_ephemeral_range_when_it_starts_low(monkeypatch):
+    import rehearsal.processes as processes
+
+    monkeypatch.setattr(processes, "_ephemeral_range", lambda: (15000, 60999))
+    monkeypatch.setattr(processes, "_next_pick", {})
+    ports = [free_port() for _ in range(5)] + [free_port(count=2)]
+    assert all(60999 < p < 65535 for p in ports), ports
