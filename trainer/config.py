@@ -28,6 +28,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from checkpoint.config import CheckpointConfig
+from checkpoint.storage import local_path
 from configs.keys import Bound, ConfigError, declared, hints, in_bounds, key, problems, section
 from data.batching import make_batch_plan
 from data.config import DataConfig
@@ -141,9 +142,9 @@ def value_problems(config: Config, world: World) -> List[str]:
         lambda: _seq_len_problems(config),
         lambda: _best_metric_problems(config),
     ]
-    ft, rc = p.fault_tolerance, config.recovery  # unit: fault_tolerance
+    ft, rc, ckpt_dir = p.fault_tolerance, config.recovery, local_path(config.checkpoint.dir)  # unit: fault_tolerance
     checks.append(lambda: ft.problems_with(p.dp_replicate, rc.watchdog, rc.timeouts))  # unit: fault_tolerance
-    checks.append(lambda: ft.checkpoint_problems(config.checkpoint.dir, config.run_dir))  # unit: fault_tolerance
+    checks.append(lambda: ft.checkpoint_problems(ckpt_dir, config.run_dir))  # unit: fault_tolerance
     if all(in_bounds(s) for s in (config.model, p, t)):  # the layout: no search over an absurd value's divisors
         checks.append(lambda: layout_problems(config, world))
     for run_check in checks:

@@ -13,7 +13,7 @@ disk loads no object-store client. Nothing outside this package asks which kind 
 from __future__ import annotations
 
 import importlib
-from typing import Dict, Type
+from typing import Dict, Optional, Type
 
 from checkpoint.storage.base import Entry, Loc, Store
 from checkpoint.storage.posix import PosixStore
@@ -47,6 +47,12 @@ def location(where) -> Loc:
     return Loc(_POSIX, text)
 
 
+def local_path(where) -> Optional[str]:
+    """``where`` as a path on this host's file system, or None when a store's URL names it (no backend imported)."""
+    text = str(where)
+    return None if any(text.startswith(scheme) for scheme in STORES) else text
+
+
 def configure(settings) -> None:
     """Every backend takes its settings from the checkpoint section (``checkpoint.s3.*``) before its first
     call: those imported already now, the others when they are."""
@@ -56,4 +62,4 @@ def configure(settings) -> None:
         store.configure(settings)
 
 
-__all__ = ["Entry", "Loc", "Store", "STORES", "backend", "location", "configure"]
+__all__ = ["Entry", "Loc", "Store", "STORES", "backend", "location", "local_path", "configure"]

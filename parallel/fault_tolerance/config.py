@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from configs.keys import AT_LEAST_1, NON_NEGATIVE, SECONDS, key
 
@@ -81,11 +81,12 @@ class FaultToleranceConfig:
                                f"recovery.timeouts.{phase} above {needs:g} or lower the torchft timeouts")
         return out
 
-    def checkpoint_problems(self, checkpoint_dir: str, run_dir: str) -> List[str]:
+    def checkpoint_problems(self, checkpoint_dir: Optional[str], run_dir: str) -> List[str]:
         """The groups share checkpoint.dir (each step's save is written by one group: recovery/fault_tolerance.py);
         one inside the group's own run_dir (the default, ${run_dir}/checkpoints) would hold only the steps this
-        group wrote, and a cold start could resume from an older one than the newest."""
-        if not self.enabled or "://" in str(checkpoint_dir):
+        group wrote, and a cold start could resume from an older one than the newest. ``checkpoint_dir``: its
+        local path, None for an object store's URL (shared by every group)."""
+        if not self.enabled or checkpoint_dir is None:
             return []
         ckpt, run = os.path.abspath(checkpoint_dir), os.path.abspath(run_dir)
         if os.path.commonpath([ckpt, run]) != run:
