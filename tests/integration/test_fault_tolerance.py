@@ -31,6 +31,7 @@ from support.replicas import (
     lighthouse,
     losses_of,
     overrides,
+    start_in_order,
     wait_for,
 )
 
@@ -51,11 +52,7 @@ def test_a_killed_group_rejoins_and_every_step_trains_the_global_batch(tmp_path,
         survivor = Group(root, pydoc_data, steps, address, 0, extra=SLOW)
         victim = Group(root, pydoc_data, steps, address, 1, extra=SLOW)
         try:
-            survivor.start()  # first: it runs every step (the other joins at its first quorum)
-            wait_for("the survivor's first step", lambda: survivor.rows(), [survivor])
-            victim.start()
-            wait_for("a step of both groups",
-                     lambda: any(r["participants"] == 2 and r["step"] >= 3 for r in victim.rows()), [survivor, victim])
+            start_in_order(survivor, victim, together_at=3)
             os.kill(victim.proc.pid, signal.SIGKILL)  # from outside, mid-run
             killed = time.time()
             assert victim.proc.wait(30) == -signal.SIGKILL

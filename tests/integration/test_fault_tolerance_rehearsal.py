@@ -32,6 +32,7 @@ from support.replicas import (
     lighthouse,
     losses_of,
     overrides,
+    start_in_order,
     wait_for,
 )
 
@@ -58,9 +59,7 @@ def test_hsdp_groups_through_two_kills_in_the_all_reduce_and_a_cold_restart(tmp_
         first = Group(root, pydoc_data, STEPS, address, 0, nproc=2, extra={**saves, "+recovery.faults": _faults()})
         second = Group(root, pydoc_data, STEPS, address, 1, nproc=2, extra={**saves, "+recovery.faults": kills})
         try:
-            first.start()  # group 0 first: it runs every step (group 1 joins at its first quorum)
-            wait_for("group 0's first step", lambda: first.rows(), [first])
-            second.start()
+            start_in_order(first, second)
             for _ in range(2):  # each kill inside the all-reduce: group 1 stops, the test restarts it
                 code = second.proc.wait(240)
                 assert code != 0, f"group 1 finished ({code}) before its fault:\n{second.text()}"
@@ -69,10 +68,7 @@ def test_hsdp_groups_through_two_kills_in_the_all_reduce_and_a_cold_restart(tmp_
                                                             for r in first.rows()), [first, second])
             stop(first.proc)  # every group lost: SIGKILL from outside, both together
             stop(second.proc)
-            first.start()  # group 0 first, from its durable checkpoint; then group 1, which takes its state
-            wait_for("group 0's first step after the restart",
-                     lambda: any(r["started"] > first.launches[1] for r in first.rows()), [first])
-            second.start()
+            start_in_order(first, second)  # group 0 from its durable checkpoint; group 1 takes its state
             first.finish()
             second.finish()
         finally:
@@ -151,11 +147,7 @@ def test_the_memory_tier_with_groups_one_lost_then_every_group_lost(tmp_path, py
     with lighthouse(tmp_path / "lighthouse.log") as address:
         first, second = (Group(root, pydoc_data, steps, address, g, extra=memory) for g in (0, 1))
         try:
-            first.start()
-            wait_for("group 0's first step", lambda: first.rows(), [first])
-            second.start()
-            wait_for("both groups in step 10", lambda: any(r["step"] >= 10 and r["participants"] == 2
-                                                            for r in second.rows()), [first, second])
+            start_in_order(first, second, together_at=10)
             stop(second.proc)  # one group lost
             second.start()
             wait_for("both groups in step 18", lambda: any(r["step"] >= 18 and r["participants"] == 2 and
@@ -163,10 +155,7 @@ def test_the_memory_tier_with_groups_one_lost_then_every_group_lost(tmp_path, py
                                                             for r in second.rows()), [first, second])
             stop(first.proc)  # every group lost, the nodes (the memory root) live
             stop(second.proc)
-            first.start()  # group 0 first, from its snapshot; then group 1, which takes its state
-            wait_for("group 0's first step after the restart",
-                     lambda: any(r["started"] > first.launches[1] for r in first.rows()), [first])
-            second.start()
+            start_in_order(first, second)  # group 0 from its snapshot; group 1 takes its state
             first.finish()
             second.finish()
         finally:
@@ -201,11 +190,7 @@ def test_the_watchdog_lets_a_survivor_wait_for_a_hung_peer_within_the_checked_ti
     with lighthouse(tmp_path / "lighthouse.log") as address:
         first, second = (Group(root, pydoc_data, steps, address, g, extra=tight) for g in (0, 1))
         try:
-            first.start()
-            wait_for("group 0's first step", lambda: first.rows(), [first])
-            second.start()
-            wait_for("both groups in step 6", lambda: any(r["step"] >= 6 and r["participants"] == 2
-                                                           for r in first.rows()), [first, second])
+            start_in_order(first, second, together_at=6)
             os.kill(second.proc.pid, signal.SIGSTOP)  # hung, not dead
             hung = time.time()
             first.finish(180)

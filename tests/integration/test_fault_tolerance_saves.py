@@ -24,7 +24,7 @@ from checkpoint.interop.export import load_tensors
 from metrics.records import read_metrics, step_losses
 from support.launch import run_train
 from support.processes import stop
-from support.replicas import Group, lighthouse, overrides, wait_for
+from support.replicas import Group, lighthouse, overrides, start_in_order, wait_for
 
 pytestmark = pytest.mark.distributed
 RTOL = 1e-5  # as test_fault_tolerance.py: the sum over groups adds the gradients in another order
@@ -53,11 +53,7 @@ def test_any_live_group_writes_the_durable_checkpoints_and_a_cold_restart_resume
         first = Group(root, pydoc_data, STEPS, address, 0, extra=SAVES)
         second = Group(root, pydoc_data, STEPS, address, 1, extra=SAVES)
         try:
-            first.start()
-            wait_for("group 0's first step", lambda: first.rows(), [first])
-            second.start()
-            wait_for("a step of both groups", lambda: any(r["participants"] == 2 and r["step"] >= 3
-                                                          for r in second.rows()), [first, second])
+            start_in_order(first, second, together_at=3)
             os.kill(first.proc.pid, signal.SIGKILL)  # group 0, the writer, from outside
             killed = time.time()
             assert first.proc.wait(30) == -signal.SIGKILL
@@ -70,10 +66,7 @@ def test_any_live_group_writes_the_durable_checkpoints_and_a_cold_restart_resume
             stop(first.proc)  # every group lost: both SIGKILLed from outside
             stop(second.proc)
             newest = max(writers(root))
-            first.start()
-            wait_for("group 0's first step after the cold restart",
-                     lambda: any(r["started"] > first.launches[2] for r in first.rows()), [first])
-            second.start()
+            start_in_order(first, second)  # group 0 from the newest checkpoint; group 1 takes its state
             first.finish()
             second.finish()
         finally:
@@ -191,11 +184,7 @@ def test_groups_preempted_together_save_each_step_once(tmp_path, pydoc_data):
     with lighthouse(tmp_path / "lighthouse.log") as address:
         groups = [Group(root, pydoc_data, STEPS, address, g, extra=extra) for g in (0, 1)]
         try:
-            groups[0].start()
-            wait_for("group 0's first step", lambda: groups[0].rows(), groups[:1])
-            groups[1].start()
-            wait_for("a step of both groups", lambda: any(r["participants"] == 2 and r["step"] >= 3
-                                                          for r in groups[1].rows()), groups)
+            start_in_order(*groups, together_at=3)
             duplicate = Group(root, pydoc_data, STEPS, address, 1, extra=extra)  # group 1 launched twice
             duplicate.index = "1-again"  # its own log file
             code = duplicate.start().proc.wait(60)

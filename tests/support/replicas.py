@@ -10,7 +10,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 from metrics.records import read_metrics, step_losses
 from recovery.fault_tolerance import LOG_NAME
@@ -103,6 +103,19 @@ def wait_for(what: str, predicate, groups: List[Group], timeout: float = 180.0) 
         if time.monotonic() > deadline:
             raise AssertionError(f"no {what} in {timeout} s")
         time.sleep(0.05)
+
+
+def start_in_order(first: Group, second: Group, together_at: Optional[int] = None) -> None:
+    """``first`` started, then ``second`` once ``first`` ran a step of this launch: ``first`` runs every step and
+    ``second`` joins at its first quorum, taking ``first``'s state (after a cold restart: the state ``first``
+    resumed). With ``together_at``, until both groups ran a step >= it together."""
+    first.start()
+    launched = first.launches[-1]
+    wait_for(f"group {first.index}'s first step", lambda: any(r["started"] > launched for r in first.rows()), [first])
+    second.start()
+    if together_at is not None:
+        wait_for(f"both groups in step {together_at}", lambda: any(
+            r["step"] >= together_at and r["participants"] == 2 for r in second.rows()), [first, second])
 
 
 def check_global_batches(first: List[dict], second: List[dict], steps: int, unlogged: int = 1) -> List[dict]:
