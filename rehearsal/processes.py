@@ -12,6 +12,8 @@ import os
 import random
 import signal
 import socket
+import subprocess
+import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -79,6 +81,49 @@ def _bindable(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def wait_listening(proc: subprocess.Popen, port: int, what: str, timeout_s: float = 60.0) -> None:
+    """Return once ``proc`` (or a process it started) listens on ``port``; raise if it exits first or ``timeout_s``
+    passes. A server started and handed to clients at once races them: the Lighthouse takes 1.8 s to listen on an
+    idle machine (it imports torch), and under load a group's 3 s connect timeout ran out before it (CI). Asked of
+    the process's own sockets, not by connecting: a stranger that took the port would answer a connect."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if any(port in (p for _, p in listening(pid)) for pid in (proc.pid, *descendants(proc.pid))):
+                return
+        except OSError:  # exited meanwhile
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited ({proc.returncode}) before it listened on port {port}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not listen on port {port} within {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
+def listening(pid: int) -> List[Tuple[str, int]]:
+    """(address, port) of every TCP socket that process ``pid`` holds open in the LISTEN state: its fds' socket
+    inodes, looked up in /proc/<pid>/net/tcp and tcp6 (the network namespace's table, addresses in hex)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    found = []
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            hex_addr, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_addr)
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # /proc writes each 32-bit word
+            found.append((socket.inet_ntop(family, raw), int(hex_port, 16)))  # in host (little-endian) order
+    return found
 
 
 def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Dict, Optional
 
-from rehearsal.processes import free_port, kill_tree
+from rehearsal.processes import free_port, kill_tree, wait_listening
 
 BUCKET = "checkpoints"
 PART_BYTES = 256 << 10  # the tests' multipart part size (S3's floor is 5 MiB; moto's is lowered to match)
@@ -47,15 +46,8 @@ class S3Server:
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(self.port), self.delay_file],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                                      start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return self
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto's S3 server did not start on {self.url} (exit {self.proc.poll()})")
-                time.sleep(0.1)
+        wait_listening(self.proc, self.port, "moto's S3 server", timeout_s)
+        return self
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

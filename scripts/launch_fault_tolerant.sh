@@ -13,10 +13,7 @@
 # CHECKPOINT_DIR (default RUN_DIR/checkpoints), where each step's durable save is written by the first group of its quorum. The
 # Lighthouse binds LIGHTHOUSE_BIND (default 127.0.0.1:29510: this host only); it is the one process every group
 # needs (a single point of failure) and stops when this script ends.
-# SLURM: run the Lighthouse once (a small node or the first one) with --bind on the interface the nodes reach,
-# and one `srun --nodes N --kill-on-bad-exit=1 torchrun ...` job step per group, each with its
-# parallel.fault_tolerance.replica_id and run_dir, started in the background from one batch script
-# (steps of different groups fail alone: never --kill-on-bad-exit across groups). Not run here.
+# SLURM: scripts/train_fault_tolerant.sbatch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GROUPS_N="${GROUPS_N:-2}"
@@ -29,13 +26,13 @@ PYTHON="${PYTHON:-python}"
 LIGHTHOUSE_BIN="${LIGHTHOUSE_BIN:-$(dirname "$(command -v "$PYTHON")")/torchft_lighthouse}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
-"$LIGHTHOUSE_BIN" --bind "$LIGHTHOUSE_BIND" --min_replicas "$MIN_REPLICAS" --join_timeout_ms "${JOIN_TIMEOUT_MS:-5000}" \
-  --quorum_tick_ms 100 --heartbeat_timeout_ms "${HEARTBEAT_TIMEOUT_MS:-5000}" &
-LIGHTHOUSE_PID=$!
+source scripts/lighthouse.sh
 PIDS=()
-stop() { kill "${PIDS[@]}" "$LIGHTHOUSE_PID" 2>/dev/null || true; }
+LIGHTHOUSE_PID=""
+stop() { kill "${PIDS[@]}" $LIGHTHOUSE_PID 2>/dev/null || true; }
 trap stop EXIT
 trap 'kill -TERM "${PIDS[@]}" 2>/dev/null || true' TERM
+start_lighthouse "$LIGHTHOUSE_BIND" || exit 1
 
 for ((g = 0; g < GROUPS_N; g++)); do
   "$PYTHON" scripts/torchrun_preemptible.py --standalone --nproc-per-node "$NPROC" --max-restarts "${MAX_RESTARTS:-3}" \

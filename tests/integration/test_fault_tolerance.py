@@ -13,15 +13,12 @@ from __future__ import annotations
 import ipaddress
 import os
 import signal
-import socket
 import time
-from pathlib import Path
-from typing import List, Tuple
 
 import pytest
 
 from metrics.records import read_metrics, step_losses
-from rehearsal.processes import descendants
+from rehearsal.processes import descendants, listening
 from support.launch import run_train
 from support.replicas import (
     GLOBAL,
@@ -114,30 +111,6 @@ def test_torchft_semantics_lose_a_missing_groups_samples_and_ours_lose_none(tmp_
             else:
                 assert seen == [(k * GLOBAL, GLOBAL) for k in range(steps)]
                 assert all(r["tokens"] == r["global_tokens"] for r in rows)
-
-
-def listening(pid: int) -> List[Tuple[str, int]]:
-    """(address, port) of every TCP socket that process ``pid`` holds open in the LISTEN state: its fds' socket
-    inodes, looked up in /proc/<pid>/net/tcp and tcp6 (the network namespace's table, addresses in hex)."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:  # closed meanwhile
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
-    found = []
-    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
-        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
-                continue
-            hex_addr, hex_port = fields[1].split(":")
-            raw = bytes.fromhex(hex_addr)
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # /proc writes each 32-bit word
-            found.append((socket.inet_ntop(family, raw), int(hex_port, 16)))  # in host (little-endian) order
-    return found
 
 
 def test_no_socket_of_a_group_listens_on_every_interface(tmp_path, pydoc_data):

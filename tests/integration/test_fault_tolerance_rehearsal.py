@@ -195,7 +195,8 @@ def test_the_watchdog_lets_a_survivor_wait_for_a_hung_peer_within_the_checked_ti
             hung = time.time()
             first.finish(180)
         finally:
-            os.kill(second.proc.pid, signal.SIGCONT)
+            if second.proc is not None:
+                os.kill(second.proc.pid, signal.SIGCONT)
             first.close()
             second.close()
 

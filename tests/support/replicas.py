@@ -14,7 +14,7 @@ from typing import Dict, Iterator, List, Optional
 
 from metrics.records import read_metrics, step_losses
 from recovery.fault_tolerance import LOG_NAME
-from rehearsal.processes import free_port, kill_tree
+from rehearsal.processes import free_port, kill_tree, wait_listening
 from rehearsal.runs import debug_overrides
 from support.launch import ROOT, python_or_torchrun, run_train
 from support.processes import start, stop
@@ -28,17 +28,26 @@ def lighthouse(log_path: Path, heartbeat_ms: int = 1000) -> Iterator[str]:
     """A Lighthouse on 127.0.0.1; a group without a heartbeat for ``heartbeat_ms`` leaves the quorum, and a live group
     that has not asked for a step's quorum 5 s after the first group did is left out of that step (at 1 s, a save
     under load had a group miss a quorum; a dead group stops its heartbeats, so this does not slow a recovery)."""
-    port = free_port()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([str(LIGHTHOUSE), "--bind", f"127.0.0.1:{port}", "--min_replicas", "1",
-                                 "--join_timeout_ms", "5000", "--quorum_tick_ms", "50",
-                                 "--heartbeat_timeout_ms", str(heartbeat_ms)],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    for attempt in range(3):  # another process may bind the picked port first: the Lighthouse exits, pick again
+        port = free_port()
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([str(LIGHTHOUSE), "--bind", f"127.0.0.1:{port}", "--min_replicas", "1",
+                                     "--join_timeout_ms", "5000", "--quorum_tick_ms", "50",
+                                     "--heartbeat_timeout_ms", str(heartbeat_ms)],
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
+            wait_listening(proc, port, "the Lighthouse")
+            break
+        except RuntimeError:
             kill_tree(proc.pid)
             proc.wait()
+            if attempt == 2 or "Address already in use" not in log_path.read_text():
+                raise RuntimeError(f"the Lighthouse did not start:\n{log_path.read_text()[-3000:]}") from None
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
 
 
 def overrides(run_dir: Path, data: Path, steps: int, extra: Dict[str, object] | None = None) -> List[str]:

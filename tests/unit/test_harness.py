@@ -10,8 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from rehearsal.bench import in_turns
-from rehearsal.processes import descendants, free_port, kill_tree
+from rehearsal.processes import descendants, free_port, kill_tree, wait_listening
 from support.processes import alive
 
 # A parent whose child starts a session of its own (as torchrun's workers do) and has a child of its own.
@@ -73,6 +75,35 @@ def test_a_block_of_free_ports_is_not_handed_out_again():
     for port in block:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_wait_listening_waits_for_the_servers_own_socket_and_not_a_strangers():
+    """A server that binds late is waited for; a stranger listening on the port does not count (a connect would
+    have taken it for the server); a server that exits is reported at once."""
+    port = free_port()
+    late = f"import socket, time; time.sleep(0.5); s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); " \
+           "time.sleep(30)"
+    server = subprocess.Popen([sys.executable, "-c", late])
+    try:
+        started = time.monotonic()
+        wait_listening(server, port, "the late server", timeout_s=30)
+        assert time.monotonic() - started >= 0.5
+    finally:
+        server.kill()
+        server.wait()
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", 0))
+        stranger.listen()
+        idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            with pytest.raises(RuntimeError, match="the idle server did not listen on port"):
+                wait_listening(idle, stranger.getsockname()[1], "the idle server", timeout_s=1)
+        finally:
+            idle.kill()
+            idle.wait()
+    gone = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    with pytest.raises(RuntimeError, match=rf"^the failing server exited \(3\) before it listened on port {port}$"):
+        wait_listening(gone, port, "the failing server", timeout_s=30)
 
 
 def test_in_turns_calls_each_variant_once_a_round_and_each_goes_first_in_turn():
