@@ -237,12 +237,12 @@ class ReplicaGroups:
             # quorum, and a peer lost while the quorum reconfigures the process group can fail one rank's part alone
             if not collectives.any_rank(index is None or bool(self.manager.errored())):
                 break
+            why = self.manager.errored() or ("not in the quorum" if index is None else "on another rank of this group")
             log.warning("replica group %d: quorum attempt %d of %d failed: %s", self.cfg.replica_id, attempt,
-                        QUORUM_ATTEMPTS, self.manager.errored() or ("not in the quorum" if index is None else
-                                                                    "on another rank of this group"))
+                        QUORUM_ATTEMPTS, why)
         else:
-            raise RuntimeError(f"replica group {self.cfg.replica_id}: {QUORUM_ATTEMPTS} quorums failed in a row "
-                               f"({self.manager.errored()}); is the Lighthouse at {self.cfg.lighthouse} up?")
+            raise RuntimeError(f"replica group {self.cfg.replica_id}: {QUORUM_ATTEMPTS} quorums failed in a row (the "
+                               f"last: {why}); is the Lighthouse at {self.cfg.lighthouse} up?")
         self.quorum_s = time.perf_counter() - start
         if self.manager.current_step() != self.state.step:
             raise RuntimeError(f"replica group {self.cfg.replica_id}: torchft is at step "

@@ -93,8 +93,10 @@ def test_a_decision_on_rank_0_longer_than_the_collective_timeout_reaches_every_r
     assert "BARRIER 0" in out and "BARRIER 1" in out and proc.returncode == 0, out + err
 
 
-@pytest.mark.parametrize("scenario, outcome", [("guards", "8 rolled_back=[8]"),
-                                               ("quorum", "step=12 quorums=2 dp_rank=[{dp_rank}]")])
+@pytest.mark.parametrize("scenario, outcome", [
+    ("guards", "8 rolled_back=[8]"), ("quorum", "step=12 quorums=2 dp_rank=[{dp_rank}]"),
+    ("quorum_fails", "RuntimeError: replica group 1: 3 quorums failed in a row (the last: {why}); is the Lighthouse "
+                     "at stand-in up?")])
 def test_a_peer_group_lost_part_way_leaves_this_groups_ranks_acting_as_one(scenario, outcome):
     """Under torchft each rank's all-reduce across groups goes to its own counterpart, and each rank configures its
     own process group at a quorum: a peer group killed mid-way can fail one rank's part and not another's. The
@@ -102,9 +104,12 @@ def test_a_peer_group_lost_part_way_leaves_this_groups_ranks_acting_as_one(scena
     rollback to step 8 and its target reached rank 0 only; both must roll back to it (before: rank 0 rolled back
     alone, rank 1 trained on).
     ``quorum``: rank 1's part of the first quorum failed; both must ask again (before: rank 0 went on to the step
-    while rank 1 waited in a second quorum, which torchft holds until every rank of the group asks)."""
+    while rank 1 waited in a second quorum, which torchft holds until every rank of the group asks).
+    ``quorum_fails``: rank 1's part of every quorum failed; both stop after the same attempts, each naming what it
+    saw last (before: rank 0's message said "(None)")."""
     proc = run(torchrun(2, worker("replica_groups_partial_loss"), scenario), timeout=120)  # group 1 of 2: dp ranks 2, 3
     out = proc.stdout
     outcomes = dict(re.findall(r"OUTCOME (\d) (.*)", out))
-    assert outcomes == {str(r): outcome.format(dp_rank=2 + r) for r in (0, 1)}, out + proc.stderr[-3000:]
+    why = ("on another rank of this group", "configuring the process group: the peer is gone")
+    assert outcomes == {str(r): outcome.format(dp_rank=2 + r, why=why[r]) for r in (0, 1)}, out + proc.stderr[-3000:]
     assert "BARRIER 0" in out and "BARRIER 1" in out and proc.returncode == 0, out + proc.stderr[-3000:]

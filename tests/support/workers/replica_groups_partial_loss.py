@@ -11,6 +11,7 @@ SCENARIO:
   counterparts completed and rank 1's did not.
 - ``quorum``: the start of a step (recovery/fault_tolerance.py). Rank 1's part of the first quorum failed (its
   peer was lost while its process group was configured), rank 0's did not.
+- ``quorum_fails``: as ``quorum``, but rank 1's part of every quorum fails: both ranks stop, each saying why.
 
 torchft's manager is a stand-in; the two ranks and their group's agreement are real. Each rank prints
 "OUTCOME <rank> <what it did>", then "BARRIER <rank>" once both reached the group's next collective.
@@ -82,11 +83,11 @@ def guards(rank: int) -> str:
     return f"{got} rolled_back={rolled}"
 
 
-def quorum(rank: int) -> str:
+def quorum(rank: int, failed_quorums: int = 1) -> str:
     from recovery.fault_tolerance import ReplicaGroups
 
     groups = object.__new__(ReplicaGroups)  # the parts start_step reads
-    groups.manager = Manager(failed_quorums=1 if rank == 1 else 0)
+    groups.manager = Manager(failed_quorums=failed_quorums if rank == 1 else 0)
     groups.cfg = SimpleNamespace(replica_id=1, lighthouse="stand-in", preserve_batch=True, groups=2)
     groups.state = SimpleNamespace(step=12)
     groups.group_plan = SimpleNamespace(dp_size=2, global_batch_size=8, micro_batch_size=1)
@@ -101,7 +102,8 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
     rank = dist.get_rank()
     try:
-        outcome = {"guards": guards, "quorum": quorum}[sys.argv[1]](rank)
+        outcome = {"guards": guards, "quorum": quorum,
+                   "quorum_fails": lambda r: quorum(r, failed_quorums=99)}[sys.argv[1]](rank)
     except Exception as exc:  # noqa: BLE001 - the test reads what each rank met
         outcome = f"{type(exc).__name__}: {exc}"
     sys.stdout.write(f"OUTCOME {rank} {outcome}\n")
