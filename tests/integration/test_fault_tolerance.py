@@ -11,7 +11,6 @@ saves in flight) are in test_fault_tolerance_rehearsal.py, marked rehearsal.
 from __future__ import annotations
 
 import ipaddress
-import os
 import signal
 import time
 
@@ -50,7 +49,7 @@ def test_a_killed_group_rejoins_and_every_step_trains_the_global_batch(tmp_path,
         victim = Group(root, pydoc_data, steps, address, 1, extra=SLOW)
         try:
             start_in_order(survivor, victim, together_at=3)
-            os.kill(victim.proc.pid, signal.SIGKILL)  # from outside, mid-run
+            victim.send(signal.SIGKILL)  # from outside, mid-run
             killed = time.time()
             assert victim.proc.wait(30) == -signal.SIGKILL
             wait_for("a step of the survivor alone", lambda: any(r["participants"] == 1 and r["committed"] and

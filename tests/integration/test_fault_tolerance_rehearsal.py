@@ -87,7 +87,8 @@ def test_hsdp_groups_through_two_kills_in_the_all_reduce_and_a_cold_restart(tmp_
     cold = [r for r in rows1 if r["healed"] and r["started"] > second.launches[3]]
     assert cold, "after losing every group, group 1 took group 0's state (resumed from its durable checkpoint)"
     restarted = [r for r in rows0 if r["committed"] and r["started"] > first.launches[1]]
-    before = {r["step"]: r for r in rows0 if r["committed"] and r["started"] < first.launches[1]}
+    # the step's row from either group (whichever wrote that checkpoint; a group left out of a step has none)
+    before = {r["step"]: r for r in rows1 + rows0 if r["committed"] and r["started"] < first.launches[1]}
     resumed_at = restarted[0]["step"] - 1  # the checkpoint's step
     assert resumed_at % 2 == 0 and restarted[0]["batches_committed"] == \
         before[resumed_at]["batches_committed"] + restarted[0]["participants"], "torchft's count is the checkpoint's"
@@ -109,7 +110,8 @@ def _report(rows0, rows1, launches, committed, voted_away, worst) -> None:
         after = min((r for r in done if r["time"] > lost["time"]), key=lambda r: r["time"])
         pauses.append(round(after["time"] - before["time"] - normal, 2))
     for launch in launches[1:3]:  # the two restarts after a kill inside the all-reduce
-        healed = next(r for r in rows1 if r["healed"] and r["started"] > launch)
+        healed = next((r for r in rows1 if r["healed"] and r["started"] > launch), None)
+        assert healed is not None, f"group 1's restart at {launch:.2f} never took the live state: {rows1}"
         print(f"rejoin: start-up {healed['started'] - launch:.2f} s, quorum and transfer {healed['quorum_s']:.2f} s "
               f"(transfer {healed['transfer_s']:.3f} s, load {healed['load_s']:.3f} s), first step "
               f"{healed['step_s']:.2f} s")
@@ -187,15 +189,16 @@ def test_the_watchdog_lets_a_survivor_wait_for_a_hung_peer_within_the_checked_ti
     tight = {"parallel.fault_tolerance.timeout_s": timeout, "parallel.fault_tolerance.quorum_timeout_s": timeout,
              "recovery.timeouts.step": timeout + 1, "recovery.timeouts.data_wait": 2 * timeout + 1,
              "+recovery.faults": _faults().replace("0.4", "0.1")}
-    with lighthouse(tmp_path / "lighthouse.log") as address:
+    # the hung peer is dropped 1 s after its last heartbeat: within one quorum_timeout_s of the survivor's ask
+    with lighthouse(tmp_path / "lighthouse.log", heartbeat_ms=1000) as address:
         first, second = (Group(root, pydoc_data, steps, address, g, extra=tight) for g in (0, 1))
         try:
             start_in_order(first, second, together_at=6)
-            os.kill(second.proc.pid, signal.SIGSTOP)  # hung, not dead
+            second.send(signal.SIGSTOP)  # hung, not dead
             hung = time.time()
             first.finish(180)
         finally:
-            if second.proc is not None:
+            if second.proc is not None and second.proc.poll() is None:  # stopped, not ended: let it end
                 os.kill(second.proc.pid, signal.SIGCONT)
             first.close()
             second.close()

@@ -9,7 +9,6 @@ losses stay within RTOL of the uninterrupted run's, and both groups end with bit
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
@@ -54,7 +53,7 @@ def test_any_live_group_writes_the_durable_checkpoints_and_a_cold_restart_resume
         second = Group(root, pydoc_data, STEPS, address, 1, extra=SAVES)
         try:
             start_in_order(first, second, together_at=3)
-            os.kill(first.proc.pid, signal.SIGKILL)  # group 0, the writer, from outside
+            first.send(signal.SIGKILL)  # group 0, the writer, from outside
             killed = time.time()
             assert first.proc.wait(30) == -signal.SIGKILL
             wait_for("two checkpoints of group 1 alone", lambda: len(
@@ -192,7 +191,7 @@ def test_groups_preempted_together_save_each_step_once(tmp_path, pydoc_data):
             assert code != 0 and "checkpoint.dir: " in duplicate.text() and \
                 "is in use by a live run" in duplicate.text(), f"{code}: {duplicate.text()}"
             for group in groups:
-                os.kill(group.proc.pid, signal.SIGTERM)
+                group.send(signal.SIGTERM)
             for group in groups:
                 group.finish(60)  # preempted: a clean exit
         finally:

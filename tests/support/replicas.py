@@ -5,6 +5,8 @@ global batch."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,10 +26,12 @@ LIGHTHOUSE = Path(sys.executable).parent / "torchft_lighthouse"
 
 
 @contextmanager
-def lighthouse(log_path: Path, heartbeat_ms: int = 1000) -> Iterator[str]:
-    """A Lighthouse on 127.0.0.1; a group without a heartbeat for ``heartbeat_ms`` leaves the quorum, and a live group
-    that has not asked for a step's quorum 5 s after the first group did is left out of that step (at 1 s, a save
-    under load had a group miss a quorum; a dead group stops its heartbeats, so this does not slow a recovery)."""
+def lighthouse(log_path: Path, heartbeat_ms: int = 3000) -> Iterator[str]:
+    """A Lighthouse on 127.0.0.1, listening before this returns. A group without a heartbeat for ``heartbeat_ms``
+    leaves the quorum; with two groups, a live one is always waited for (torchft: a quorum needs more than half of
+    the heartbeating groups). The heartbeat is also each kill's pause for the survivor: 3 s, not the launchers' 5 s,
+    for the tests' time; at 1 s a loaded CI machine once had a live group's heartbeat lapse (group 1 ran step 9 alone
+    while group 0 saved)."""
     for attempt in range(3):  # another process may bind the picked port first: the Lighthouse exits, pick again
         port = free_port()
         with open(log_path, "w") as log:
@@ -81,15 +85,24 @@ class Group:
         return Path(self.log.name).read_text()[-6000:]
 
     def rows(self) -> List[dict]:
+        """The group's fault_tolerance.jsonl, without a last line still being written."""
         path = self.run_dir / LOG_NAME
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        text = path.read_text() if path.exists() else ""
+        return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+
+    def send(self, sig: signal.Signals) -> None:
+        """``sig`` to the running group; a group that already ended fails the test with its log."""
+        if self.proc.poll() is not None:
+            raise AssertionError(f"group {self.index} ended ({self.proc.returncode}) before the test's {sig.name}:\n"
+                                 f"{self.text()}")
+        os.kill(self.proc.pid, sig)
 
     def finish(self, timeout: float = 300.0) -> None:
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             stop(self.proc)
-            raise
+            raise AssertionError(f"group {self.index} did not end within {timeout:.0f} s:\n{self.text()}") from None
         assert code == 0, f"group {self.index} failed ({code}):\n{self.text()}"
 
     def close(self) -> None:
@@ -110,7 +123,8 @@ def wait_for(what: str, predicate, groups: List[Group], timeout: float = 180.0) 
                 raise AssertionError(f"group {group.index} exited ({group.proc.returncode}) while waiting for "
                                      f"{what}:\n{group.text()}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} in {timeout} s")
+            logs = "\n".join(f"group {group.index}:\n{group.text()}" for group in groups)
+            raise AssertionError(f"no {what} in {timeout} s:\n{logs}")
         time.sleep(0.05)
 
 
@@ -129,9 +143,9 @@ def start_in_order(first: Group, second: Group, together_at: Optional[int] = Non
 
 def check_global_batches(first: List[dict], second: List[dict], steps: int, unlogged: int = 1) -> List[dict]:
     """Every step trained on the uninterrupted run's global batch, by the groups of its quorum. A step's rows are its
-    last committed attempt (a step re-run after a restart counts once), in either group: a group late for a quorum
-    by more than the Lighthouse's join timeout (a save under load) is left out of it, the other runs that step
-    alone and sends it the state at the next quorum (seen in CI: group 1 ran step 9 alone while group 0 saved). With
+    last committed attempt (a step re-run after a restart counts once), in either group: a group whose heartbeat
+    lapsed (a loaded machine) is left out of a quorum, the other runs that step alone and sends it the state at the
+    next quorum (seen in CI: group 1 ran step 9 alone while group 0 saved). With
     both groups in the quorum, the other group's row of that step joins it. The rows tile [(k - 1) x GLOBAL,
     k x GLOBAL) and their tokens add up to the global batch's. Up to ``unlogged`` steps may lack the other group's
     row: a kill between its commit and its log line. Returns the rows used, one per step."""
