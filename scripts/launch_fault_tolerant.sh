@@ -23,18 +23,18 @@ CHECKPOINT_DIR="${CHECKPOINT_DIR:-$RUN_DIR/checkpoints}"  # shared by the groups
 LIGHTHOUSE_BIND="${LIGHTHOUSE_BIND:-127.0.0.1:29510}"
 MIN_REPLICAS="${MIN_REPLICAS:-1}"
 PYTHON="${PYTHON:-python}"
-LIGHTHOUSE_BIN="${LIGHTHOUSE_BIN:-$(dirname "$(command -v "$PYTHON")")/torchft_lighthouse}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 source scripts/lighthouse.sh
 PIDS=()
-LIGHTHOUSE_PID=""
+notice=""
 stop() { kill "${PIDS[@]}" $LIGHTHOUSE_PID 2>/dev/null || true; }
 trap stop EXIT
-trap 'kill -TERM "${PIDS[@]}" 2>/dev/null || true' TERM
+trap 'notice=TERM; kill -TERM "${PIDS[@]}" 2>/dev/null || true' TERM
 start_lighthouse "$LIGHTHOUSE_BIND" || exit 1
 
 for ((g = 0; g < GROUPS_N; g++)); do
+  [[ -z "$notice" ]] || break  # a SIGTERM while the groups were being started: the rest are not
   "$PYTHON" scripts/torchrun_preemptible.py --standalone --nproc-per-node "$NPROC" --max-restarts "${MAX_RESTARTS:-3}" \
     train.py "$@" run_dir="$RUN_DIR/group_$g" checkpoint.dir="$CHECKPOINT_DIR" \
     parallel.fault_tolerance.enabled=true \

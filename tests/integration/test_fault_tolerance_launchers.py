@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ import pytest
 from checkpoint.durable.discovery import Listing
 from checkpoint.durable.manifest import read_manifest
 from recovery.fault_tolerance import LOG_NAME
-from rehearsal.processes import free_port
+from rehearsal.processes import free_port, kill_tree
 from support.launch import ROOT, WORKERS, subprocess_env
 from support.replicas import overrides
 
@@ -120,3 +122,36 @@ def test_a_node_count_that_does_not_split_into_groups_is_refused(tmp_path):
     assert proc.returncode == 2
     assert "3 nodes (3 named) do not split into groups of NODES_PER_GROUP=2: ask for a multiple of it" in proc.stderr
     assert not any(c.startswith("srun ") for c in (tmp_path / "slurm.log").read_text().splitlines())
+
+
+@pytest.mark.parametrize("launcher", ["scripts/launch_fault_tolerant.sh", "scripts/train_fault_tolerant.sbatch"])
+def test_a_preemption_notice_while_the_lighthouse_starts_starts_no_group(tmp_path, launcher):
+    """SIGTERM while the launcher waits for the Lighthouse (a stand-in that never listens): the wait ends at once
+    and no group is started (before: the one-host launcher's trap had no group to pass it to and started them all
+    afterwards; the sbatch had no trap yet and died without a requeue). The sbatch requeues the job, as for a notice
+    during training."""
+    started = tmp_path / "lighthouse-started"
+    fake = tmp_path / "torchft_lighthouse"
+    fake.write_text(f"#!/bin/bash\ntouch {started}\nexec sleep 120\n")
+    fake.chmod(0o755)
+    env = (_slurm_env(tmp_path, 2) if launcher.endswith(".sbatch") else _launcher_env(tmp_path))
+    env["LIGHTHOUSE_BIN"] = str(fake)
+    proc = subprocess.Popen(["bash", launcher, "+experiment=debug"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        kill_tree(proc.pid)
+    assert "SIGTERM received while waiting for the Lighthouse; no group started" in err, err
+    assert not (tmp_path / "ft").exists(), "a group was started"
+    if launcher.endswith(".sbatch"):
+        calls = (tmp_path / "slurm.log").read_text().splitlines()
+        assert proc.returncode == 0 and "scontrol requeue 4343" in calls, (proc.returncode, calls, err)
+        assert not any(c.startswith("srun ") for c in calls), calls
+    else:
+        assert proc.returncode == 1, (proc.returncode, err)
