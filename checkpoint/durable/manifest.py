@@ -75,7 +75,7 @@ def storage_failure(exc: BaseException) -> Optional[BaseException]:
 
 
 # Ordered for decided_on_rank0 and agreement: a subclass before its base.
-LOAD_ERRORS = (ConfigMismatch, CheckpointUnreadable, VerificationFailed, CheckpointError)
+LOAD_ERRORS = (NewerFormat, ConfigMismatch, CheckpointUnreadable, VerificationFailed, CheckpointError)
 # A file a network file system's attribute cache reports missing, or whose bytes hash wrong,
 # is looked at again after this long before it counts as damage.
 REREAD_DELAY_S = 1.0

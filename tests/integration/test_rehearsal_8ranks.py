@@ -11,9 +11,11 @@ import random
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from checkpoint.durable.discovery import list_committed
 from metrics.records import read_metrics, step_losses
 from rehearsal.chains import divergences, faults_override
 from rehearsal.runs import tiny_overrides
@@ -39,9 +41,9 @@ def _assert_complete(run_dir):
     """Every committed checkpoint has every file its manifest lists, at its size, from all 8 ranks. A folder without
     a manifest is a save the kill caught in flight (its commit waits for the next step's probe loss and then for
     every rank's acknowledgement): not committed, left for the next start to remove."""
-    committed = sorted(d for d in (run_dir / "checkpoints").glob("step_????????") if (d / "manifest.json").exists())
+    committed = list_committed(run_dir / "checkpoints", include_bad=True, include_superseded=True)
     assert committed
-    for d in committed:
+    for d in (Path(c.path.local_path()) for c in committed):
         manifest = json.loads((d / "manifest.json").read_text())
         assert manifest["world_size"] == NPROC
         for name, entry in manifest["files"].items():
