@@ -24,7 +24,6 @@ from checkpoint.durable.preflight import PreflightError
 from configs.keys import ConfigError
 from data.prepared import DataError
 from model.counting import count_params, flops_per_token
-from parallel.init import exit_status, leave
 from recovery.guards.rollback import RollbackError  # unit: guards
 from recovery.verify import RecoveryError
 from trainer.config import Config, register
@@ -107,11 +106,11 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    status = 0
     try:
         main()
     except SystemExit as exit_:
         # Hydra prints a config it cannot compose (an unknown key, a wrong type) as one block and exits 1
         # before main runs: that too is a configuration error.
-        status = CONFIG_EXIT_CODE if exit_.code == 1 and not _composed else exit_status(exit_.code)
-    leave(status)  # without the interpreter's finalization, where gloo's threads can abort a finished run
+        if exit_.code == 1 and not _composed:
+            sys.exit(CONFIG_EXIT_CODE)
+        raise

@@ -21,14 +21,11 @@ the agent (on another node, for a multi-node job) is gone.
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import datetime
 import os
 import signal
 import sys
-import threading
-import traceback
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -162,34 +159,3 @@ def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     collectives.forget_groups()
-
-
-def exit_status(code) -> int:
-    """What the interpreter makes of ``sys.exit(code)``: the status a process leaves with."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
-
-
-def leave(code: int) -> None:
-    """End this process as the interpreter would (join non-daemon threads, run atexit, flush the streams), but
-    without its finalization; never returns. With torch 2.13 a gloo thread still freeing the last collective's
-    tensors can take the GIL while the interpreter tears down, and the process aborts ("terminate called without
-    an active exception") after a run that finished. Under torchrun that is a failed worker: its node restarts
-    it, and in a multi-node job the nodes that finished wait out the rendezvous (seen in the memory tier's 2-node
-    test: 300 s)."""
-    try:
-        threading._shutdown()
-        atexit._run_exitfuncs()
-    except BaseException:  # noqa: BLE001 - an exit handler's error is printed, the exit code stays
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - a closed stream: nothing left to flush
-                pass
-        os._exit(code)

@@ -21,6 +21,7 @@ The server must not run torch ops itself: no OpenMP pool exists when it forks.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import gc
 import importlib
@@ -33,10 +34,10 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 
-from parallel.init import exit_status, leave
 from rehearsal.processes import free_port, kill_tree
 
 PR_SET_PDEATHSIG = 1
@@ -72,9 +73,30 @@ def _die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
+def _exit_code(exc: SystemExit) -> int:
+    """What the interpreter does with ``sys.exit(x)``."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
 def _finish(code: int) -> None:
-    """Leave as the interpreter would, without its finalization (parallel/init.py: leave); never return."""
-    leave(code)
+    """Leave as the interpreter would: join non-daemon threads, run atexit, flush; never return."""
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
 
 
 def run_program(argv: list) -> None:
@@ -91,7 +113,7 @@ def run_program(argv: list) -> None:
             sys.path[0] = os.path.dirname(script)
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
-        code = exit_status(exc.code)
+        code = _exit_code(exc)
     except BaseException:
         sys.excepthook(*sys.exc_info())
         code = 1
